@@ -1,0 +1,137 @@
+"""The source and sink contracts of the epoch runtime.
+
+A **source** is a set of splits, each with a JSON-serializable offset. Per epoch the
+coordinator asks `plan(offsets, now_ms)` for the next slice (bounded by admission limits),
+then `read(slice)` for a Spark DataFrame of that slice. A slice's `end` offsets become the
+source's offsets once the epoch commits, so re-reading a slice from the same `start` offsets
+gives the same records (sources are replayable; checkpoints store offsets).
+
+A **sink** takes part in a two-phase commit per epoch: `write(epoch, df)` stages the epoch's
+rows (one Spark action over `df`; the coordinator counts rows with `DataFrame.observe`) and
+returns a JSON-serializable handle; `commit(epoch, handle)` makes them visible and must be
+idempotent (it may be called again for the same epoch after a crash); `abort` discards them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+    from rich.console import Console
+
+    from streamer.pipeline.spec import SinkSpec, SourceSpec
+
+Offsets = dict[str, Any]
+
+#: Columns of every dead-letter row, whatever the source: where the record was and why it failed.
+DEAD_LETTER_DDL = "source string, split string, offset string, record string, error string"
+DEAD_LETTER_COLUMNS = ("source", "split", "offset", "record", "error")
+
+#: Marker put in `raise_error` messages so the runtime can turn a Spark task failure into a
+#: `DecodeError` for the user (see `connectors.formats.guard_or_split`).
+DECODE_ERROR_MARKER = "streamer-decode-error: "
+
+
+@dataclass
+class ConnectorContext:
+    """What a connector may use: the Spark session, the job's identity and the console."""
+
+    spark: SparkSession
+    job_name: str
+    console: Console | None = None
+    #: Directory of the pipeline file; relative paths are resolved against the working dir.
+    base_dir: str = "."
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SourceSlice:
+    """What one epoch reads from one source: per split, the offsets [start, end)."""
+
+    source_id: str
+    start: Mapping[str, Any]
+    end: Mapping[str, Any]
+    #: Source-specific plan details that `read` needs (e.g. the list of files).
+    payload: Any = None
+    #: Records in the slice when known up front (datagen), else None.
+    expected_records: int | None = None
+
+
+@dataclass
+class SourceRead:
+    """The DataFrames of one slice: decoded records, and undecodable ones as dead letters
+    (columns `DEAD_LETTER_COLUMNS`), or None when the source has no `on_error`."""
+
+    records: DataFrame
+    dead_letters: DataFrame | None = None
+
+
+class Source(ABC):
+    """A replayable, splittable source of records."""
+
+    def __init__(self, spec: SourceSpec, ctx: ConnectorContext) -> None:
+        self.spec = spec
+        self.ctx = ctx
+
+    @property
+    @abstractmethod
+    def bounded(self) -> bool:
+        """True when the source ends (datagen with `limit`, files without `watch`)."""
+
+    @abstractmethod
+    def schema(self) -> StructType:
+        """The schema of decoded records (may read file footers or infer from files)."""
+
+    @abstractmethod
+    def initial_offsets(self) -> Offsets:
+        """Offsets of a job that has read nothing yet."""
+
+    @abstractmethod
+    def plan(self, offsets: Mapping[str, Any], now_ms: int) -> SourceSlice | None:
+        """The next slice after `offsets`, within admission limits; None when nothing new."""
+
+    @abstractmethod
+    def read(self, piece: SourceSlice) -> SourceRead:
+        """The records of a planned slice as a DataFrame (lazy; no Spark action here)."""
+
+    @abstractmethod
+    def exhausted(self, offsets: Mapping[str, Any]) -> bool:
+        """True when a bounded source has nothing left after `offsets`."""
+
+    def lag(self, offsets: Mapping[str, Any], now_ms: int) -> int | None:
+        """Records (or files) available but not yet read, when the source can tell."""
+        return None
+
+    def lag_unit(self) -> str:
+        """What `lag` counts: 'records' or 'files'."""
+        return "records"
+
+
+class Sink(ABC):
+    """A sink with a per-epoch two-phase commit."""
+
+    def __init__(self, spec: SinkSpec, ctx: ConnectorContext) -> None:
+        self.spec = spec
+        self.ctx = ctx
+
+    def open(self) -> None:  # noqa: B027 - optional hook
+        """Prepare (create directories, connect)."""
+
+    @abstractmethod
+    def write(self, epoch: int, df: DataFrame) -> Any:
+        """Stage the epoch's rows with one Spark action; return a JSON-serializable handle."""
+
+    @abstractmethod
+    def commit(self, epoch: int, handle: Any) -> None:
+        """Make the staged rows visible; idempotent."""
+
+    def abort(self, epoch: int, handle: Any) -> None:  # noqa: B027 - optional hook
+        """Discard staged rows of an epoch that will not commit."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources."""

@@ -1,0 +1,290 @@
+"""The validated pipeline as frozen dataclasses: what the YAML says, apart from what runs.
+
+`load_pipeline(path)` is the one entry point: parse with positions, validate (structure and
+cross-references), and build a `PipelineSpec`. Locations of every value are kept on the spec
+so that later checks (Spark's analyzer, the runtime) can still point at `file:line:col`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamer.pipeline.exceptions import Location
+from streamer.pipeline.schema import parse_aggregate
+from streamer.pipeline.units import parse_duration_ms
+from streamer.pipeline.yaml_loader import Path, Positions
+
+
+@dataclass(frozen=True)
+class WatermarkSpec:
+    """Bounded out-of-orderness watermark of a source."""
+
+    max_out_of_orderness_ms: int = 0
+    idle_timeout_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """A source: common keys plus the type-specific ones in `options`."""
+
+    id: str
+    type: str
+    uid: str
+    schema: tuple[tuple[str, str], ...] | None
+    event_time: str | None
+    watermark: WatermarkSpec | None
+    on_error: str | None
+    options: Mapping[str, Any]
+    path: Path
+
+    def option(self, name: str, default: Any = None) -> Any:
+        """A type-specific setting, or `default`."""
+        return self.options.get(name, default)
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """A keyed window definition."""
+
+    kind: str  # tumbling | sliding | session | count
+    size_ms: int | None = None
+    slide_ms: int | None = None
+    gap_ms: int | None = None
+    count: int | None = None
+    time: str | None = None
+    allowed_lateness_ms: int = 0
+    late: str | None = None
+    emit: str = "final"
+
+
+@dataclass(frozen=True)
+class AggregateSpec:
+    """One output column of an aggregate: `name: function(arg)`."""
+
+    name: str
+    function: str
+    arg: str | None
+
+
+@dataclass(frozen=True)
+class OperatorSpec:
+    """An operator; `kind` says which of the spec's operator keys it has."""
+
+    id: str
+    inputs: tuple[str, ...]
+    kind: str  # filter | select | with_columns | keyed
+    path: Path
+    uid: str
+    uid_explicit: bool = False
+    filter: str | None = None
+    columns: tuple[tuple[str, str], ...] = ()  # select / with_columns
+    key_by: tuple[str, ...] = ()
+    window: WindowSpec | None = None
+    aggregates: tuple[AggregateSpec, ...] = ()
+    dedupe_within_ms: int | None = None
+    process: str | None = None
+
+    @property
+    def stateful(self) -> bool:
+        """Whether this operator keeps keyed state."""
+        return self.kind == "keyed"
+
+    @property
+    def keyed_kind(self) -> str | None:
+        """window | aggregate | dedupe | process for keyed operators."""
+        if self.kind != "keyed":
+            return None
+        if self.window:
+            return "window"
+        if self.aggregates:
+            return "aggregate"
+        return "dedupe" if self.dedupe_within_ms is not None else "process"
+
+
+@dataclass(frozen=True)
+class SinkSpec:
+    """A sink; `inputs` may be empty for a sink fed only by on_error / late outputs."""
+
+    id: str
+    type: str
+    inputs: tuple[str, ...]
+    options: Mapping[str, Any]
+    path: Path
+
+    def option(self, name: str, default: Any = None) -> Any:
+        """A type-specific setting, or `default`."""
+        return self.options.get(name, default)
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """`job.checkpoint`."""
+
+    interval_ms: int = 10_000
+    mode: str = "exactly_once"
+    retain: int = 3
+    timeout_ms: int = 600_000
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """`job:` settings with their defaults filled in."""
+
+    parallelism: int | None = None
+    max_parallelism: int = 128
+    epoch_ms: int = 1000
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    state_backend: str = "rocksdb"
+    state_local_dir: str | None = None
+    restart_attempts: int = 0
+    restart_delay_ms: int = 5000
+
+
+@dataclass(frozen=True)
+class TestCase:
+    """One entry of the `tests:` block."""
+
+    name: str
+    inputs: Mapping[str, list[dict[str, Any]]]
+    expect: Mapping[str, list[dict[str, Any]]]
+    path: Path
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """A whole validated pipeline file."""
+
+    name: str
+    description: str
+    storage: str
+    job: JobSpec
+    spark: Mapping[str, str]
+    sources: tuple[SourceSpec, ...]
+    operators: tuple[OperatorSpec, ...]
+    sinks: tuple[SinkSpec, ...]
+    tests: tuple[TestCase, ...]
+    file: str
+    positions: Positions = field(compare=False, repr=False)
+
+    def where(self, path: Path, *, key: bool = False) -> Location:
+        """The file location of the value (or key) at `path`."""
+        return self.positions.of_key(path) if key else self.positions.of(path)
+
+    def node(self, node_id: str) -> SourceSpec | OperatorSpec | SinkSpec:
+        """The source, operator or sink with this id."""
+        for item in (*self.sources, *self.operators, *self.sinks):
+            if item.id == node_id:
+                return item
+        raise KeyError(node_id)
+
+    @property
+    def dead_letter_sinks(self) -> set[str]:
+        """Ids of sinks named by some on_error or late output."""
+        out = {s.on_error for s in self.sources if s.on_error}
+        out |= {o.window.late for o in self.operators if o.window and o.window.late}
+        return out
+
+
+def _inputs(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, list) else (value,)
+
+
+def _ms(value: Any, default: int | None) -> int | None:
+    return default if value is None else parse_duration_ms(value)
+
+
+def _build_window(raw: Mapping[str, Any]) -> WindowSpec:
+    common = {
+        "time": raw.get("time"),
+        "allowed_lateness_ms": _ms(raw.get("allowed_lateness"), 0) or 0,
+        "late": raw.get("late"),
+        "emit": raw.get("emit", "final"),
+    }
+    if "tumbling" in raw:
+        return WindowSpec("tumbling", size_ms=_ms(raw["tumbling"], None), **common)
+    if "sliding" in raw:
+        return WindowSpec("sliding", size_ms=_ms(raw["sliding"]["size"], None),
+                          slide_ms=_ms(raw["sliding"]["slide"], None), **common)
+    if "session" in raw:
+        return WindowSpec("session", gap_ms=_ms(raw["session"]["gap"], None), **common)
+    return WindowSpec("count", count=raw["count"], **common)
+
+
+def _build_operator(raw: Mapping[str, Any], path: Path) -> OperatorSpec:
+    base: dict[str, Any] = {"id": raw["id"], "inputs": _inputs(raw["input"]), "path": path,
+                            "uid": raw.get("uid", raw["id"]), "uid_explicit": "uid" in raw}
+    if "filter" in raw:
+        return OperatorSpec(kind="filter", filter=raw["filter"], **base)
+    if "select" in raw:
+        return OperatorSpec(kind="select", columns=tuple(raw["select"].items()), **base)
+    if "with_columns" in raw:
+        return OperatorSpec(kind="with_columns", columns=tuple(raw["with_columns"].items()),
+                            **base)
+    aggregates = []
+    for name, text in (raw.get("aggregate") or {}).items():
+        parsed = parse_aggregate(text)
+        assert parsed is not None  # validated
+        aggregates.append(AggregateSpec(name, parsed[0], parsed[1]))
+    return OperatorSpec(
+        kind="keyed", key_by=_inputs(raw["key_by"]),
+        window=_build_window(raw["window"]) if "window" in raw else None,
+        aggregates=tuple(aggregates),
+        dedupe_within_ms=_ms(raw["dedupe"]["within"], None) if "dedupe" in raw else None,
+        process=raw.get("process"), **base)
+
+
+def build_spec(data: Mapping[str, Any], positions: Positions) -> PipelineSpec:
+    """Build the frozen spec from data that has passed validation."""
+    job_raw = data.get("job") or {}
+    chk = job_raw.get("checkpoint") or {}
+    state = job_raw.get("state") or {}
+    restart = job_raw.get("restart") or {}
+    job = JobSpec(
+        parallelism=job_raw.get("parallelism"),
+        max_parallelism=job_raw.get("max_parallelism", 128),
+        epoch_ms=_ms(job_raw.get("epoch"), 1000) or 1000,
+        checkpoint=CheckpointSpec(
+            interval_ms=_ms(chk.get("interval"), 10_000) or 10_000,
+            mode=chk.get("mode", "exactly_once"), retain=chk.get("retain", 3),
+            timeout_ms=_ms(chk.get("timeout"), 600_000) or 600_000),
+        state_backend=state.get("backend", "rocksdb"),
+        state_local_dir=state.get("local_dir"),
+        restart_attempts=restart.get("attempts", 0),
+        restart_delay_ms=_ms(restart.get("delay"), 5000) or 0,
+    )
+    common_source = {"id", "type", "uid", "schema", "event_time", "watermark", "on_error"}
+    sources = []
+    for i, raw in enumerate(data["sources"]):
+        wm = raw.get("watermark")
+        sources.append(SourceSpec(
+            id=raw["id"], type=raw["type"], uid=raw.get("uid", raw["id"]),
+            schema=tuple(raw["schema"].items()) if raw.get("schema") else None,
+            event_time=raw.get("event_time"),
+            watermark=(WatermarkSpec(_ms(wm.get("max_out_of_orderness"), 0) or 0,
+                                     _ms(wm.get("idle_timeout"), None))
+                       if wm is not None else
+                       (WatermarkSpec() if raw.get("event_time") else None)),
+            on_error=raw.get("on_error"),
+            options={k: v for k, v in raw.items() if k not in common_source},
+            path=("sources", i)))
+    operators = tuple(_build_operator(raw, ("operators", i))
+                      for i, raw in enumerate(data.get("operators") or []))
+    sinks = tuple(
+        SinkSpec(id=raw["id"], type=raw["type"], inputs=_inputs(raw.get("input")),
+                 options={k: v for k, v in raw.items() if k not in {"id", "type", "input"}},
+                 path=("sinks", i))
+        for i, raw in enumerate(data["sinks"]))
+    tests = tuple(TestCase(name=t["name"], inputs=t["inputs"], expect=t["expect"],
+                           path=("tests", i)) for i, t in enumerate(data.get("tests") or []))
+    return PipelineSpec(
+        name=data["name"], description=data.get("description") or "",
+        storage=data.get("storage") or os.environ.get("STREAMER_STORAGE") or "./.streamer",
+        job=job, spark={str(k): str(v).lower() if isinstance(v, bool) else str(v)
+                        for k, v in (data.get("spark") or {}).items()},
+        sources=tuple(sources), operators=operators, sinks=sinks, tests=tests,
+        file=positions.file, positions=positions)

@@ -1,0 +1,133 @@
+"""Starting Spark: a Java check with a readable error, and a quiet, loopback-only session.
+
+pyspark is imported inside the functions so that `streamer --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from streamer.runtime.exceptions import JavaNotFoundError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+MIN_JAVA = 17
+_LOG4J = Path(__file__).with_name("log4j2.properties")
+
+#: Defaults streamer sets unless the pipeline's `spark:` block or the caller overrides them.
+DEFAULT_CONF: dict[str, str] = {
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+    # Size shuffles to the job, not to Spark's batch default of 200 (ARCHITECTURE.md §10).
+    "spark.sql.shuffle.partitions": "4",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.adaptive.enabled": "true",
+    "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{_LOG4J}",
+    "spark.executor.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{_LOG4J}",
+}
+
+
+def java_version(java: str) -> int | None:
+    """The major version of the `java` executable, or None when it cannot be run."""
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    if not match:
+        return None
+    major = int(match.group(1))
+    return int(match.group(2) or 0) if major == 1 else major
+
+
+def check_java() -> str:
+    """Find Java 17+ as Spark will (JAVA_HOME first, then PATH), or raise a clear error."""
+    home = os.environ.get("JAVA_HOME")
+    java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    where = f"JAVA_HOME={home}" if home else "PATH"
+    fix = ("install Java 17 or newer (e.g. `apt-get install openjdk-17-jre-headless` or "
+           "`brew install openjdk@17`) and make it the `java` on PATH, or set JAVA_HOME to it")
+    if not java or not Path(java).exists():
+        raise JavaNotFoundError(f"Spark needs Java {MIN_JAVA}+, but no `java` was found on "
+                                f"{where}; {fix}")
+    version = java_version(java)
+    if version is None:
+        raise JavaNotFoundError(f"Spark needs Java {MIN_JAVA}+, but {java} does not run; {fix}")
+    if version < MIN_JAVA:
+        raise JavaNotFoundError(f"Spark needs Java {MIN_JAVA}+, but {java} is Java {version}; "
+                                f"{fix}")
+    return java
+
+
+def quiet_python_loggers() -> None:
+    """Silence PySpark's Python-side loggers, which print JSON error records to stderr for
+    errors that streamer reports itself."""
+    for name in ("py4j", "pyspark", "SQLQueryContextLogger", "DataFrameQueryContextLogger"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def create_session(app_name: str = "streamer", master: str | None = None,
+                   conf: Mapping[str, str] | None = None,
+                   ui: bool = True) -> SparkSession:
+    """Start (or reuse) the SparkSession; `master` defaults to `local[*]`, the embedded mode.
+
+    When the process was launched by spark-submit the master comes from there.
+    """
+    check_java()
+    quiet_python_loggers()
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+    from pyspark.sql import SparkSession
+
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
+    settings = dict(DEFAULT_CONF)
+    if not ui:
+        settings["spark.ui.enabled"] = "false"
+    settings.update(conf or {})
+    spark_conf = SparkConf().setAppName(app_name)
+    if master or not submitted:
+        spark_conf.setMaster(master or "local[*]")
+    for key, value in settings.items():
+        spark_conf.set(key, value)
+    if SparkContext._active_spark_context is None:  # noqa: SLF001 - no public accessor
+        gateway = None
+        if not submitted:
+            # The JVM's own stderr (start-up banners, warnings) goes to a log file, not the
+            # user's terminal; errors that matter reach the user through streamer's messages.
+            log = spark_log_path()
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with open(log, "ab") as sink:
+                gateway = launch_gateway(spark_conf, popen_kwargs={"stderr": sink})
+        SparkContext(conf=spark_conf, gateway=gateway)
+    spark = SparkSession.builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def spark_log_path() -> Path:
+    """Where the embedded Spark driver's own console output is written."""
+    base = os.environ.get("STREAMER_LOG_DIR") or os.path.join(tempfile.gettempdir(),
+                                                              "streamer-logs")
+    return Path(base) / f"spark-driver-{os.getpid()}.log"
+
+
+def spark_error_message(exc: BaseException) -> str:
+    """The first meaningful line of a Spark error, without the JVM stack trace or plan."""
+    text = str(exc)
+    for marker in ("\n\tat ", "\nJVM stacktrace", "; line 1 pos", "\n'", "\n+-", "\n=="):
+        cut = text.find(marker)
+        if cut > 0:
+            text = text[:cut]
+    text = re.sub(r"\s*SQLSTATE: \w+\.?", "", text)
+    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__

@@ -1,0 +1,18 @@
+"""Shared fixtures: one real local SparkSession for the whole test session."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """A real `local[2]` SparkSession, started once (Spark start-up takes seconds)."""
+    from streamer.runtime.spark import create_session
+
+    session = create_session("streamer-tests", master="local[2]", ui=False,
+                             conf={"spark.sql.shuffle.partitions": "2"})
+    yield session
+    session.stop()
