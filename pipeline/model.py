@@ -53,7 +53,11 @@ def _type_name(value: Any) -> str:
 
 
 def label(path: Path) -> str:
-    """The user-facing name of the setting at `path`: its last key, quoted."""
+    """The user-facing name of the setting at `path`: its last key quoted, or `sources[0]`
+    for a list entry."""
+    if path and isinstance(path[-1], int):
+        parent = path[-2] if len(path) > 1 and isinstance(path[-2], str) else "item"
+        return f"{parent}[{path[-1]}]"
     for part in reversed(path):
         if isinstance(part, str):
             return repr(part)
@@ -183,7 +187,10 @@ class Duration(Node):
 
     def check(self, value: Any, path: Path, ck: Checker) -> None:
         ms = parse_duration_ms(value)
-        if ms is None:
+        if ms is None and parse_duration_ms(value, whole=False) is not None:
+            ck.report(path, f"{label(path)} must be a whole number of milliseconds, got "
+                      f"{_type_name(value)}")
+        elif ms is None:
             ck.report(path, f"{label(path)} must be {DURATION_HINT}, got {_type_name(value)}")
         elif ms == 0 and not self.allow_zero:
             ck.report(path, f"{label(path)} must be longer than 0")
@@ -266,11 +273,12 @@ class OneOrList(Node):
 
     item: Node
     description: str = ""
+    noun: str = "id"
 
     def check(self, value: Any, path: Path, ck: Checker) -> None:
         if isinstance(value, list):
             if not value:
-                ck.report(path, f"{label(path)} must name at least one id")
+                ck.report(path, f"{label(path)} must name at least one {self.noun}")
             for i, item in enumerate(value):
                 self.item.check(item, (*path, i), ck)
         else:
@@ -383,6 +391,10 @@ class Tagged(Node):
             ck.report(path, f"{label(path)} must be a mapping, got {_type_name(value)}")
             return
         kind = value.get(self.tag)
+        if kind is not None and not isinstance(kind, str):
+            ck.report((*path, self.tag), f"{self.tag!r} of {self.what(value, path)} must be one "
+                      f"of {', '.join(self.variants)}, got {_type_name(kind)}")
+            return
         if kind is None:
             ck.report(path, f"{self.what(value, path)} is missing required key {self.tag!r} "
                       f"(one of {', '.join(self.variants)})")

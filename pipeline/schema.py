@@ -38,16 +38,32 @@ AGGREGATES = {  # name -> number of arguments
     "count": 0, "sum": 1, "min": 1, "max": 1, "avg": 1, "first": 1, "last": 1,
     "collect_list": 1, "count_distinct": 1,
 }
-_AGG_CALL = re.compile(r"^\s*([A-Za-z_]\w*)\s*\((.*)\)\s*$", re.S)
+_AGG_CALL = re.compile(r"^\s*([A-Za-z_]\w*)\s*\(", re.S)
 
 
 def parse_aggregate(text: str) -> tuple[str, str | None] | None:
-    """`sum(amount)` -> ("sum", "amount"); `count()` -> ("count", None); None if malformed."""
+    """`sum(amount)` -> ("sum", "amount"); `count()` -> ("count", None); None unless the text
+    is exactly one call (`max(x) - min(x)` is two)."""
     match = _AGG_CALL.match(text)
     if not match:
         return None
-    arg = match.group(2).strip()
-    return match.group(1).lower(), (arg or None if arg != "*" else None)
+    depth, quote = 0, ""
+    for i in range(match.end() - 1, len(text)):
+        ch = text[i]
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"`":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                if text[i + 1:].strip():
+                    return None
+                arg = text[match.end():i].strip()
+                return match.group(1).lower(), (arg or None if arg != "*" else None)
+    return None
 
 
 def _named(kind: str, plural: str) -> Any:
@@ -209,7 +225,8 @@ def _sliding_rule(value: dict[str, Any], path: Path, ck: Checker) -> None:
             sliding.get("slide"))
         if size and slide and slide > size:
             ck.report((*path, "sliding", "slide"), f"slide ({sliding['slide']}) must not be "
-                      f"longer than size ({sliding['size']}); use tumbling for gaps")
+                      f"longer than size ({sliding['size']}), or some records would fall in "
+                      "no window")
 
 
 WINDOW.rules.append(_sliding_rule)
@@ -279,7 +296,7 @@ OPERATOR = Obj(
                                     key_pattern=COLUMN_PATTERN, key_hint=COLUMN_HINT,
                                     min_items=1)),
         "key_by": Field(OneOrList(Str(pattern=COLUMN_PATTERN, pattern_hint=COLUMN_HINT),
-                                  "Key columns.")),
+                                  "Key columns.", noun="column")),
         "window": Field(WINDOW),
         "aggregate": Field(MapOf(AggregateFn(), "Output column: aggregate function.",
                                  key_pattern=COLUMN_PATTERN, key_hint=COLUMN_HINT,

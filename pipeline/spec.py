@@ -147,6 +147,8 @@ class JobSpec:
 class TestCase:
     """One entry of the `tests:` block."""
 
+    __test__ = False  # not a pytest test class
+
     name: str
     inputs: Mapping[str, list[dict[str, Any]]]
     expect: Mapping[str, list[dict[str, Any]]]
@@ -238,8 +240,10 @@ def _build_operator(raw: Mapping[str, Any], path: Path) -> OperatorSpec:
         process=raw.get("process"), **base)
 
 
-def build_spec(data: Mapping[str, Any], positions: Positions) -> PipelineSpec:
+def build_spec(data: Mapping[str, Any], positions: Positions,
+               env: Mapping[str, str] | None = None) -> PipelineSpec:
     """Build the frozen spec from data that has passed validation."""
+    env = os.environ if env is None else env
     job_raw = data.get("job") or {}
     chk = job_raw.get("checkpoint") or {}
     state = job_raw.get("state") or {}
@@ -283,7 +287,7 @@ def build_spec(data: Mapping[str, Any], positions: Positions) -> PipelineSpec:
                            path=("tests", i)) for i, t in enumerate(data.get("tests") or []))
     return PipelineSpec(
         name=data["name"], description=data.get("description") or "",
-        storage=data.get("storage") or os.environ.get("STREAMER_STORAGE") or "./.streamer",
+        storage=data.get("storage") or env.get("STREAMER_STORAGE") or "./.streamer",
         job=job, spark={str(k): str(v).lower() if isinstance(v, bool) else str(v)
                         for k, v in (data.get("spark") or {}).items()},
         sources=tuple(sources), operators=operators, sinks=sinks, tests=tests,

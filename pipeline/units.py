@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _DURATION_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -14,14 +15,18 @@ DURATION_HINT = "a duration like '250ms', '10s', '5m', '2h' or '1d'"
 SIZE_HINT = "a size like '64MB' or '1GiB'"
 
 
-def parse_duration_ms(text: object) -> int | None:
-    """Milliseconds in a duration string, or None when it is not one."""
+def parse_duration_ms(text: object, *, whole: bool = True) -> int | None:
+    """Milliseconds in a duration string, or None when it is not one (or, with `whole`,
+    when it is not a whole number of milliseconds, like `0.5ms`)."""
     if not isinstance(text, str):
         return None
     match = _DURATION.match(text)
     if not match:
         return None
-    return int(float(match.group(1)) * _DURATION_MS[match.group(2)])
+    exact = Decimal(match.group(1)) * _DURATION_MS[match.group(2)]
+    if whole and exact != exact.to_integral_value():
+        return None
+    return int(exact)
 
 
 def parse_size_bytes(text: object) -> int | None:
@@ -33,7 +38,7 @@ def parse_size_bytes(text: object) -> int | None:
     match = _SIZE.match(text)
     if not match:
         return None
-    return int(float(match.group(1)) * _SIZE_BYTES[match.group(2)])
+    return int(Decimal(match.group(1)) * _SIZE_BYTES[match.group(2)])
 
 
 def format_duration_ms(ms: int) -> str:

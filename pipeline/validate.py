@@ -28,50 +28,102 @@ def _ref_paths(raw: Mapping[str, Any], base: Path, key: str) -> list[tuple[str, 
     return [(value, (*base, key))] if isinstance(value, str) else []
 
 
+def _items(data: Mapping[str, Any], section: str) -> list[tuple[int, dict[str, Any]]]:
+    """The mapping entries of a list section (malformed ones are reported elsewhere)."""
+    value = data.get(section)
+    if not isinstance(value, list):
+        return []
+    return [(i, raw) for i, raw in enumerate(value) if isinstance(raw, dict)]
+
+
+def _a(kind: str) -> str:
+    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
+
+
 def check_references(data: Mapping[str, Any], ck: Checker) -> None:
-    """Report duplicate ids, unresolved references, cycles and unconsumed outputs."""
+    """Report duplicate ids and uids, unresolved references, cycles and unconsumed outputs.
+
+    Written to run on data that may also have structural problems, so that every problem
+    is reported in one pass."""
     kinds: dict[str, str] = {}
     first_seen: dict[str, Path] = {}
+    duplicated: set[str] = set()
+    unresolved = 0
     for section, kind in (("sources", "source"), ("operators", "operator"), ("sinks", "sink")):
-        for i, raw in enumerate(data.get(section) or []):
+        for i, raw in _items(data, section):
             node_id = raw.get("id")
             if not isinstance(node_id, str):
                 continue
             if node_id in kinds:
+                duplicated.add(node_id)
                 ck.report((section, i, "id"), f"duplicate id {node_id!r}; it is already the id "
-                          f"of a {kinds[node_id]} — ids must be unique across sources, "
+                          f"of {_a(kinds[node_id])} — ids must be unique across sources, "
                           "operators and sinks")
                 continue
             kinds[node_id] = kind
             first_seen[node_id] = (section, i)
+
+    uids: dict[str, str] = {}
+    for section, kind in (("sources", "source"), ("operators", "operator")):
+        for i, raw in _items(data, section):
+            if section == "operators" and "key_by" not in raw:
+                continue  # stateless operators have no state, so no uid
+            uid = raw.get("uid", raw.get("id"))
+            if not isinstance(uid, str) or raw.get("id") in duplicated:
+                continue
+            owner = f"{kind} {raw.get('id')!r}"
+            if uid in uids:
+                where: Path = (section, i, "uid") if "uid" in raw else (section, i, "id")
+                ck.report(where, f"{owner} has uid {uid!r}, which is already the uid of "
+                          f"{uids[uid]}; uids identify state in checkpoints and savepoints "
+                          "and must be unique — set a distinct uid:")
+            else:
+                uids[uid] = owner
 
     producers = [k for k, v in kinds.items() if v != "sink"]
     consumed: set[str] = set()
     edges: dict[str, list[str]] = {}
 
     def resolve(ref: str, path: Path, owner: str) -> bool:
+        nonlocal unresolved
         if ref not in kinds:
+            unresolved += 1
             ck.report(path, f"{owner} has input {ref!r}, which is not a source or operator"
                       f"{did_you_mean(ref, producers, listing='known ids')}")
             return False
         if kinds[ref] == "sink":
+            unresolved += 1
             ck.report(path, f"{owner} has input {ref!r}, which is a sink; a sink has no "
                       "output to read")
             return False
         return True
 
-    for i, raw in enumerate(data.get("operators") or []):
+    def refs_of(raw: dict[str, Any], base: Path, owner: str) -> list[tuple[str, Path]]:
+        out, seen = [], set()
+        for ref, path in _ref_paths(raw, base, "input"):
+            if ref in seen:
+                ck.report(path, f"{owner} lists input {ref!r} twice; list each input once")
+                continue
+            seen.add(ref)
+            out.append((ref, path))
+        return out
+
+    input_paths: dict[tuple[str, str], Path] = {}
+    for i, raw in _items(data, "operators"):
         owner = f"operator {raw.get('id')!r}"
-        for ref, path in _ref_paths(raw, ("operators", i), "input"):
+        for ref, path in refs_of(raw, ("operators", i), owner):
             if ref == raw.get("id"):
-                ck.report(path, f"{owner} reads its own output; remove it from input")
+                if ref not in duplicated:
+                    ck.report(path, f"{owner} reads its own output; remove it from input")
             elif resolve(ref, path, owner):
                 consumed.add(ref)
                 edges.setdefault(raw.get("id"), []).append(ref)
+                input_paths[(raw.get("id"), ref)] = path
 
     dead_letter: dict[str, str] = {}  # sink id -> who sends to it
+    dead_letter_unresolved = 0
     for section, key in (("sources", "on_error"), ("operators", "window")):
-        for i, raw in enumerate(data.get(section) or []):
+        for i, raw in _items(data, section):
             if key == "window":
                 window = raw.get("window")
                 ref = window.get("late") if isinstance(window, dict) else None
@@ -84,8 +136,9 @@ def check_references(data: Mapping[str, Any], ck: Checker) -> None:
             owner = f"{'source' if section == 'sources' else 'operator'} {raw.get('id')!r}"
             if kinds.get(ref) != "sink":
                 sinks = [k for k, v in kinds.items() if v == "sink"]
+                dead_letter_unresolved += 1
                 problem = ("is not defined" if ref not in kinds
-                           else f"is a {kinds[ref]}, not a sink")
+                           else f"is {_a(kinds[ref])}, not a sink")
                 ck.report(path, f"{what} {ref!r} of {owner} {problem}; name a sink"
                           f"{did_you_mean(ref, sinks, listing='sinks') if ref not in kinds else ''}")
                 continue
@@ -94,16 +147,15 @@ def check_references(data: Mapping[str, Any], ck: Checker) -> None:
                           "records and late records have different columns, use two sinks")
             dead_letter.setdefault(ref, f"{what} of {owner}")
 
-    for i, raw in enumerate(data.get("sinks") or []):
+    for i, raw in _items(data, "sinks"):
         sink_id = raw.get("id")
         owner = f"sink {sink_id!r}"
-        refs = _ref_paths(raw, ("sinks", i), "input")
-        if sink_id in dead_letter:
-            if refs:
-                ck.report(("sinks", i, "input"), f"{owner} receives {dead_letter[sink_id]} and "
-                          "cannot also have input; use a separate sink")
-            continue
-        if "input" not in raw and isinstance(sink_id, str):
+        refs = refs_of(raw, ("sinks", i), owner)
+        if sink_id in dead_letter and refs:
+            ck.report(("sinks", i, "input"), f"{owner} receives {dead_letter[sink_id]} and "
+                      "cannot also have input; use a separate sink")
+        if "input" not in raw and isinstance(sink_id, str) and sink_id not in dead_letter \
+                and not dead_letter_unresolved:
             ck.report(("sinks", i), f"{owner} has no input; add input: <source or operator id>")
         for ref, path in refs:
             if resolve(ref, path, owner):
@@ -120,7 +172,7 @@ def check_references(data: Mapping[str, Any], ck: Checker) -> None:
             if state.get(dep) == 1:
                 cycle = [*stack[stack.index(dep):], dep]
                 cycle.reverse()
-                ck.report((*first_seen[dep], "input"), "operators form a cycle: "
+                ck.report(input_paths[(node, dep)], "operators form a cycle: "
                           f"{' -> '.join(cycle)}; an operator can only read outputs upstream "
                           "of it")
             elif dep not in state:
@@ -132,16 +184,14 @@ def check_references(data: Mapping[str, Any], ck: Checker) -> None:
         if node not in state:
             visit(node)
 
-    for node_id in producers:
+    for node_id in producers if not unresolved else []:  # a typo'd input explains the rest
         if node_id not in consumed:
             kind = kinds[node_id]
             ck.report((*first_seen[node_id], "id"), f"the output of {kind} {node_id!r} is not "
                       f"used; add a sink or operator with input: {node_id}, or remove the "
                       f"{kind}")
 
-    for i, test in enumerate(data.get("tests") or []):
-        if not isinstance(test, dict):
-            continue
+    for i, test in _items(data, "tests"):
         for key, kind in (("inputs", "source"), ("expect", "sink")):
             rows = test.get(key)
             if not isinstance(rows, dict):
@@ -154,7 +204,8 @@ def check_references(data: Mapping[str, Any], ck: Checker) -> None:
                               f"{did_you_mean(ref, wanted, listing=kind + 's')}", at_key=True)
 
 
-def validate_data(data: Any, positions: Positions) -> PipelineSpec:
+def validate_data(data: Any, positions: Positions,
+                  env: Mapping[str, str] | None = None) -> PipelineSpec:
     """Validate loaded YAML and build the spec, or raise `PipelineError` with every problem."""
     ck = Checker()
     if not isinstance(data, dict):
@@ -162,22 +213,21 @@ def validate_data(data: Any, positions: Positions) -> PipelineSpec:
                   "top level")
         raise PipelineError(_problems(ck, positions))
     PIPELINE.check(data, (), ck)
-    if ck.found:
-        raise PipelineError(_problems(ck, positions))
     check_references(data, ck)
-    if ck.found:
-        raise PipelineError(_problems(ck, positions))
-    return build_spec(data, positions)
+    problems = positions.problems + _problems(ck, positions)
+    if problems:
+        raise PipelineError(problems)
+    return build_spec(data, positions, env)
 
 
 def load_pipeline(path: str, env: Mapping[str, str] | None = None) -> PipelineSpec:
     """Read, validate and build the pipeline in the file at `path` (no Spark involved)."""
     data, positions = load_file(path, env)
-    return validate_data(data, positions)
+    return validate_data(data, positions, env)
 
 
 def load_pipeline_text(text: str, file: str = "<string>",
                        env: Mapping[str, str] | None = None) -> PipelineSpec:
     """Like `load_pipeline`, for YAML held in a string."""
     data, positions = load_text(text, file, env)
-    return validate_data(data, positions)
+    return validate_data(data, positions, env)

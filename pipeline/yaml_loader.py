@@ -21,6 +21,22 @@ from streamer.pipeline.exceptions import Location, PipelineError, PipelineFileEr
 Path = tuple[str | int, ...]
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+#: A file whose aliases expand to more values than this is refused ("billion laughs").
+MAX_VALUES = 200_000
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader with YAML 1.2 booleans: only true/false, so `on`, `yes` and `no` stay
+    strings (a column named `on` must not become True)."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+    list("tTfF"))
 
 
 @dataclass
@@ -30,6 +46,8 @@ class Positions:
     file: str
     values: dict[Path, Location] = field(default_factory=dict)
     keys: dict[Path, Location] = field(default_factory=dict)
+    #: Problems found while loading (undefined variables, bad tags); reported with the rest.
+    problems: list[Problem] = field(default_factory=list)
 
     def of(self, path: Path) -> Location:
         """The location of the value at `path`, or of its nearest enclosing value."""
@@ -48,17 +66,24 @@ def _loc(file: str, node: yaml.Node) -> Location:
 
 
 def load_text(text: str, file: str, env: Mapping[str, str] | None = None) -> tuple[Any, Positions]:
-    """Parse YAML text; return the data and its positions, or raise `PipelineError`."""
+    """Parse YAML text; return the data and its positions (whose `problems` lists what the
+    validator must report with its own), or raise `PipelineError` for unparseable YAML."""
     env = os.environ if env is None else env
     positions = Positions(file)
-    problems: list[Problem] = []
-    loader = yaml.SafeLoader(text)
+    problems = positions.problems
+    loader = _Loader(text)
     try:
         node = loader.get_single_node()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
+        last_line = text.count("\n") + (0 if text.endswith("\n") else 1)
+        if exc.context_mark and (mark is None or mark.line + 1 > last_line or
+                                 "quoted scalar" in (exc.context or "")):
+            mark = exc.context_mark  # e.g. an unclosed quote: point where it opens
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
         what = exc.problem or "invalid YAML"
+        if exc.context and "quoted scalar" in exc.context:
+            what = "this quoted string is never closed"
         raise PipelineError(
             [Problem(Location(file, line, col), f"YAML syntax error: {what}; check the "
                      "indentation and quoting on this line or the one before it")]
@@ -72,47 +97,87 @@ def load_text(text: str, file: str, env: Mapping[str, str] | None = None) -> tup
     def substitute(value: str, where: Location) -> str:
         def repl(match: re.Match[str]) -> str:
             name, default = match.group(1), match.group(2)
-            if name in env:
+            if env.get(name):
                 return env[name]
-            if default is not None:
+            if default is not None:  # like the shell's ${VAR:-x}: unset or empty
                 return default
+            if name in env:
+                return ""
             problems.append(Problem(where, f"environment variable {name!r} is not set; set "
                                     f"it, or give a default with ${{{name}:-value}}"))
             return match.group(0)
         return _ENV.sub(repl, value)
 
+    active: set[int] = set()  # nodes being built, to catch aliases that contain themselves
+    count = [0]
+
+    class TooLarge(Exception):
+        pass
+
     def build(n: yaml.Node, path: Path) -> Any:
         positions.values[path] = _loc(file, n)
+        count[0] += 1
+        if count[0] > MAX_VALUES:
+            raise TooLarge
+        if id(n) in active:
+            problems.append(Problem(_loc(file, n), "this alias refers to a value that "
+                                    "contains it; YAML aliases must not be recursive"))
+            return None
         if isinstance(n, yaml.MappingNode):
-            out: dict[Any, Any] = {}
-            for key_node, value_node in n.value:
-                key = loader.construct_object(key_node, deep=True)
-                if not isinstance(key, str | int | bool | float) or key is None:
-                    problems.append(Problem(_loc(file, key_node), "mapping keys must be "
-                                            "plain names"))
-                    continue
-                key = str(key) if not isinstance(key, str) else key
-                if key in out:
-                    first = positions.keys[(*path, key)]
-                    problems.append(Problem(_loc(file, key_node), f"duplicate key {key!r}; "
-                                            f"it is already set at line {first.line}"))
-                    continue
-                positions.keys[(*path, key)] = _loc(file, key_node)
-                out[key] = build(value_node, (*path, key))
-            return out
+            active.add(id(n))
+            try:
+                return build_mapping(n, path)
+            finally:
+                active.discard(id(n))
         if isinstance(n, yaml.SequenceNode):
-            return [build(item, (*path, i)) for i, item in enumerate(n.value)]
-        value = loader.construct_object(n, deep=True)
+            active.add(id(n))
+            try:
+                return [build(item, (*path, i)) for i, item in enumerate(n.value)]
+            finally:
+                active.discard(id(n))
+        try:
+            value = loader.construct_object(n, deep=True)
+        except yaml.constructor.ConstructorError:
+            problems.append(Problem(_loc(file, n), f"unsupported YAML tag {n.tag!r}; "
+                                    "pipeline files hold plain strings, numbers, booleans, "
+                                    "lists and mappings"))
+            return None
         if isinstance(value, str) and "${" in value:
             value = substitute(value, _loc(file, n))
+            if n.style is None and _ENV.fullmatch(n.value):
+                # An unquoted `${VAR:-2}` takes the type its value would have had in YAML.
+                resolved = loader.resolve(yaml.ScalarNode, value, (True, False))
+                value = loader.construct_object(yaml.ScalarNode(resolved, value), deep=True)
         return value
+
+    def build_mapping(n: yaml.MappingNode, path: Path) -> dict[str, Any]:
+        try:
+            loader.flatten_mapping(n)  # applies `<<: *base` merge keys
+        except yaml.constructor.ConstructorError as exc:
+            problems.append(Problem(_loc(file, n), f"invalid merge key: {exc.problem}"))
+            return {}
+        out: dict[str, Any] = {}
+        for key_node, value_node in n.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                problems.append(Problem(_loc(file, key_node), "mapping keys must be "
+                                        "plain names, not lists or mappings"))
+                continue
+            key = key_node.value  # the text as written: `on:` stays "on"
+            if key in out:
+                first = positions.keys[(*path, key)]
+                problems.append(Problem(_loc(file, key_node), f"duplicate key {key!r}; "
+                                        f"it is already set at line {first.line}"))
+                continue
+            positions.keys[(*path, key)] = _loc(file, key_node)
+            out[key] = build(value_node, (*path, key))
+        return out
 
     try:
         data = build(node, ())
-    except yaml.YAMLError as exc:  # e.g. an unknown tag such as !!python/object
-        raise PipelineError([Problem(Location(file, 1, 1), f"unsupported YAML: {exc}")]) from exc
-    if problems:
-        raise PipelineError(problems)
+    except TooLarge:
+        raise PipelineError([Problem(Location(file, 1, 1), f"the file expands to more than "
+                                     f"{MAX_VALUES:,} values through aliases; a pipeline file "
+                                     "should not need that many")]) from None
     return data, positions
 
 

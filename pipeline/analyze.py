@@ -1,0 +1,172 @@
+"""Check a pipeline's expressions against its input schemas with Spark's analyzer.
+
+Each operator is applied to an empty DataFrame of its input's schema; no Spark job runs. A
+failing expression is reported at its own `file:line:col` with Spark's first message line.
+Returns the output schema of every node so later stages need not derive them again.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from streamer.exceptions import StreamerError
+from streamer.pipeline.exceptions import PipelineError, Problem
+from streamer.pipeline.graph import Dataflow, compile_dataflow
+from streamer.pipeline.spec import OperatorSpec, PipelineSpec, SinkSpec, SourceSpec
+from streamer.pipeline.yaml_loader import Path
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+    from streamer.connectors.base import Source
+
+_NESTED = ("array", "map", "struct")
+
+
+def _describe(schema: StructType) -> str:
+    return ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in schema.fields)
+
+
+class Analyzer:
+    """Derives node schemas; collects problems instead of stopping at the first."""
+
+    def __init__(self, spec: PipelineSpec, spark: SparkSession,
+                 sources: dict[str, Source]) -> None:
+        self.spec = spec
+        self.spark = spark
+        self.sources = sources
+        self.problems: list[Problem] = []
+        self.schemas: dict[str, StructType] = {}
+
+    def report(self, path: Path, message: str, *, key: bool = False) -> None:
+        """Record a problem at `path`."""
+        self.problems.append(Problem(self.spec.where(path, key=key), message))
+
+    def empty(self, schema: StructType) -> DataFrame:
+        """An empty DataFrame of `schema` (analysis only, never executed)."""
+        return self.spark.createDataFrame([], schema)
+
+    def try_expr(self, df: DataFrame, expr: str, path: Path, what: str) -> DataFrame | None:
+        """`df.select(expr)`, or None after reporting Spark's analysis error at `path`."""
+        from pyspark.errors import PySparkException
+        from pyspark.sql import functions as F
+
+        from streamer.runtime.spark import spark_error_message
+
+        try:
+            out = df.select(F.expr(expr))
+            out.schema  # noqa: B018 - forces analysis
+            return out
+        except (PySparkException, ValueError, TypeError) as exc:
+            self.report(path, f"{what}: {spark_error_message(exc)}")
+            return None
+
+    # ------------------------------------------------------------------------ per node
+    def source(self, s: SourceSpec) -> None:
+        try:
+            schema = self.sources[s.id].schema()
+        except StreamerError as exc:
+            self.report(s.path, str(exc))
+            return
+        self.schemas[s.id] = schema
+        if s.event_time:
+            out = self.try_expr(self.empty(schema), s.event_time, (*s.path, "event_time"),
+                                f"event_time of source {s.id!r}")
+            if out is not None:
+                kind = out.schema.fields[0].dataType.typeName()
+                if kind not in ("timestamp", "timestamp_ntz"):
+                    self.report((*s.path, "event_time"), f"event_time of source {s.id!r} must "
+                                f"be a timestamp, but {s.event_time!r} is {kind}; convert it, "
+                                "e.g. timestamp_millis(ts_ms) or to_timestamp(ts)")
+
+    def inputs(self, node_id: str, inputs: tuple[str, ...], path: Path,
+               owner: str) -> DataFrame | None:
+        schemas = [(i, self.schemas[i]) for i in inputs if i in self.schemas]
+        if len(schemas) != len(inputs):
+            return None  # an upstream problem is already reported
+        first_id, first = schemas[0]
+        for other_id, other in schemas[1:]:
+            a = sorted((f.name, f.dataType.simpleString()) for f in first.fields)
+            b = sorted((f.name, f.dataType.simpleString()) for f in other.fields)
+            if a != b:
+                self.report((*path, "input"), f"the inputs of {owner} must have the same "
+                            f"columns to be unioned: {first_id!r} has ({_describe(first)}) but "
+                            f"{other_id!r} has ({_describe(other)}); align them with a select")
+                return None
+        return self.empty(first)
+
+    def operator(self, o: OperatorSpec) -> None:
+        owner = f"operator {o.id!r}"
+        df = self.inputs(o.id, o.inputs, o.path, owner)
+        if df is None:
+            return
+        if o.kind == "filter":
+            assert o.filter is not None
+            out = self.try_expr(df, o.filter, (*o.path, "filter"), f"filter of {owner}")
+            if out is not None:
+                kind = out.schema.fields[0].dataType.typeName()
+                if kind != "boolean":
+                    self.report((*o.path, "filter"), f"filter of {owner} must be a boolean "
+                                f"expression, but {o.filter!r} is {kind}")
+                else:
+                    self.schemas[o.id] = df.schema
+            return
+        if o.kind in ("select", "with_columns"):
+            ok = True
+            for name, expr in o.columns:
+                ok &= self.try_expr(df, expr, (*o.path, o.kind, name),
+                                    f"column {name!r} of {owner}") is not None
+            if ok:
+                from streamer.operators.stateless import apply_stateless
+
+                self.schemas[o.id] = apply_stateless(o, df).schema
+            return
+        self.keyed(o, df)
+
+    def keyed(self, o: OperatorSpec, df: DataFrame) -> None:
+        owner = f"operator {o.id!r}"
+        columns = df.columns
+        from streamer.pipeline.model import did_you_mean
+
+        for i, key in enumerate(o.key_by):
+            if key not in columns:
+                path: Path = (*o.path, "key_by", i)
+                if path not in self.spec.positions.values:  # `key_by: user`, not a list
+                    path = (*o.path, "key_by")
+                self.report(path, f"key_by column {key!r} of {owner} is not in its input"
+                            f"{did_you_mean(key, columns, listing='columns')}")
+        for agg in o.aggregates:
+            if agg.arg:
+                self.try_expr(df, agg.arg, (*o.path, "aggregate", agg.name),
+                              f"aggregate {agg.name!r} of {owner}")
+
+    def sink(self, k: SinkSpec) -> None:
+        if k.id in self.spec.dead_letter_sinks:
+            return
+        df = self.inputs(k.id, k.inputs, k.path, f"sink {k.id!r}")
+        if df is None:
+            return
+        if k.type == "files" and k.option("format") == "csv":
+            for f in df.schema.fields:
+                if f.dataType.typeName() in _NESTED:
+                    self.report((*k.path, "format"), f"sink {k.id!r} writes csv, which cannot "
+                                f"hold column {f.name!r} of type {f.dataType.simpleString()}; "
+                                "use jsonl or parquet, or turn the column into a string")
+
+
+def analyze(spec: PipelineSpec, spark: SparkSession, sources: dict[str, Source],
+            dataflow: Dataflow | None = None) -> dict[str, Any]:
+    """Check all expressions; return the output schema per node id or raise `PipelineError`."""
+    flow = dataflow or compile_dataflow(spec)
+    az = Analyzer(spec, spark, sources)
+    for node in flow.nodes:
+        if node.role == "source":
+            az.source(node.spec)  # type: ignore[arg-type]
+        elif node.role == "operator":
+            az.operator(node.spec)  # type: ignore[arg-type]
+        else:
+            az.sink(node.spec)  # type: ignore[arg-type]
+    if az.problems:
+        raise PipelineError(az.problems)
+    return az.schemas

@@ -1,0 +1,176 @@
+"""The logical dataflow compiled from a spec: nodes in topological order with their edges,
+plus renderings for `streamer plan` (tree, mermaid, dot, json)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamer.pipeline.spec import OperatorSpec, PipelineSpec, SinkSpec, SourceSpec
+from streamer.pipeline.units import format_duration_ms
+
+Spec = SourceSpec | OperatorSpec | SinkSpec
+
+
+@dataclass(frozen=True)
+class Node:
+    """One vertex of the dataflow."""
+
+    id: str
+    role: str  # source | operator | sink
+    kind: str  # datagen, files, filter, select, keyed, console, ...
+    inputs: tuple[str, ...]
+    spec: Spec = field(compare=False, repr=False)
+    uid: str | None = None
+    detail: str = ""
+    #: Keyed operators: rows are shuffled by key group before this node.
+    shuffle: str | None = None
+    #: Extra outgoing side outputs: (label, sink id).
+    side_outputs: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Dataflow:
+    """All nodes, in an order where every node comes after its inputs."""
+
+    name: str
+    nodes: tuple[Node, ...]
+    parallelism: int | None
+    max_parallelism: int
+
+    def node(self, node_id: str) -> Node:
+        """The node with this id."""
+        for n in self.nodes:
+            if n.id == node_id:
+                return n
+        raise KeyError(node_id)
+
+    def consumers(self, node_id: str) -> list[Node]:
+        """Nodes reading `node_id`'s main output."""
+        return [n for n in self.nodes if node_id in n.inputs]
+
+    @property
+    def stateful(self) -> bool:
+        """Whether any operator keeps keyed state."""
+        return any(n.kind == "keyed" for n in self.nodes)
+
+    # ------------------------------------------------------------------ renderings
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able description of the plan."""
+        return {
+            "name": self.name,
+            "parallelism": self.parallelism,
+            "max_parallelism": self.max_parallelism,
+            "nodes": [
+                {"id": n.id, "role": n.role, "kind": n.kind, "inputs": list(n.inputs),
+                 "uid": n.uid, "detail": n.detail, "shuffle": n.shuffle,
+                 "side_outputs": [{"label": lbl, "sink": s} for lbl, s in n.side_outputs]}
+                for n in self.nodes
+            ],
+        }
+
+    def to_mermaid(self) -> str:
+        """A mermaid `flowchart` of the plan."""
+        lines = ["flowchart LR"]
+        shapes = {"source": ('[("', '")]'), "operator": ('["', '"]'), "sink": ('[/"', '"/]')}
+        for n in self.nodes:
+            left, right = shapes[n.role]
+            text = f"{n.id}<br/>{n.kind}" + (f"<br/>{_esc(n.detail)}" if n.detail else "")
+            lines.append(f"  {n.id}{left}{text}{right}")
+        for n in self.nodes:
+            for src in n.inputs:
+                arrow = f"-- \"{n.shuffle}\" -->" if n.shuffle else "-->"
+                lines.append(f"  {src} {arrow} {n.id}")
+            for lbl, sink in n.side_outputs:
+                lines.append(f"  {n.id} -. \"{lbl}\" .-> {sink}")
+        return "\n".join(lines) + "\n"
+
+    def to_dot(self) -> str:
+        """A Graphviz digraph of the plan."""
+        shapes = {"source": "cylinder", "operator": "box", "sink": "invhouse"}
+        lines = [f'digraph "{self.name}" {{', "  rankdir=LR;"]
+        for n in self.nodes:
+            text = f"{n.id}\\n{n.kind}" + (f"\\n{_esc(n.detail)}" if n.detail else "")
+            lines.append(f'  "{n.id}" [shape={shapes[n.role]}, label="{text}"];')
+        for n in self.nodes:
+            for src in n.inputs:
+                attrs = f' [label="{n.shuffle}", style=bold]' if n.shuffle else ""
+                lines.append(f'  "{src}" -> "{n.id}"{attrs};')
+            for lbl, sink in n.side_outputs:
+                lines.append(f'  "{n.id}" -> "{sink}" [label="{lbl}", style=dashed];')
+        lines.append("}")
+        return "\n".join(lines) + "\n"
+
+
+def _esc(text: str) -> str:
+    return text.replace('"', "'")
+
+
+def _source_detail(s: SourceSpec) -> str:
+    if s.type == "datagen":
+        limit = s.option("limit")
+        rate = s.option("rows_per_second")
+        parts = [f"splits={s.option('splits', 1)}",
+                 f"limit={limit}" if limit is not None else "unbounded"]
+        if rate:
+            parts.append(f"{rate}/s")
+        return ", ".join(parts)
+    if s.type == "files":
+        return f"{s.option('format')} {s.option('path')}" + (" (watch)" if s.option("watch")
+                                                                  else "")
+    return str(s.option("topic") or s.option("topics"))
+
+
+def _operator_detail(o: OperatorSpec) -> str:
+    if o.kind == "filter":
+        return o.filter or ""
+    if o.kind in ("select", "with_columns"):
+        return ", ".join(name for name, _ in o.columns)
+    if o.window:
+        w = o.window
+        size = {"tumbling": lambda: format_duration_ms(w.size_ms or 0),
+                "sliding": lambda: f"{format_duration_ms(w.size_ms or 0)}/"
+                                   f"{format_duration_ms(w.slide_ms or 0)}",
+                "session": lambda: f"gap {format_duration_ms(w.gap_ms or 0)}",
+                "count": lambda: str(w.count)}[w.kind]()
+        aggs = ", ".join(f"{a.name}={a.function}({a.arg or ''})" for a in o.aggregates)
+        return f"{w.kind} {size}: {aggs}"
+    if o.aggregates:
+        return "rolling: " + ", ".join(f"{a.name}={a.function}({a.arg or ''})"
+                                       for a in o.aggregates)
+    if o.dedupe_within_ms is not None:
+        return f"dedupe within {format_duration_ms(o.dedupe_within_ms)}"
+    return f"process {o.process}"
+
+
+def compile_dataflow(spec: PipelineSpec) -> Dataflow:
+    """Build the dataflow of a validated spec (inputs resolved, order topological)."""
+    by_id: dict[str, Node] = {}
+    for s in spec.sources:
+        side = (("on_error", s.on_error),) if s.on_error else ()
+        by_id[s.id] = Node(s.id, "source", s.type, (), s, uid=s.uid,
+                           detail=_source_detail(s), side_outputs=side)
+    for o in spec.operators:
+        kind = o.kind
+        side = (("late", o.window.late),) if o.window and o.window.late else ()
+        shuffle = f"key group by {', '.join(o.key_by)}" if o.kind == "keyed" else None
+        by_id[o.id] = Node(o.id, "operator", kind, o.inputs, o,
+                           uid=o.uid if o.stateful else None, detail=_operator_detail(o),
+                           shuffle=shuffle, side_outputs=side)
+    for k in spec.sinks:
+        by_id[k.id] = Node(k.id, "sink", k.type, k.inputs, k,
+                           detail=str(k.option("path") or k.option("topic") or ""))
+    order: list[Node] = []
+    done: set[str] = set()
+
+    def place(node_id: str) -> None:
+        if node_id in done:
+            return
+        done.add(node_id)
+        for dep in by_id[node_id].inputs:
+            place(dep)
+        order.append(by_id[node_id])
+
+    for node_id in by_id:
+        place(node_id)
+    return Dataflow(spec.name, tuple(order), spec.job.parallelism, spec.job.max_parallelism)
