@@ -1,0 +1,1 @@
+"""The `streamer` command line: thin typer commands over library functions."""

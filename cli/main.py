@@ -1,0 +1,226 @@
+"""`streamer` commands. Each parses its options, builds a config and calls the library;
+pyspark is imported only inside commands that need Spark, so `--help` is instant."""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from streamer import __version__
+from streamer.cli.errors import boundary, err_console, state
+from streamer.exceptions import StreamerError
+
+app = typer.Typer(
+    name="streamer",
+    help="Run declarative stateful stream-processing pipelines (YAML) on Apache Spark.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+FileArg = Annotated[Path, typer.Argument(help="The pipeline YAML file.", show_default=False)]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"streamer {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """Run declarative stateful stream-processing pipelines (YAML) on Apache Spark."""
+    state["debug"] = debug
+
+
+class PlanFormat(str, Enum):
+    """Output formats of `streamer plan`."""
+
+    tree = "tree"
+    mermaid = "mermaid"
+    dot = "dot"
+    json = "json"
+
+
+@app.command()
+@boundary
+def validate(
+    files: Annotated[list[Path], typer.Argument(help="Pipeline YAML files to check.",
+                                                show_default=False)],
+    no_spark: Annotated[bool, typer.Option(
+        "--no-spark", help="Check structure and references only; skip the expression check "
+        "with Spark's analyzer (no Java needed, instant).")] = False,
+) -> None:
+    """Check pipeline files: keys, types, references, cycles, and every expression against its
+    input schema. Prints `file:line:col: message` per problem; exit code 1 if any."""
+    from streamer.pipeline.exceptions import PipelineError
+    from streamer.pipeline.validate import load_pipeline
+
+    out = Console(highlight=False)
+    failed = 0
+    for file in files:
+        try:
+            spec = load_pipeline(str(file))
+            if not no_spark:
+                from streamer.runtime.checks import analyze_spec
+
+                analyze_spec(spec)
+        except PipelineError as exc:
+            from streamer.cli.errors import print_error
+
+            print_error(exc)
+            failed += 1
+            continue
+        except StreamerError as exc:
+            err_console().print(f"[red]error[/red] {file}: {exc}")
+            failed += 1
+            continue
+        out.print(f"[green]ok[/green] {file}")
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command()
+@boundary
+def plan(
+    file: FileArg,
+    format: Annotated[PlanFormat, typer.Option(  # noqa: A002 - the option's public name
+        "--format", "-f", help="tree (default), mermaid, dot or json.")] = PlanFormat.tree,
+) -> None:
+    """Show the logical dataflow: operators, uids, key_by, parallelism, and where rows are
+    shuffled by key group. No Spark needed."""
+    from streamer.pipeline.graph import compile_dataflow
+    from streamer.pipeline.validate import load_pipeline
+
+    flow = compile_dataflow(load_pipeline(str(file)))
+    if format is PlanFormat.json:
+        typer.echo(json.dumps(flow.to_json(), indent=2))
+    elif format is PlanFormat.mermaid:
+        typer.echo(flow.to_mermaid(), nl=False)
+    elif format is PlanFormat.dot:
+        typer.echo(flow.to_dot(), nl=False)
+    else:
+        from streamer.cli.render import plan_tree
+
+        Console(highlight=False).print(plan_tree(flow))
+
+
+@app.command()
+@boundary
+def run(
+    file: FileArg,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")
+                     ] = False,
+    json_lines: Annotated[bool, typer.Option(
+        "--json", help="Print one JSON object per line (started, epoch metrics, finished) "
+        "instead of the live display.")] = False,
+    master: Annotated[str | None, typer.Option(
+        help="Spark master URL (default local[*], Spark inside this process).")] = None,
+    conf: Annotated[list[str] | None, typer.Option(
+        "--conf", help="Extra Spark setting KEY=VALUE (repeatable); overrides the file's "
+        "spark: block.")] = None,
+    max_epochs: Annotated[int | None, typer.Option(
+        help="Stop after this many epochs that read data (smoke runs).", min=1)] = None,
+    no_ui: Annotated[bool, typer.Option("--no-ui", help="Do not start Spark's web UI.")
+                     ] = False,
+) -> None:
+    """Run a pipeline. Bounded sources end the job (exit 0); unbounded ones run until Ctrl-C,
+    which stops cleanly at the next epoch boundary."""
+    from streamer.pipeline.validate import load_pipeline
+    from streamer.runtime.coordinator import JobRunner, RunOptions
+    from streamer.runtime.metrics import JsonReporter, LiveReporter, QuietReporter, Reporter
+
+    spec = load_pipeline(str(file))
+    extra = {}
+    for item in conf or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            from streamer.exceptions import ConfigError
+
+            raise ConfigError(f"--conf {item!r} must be KEY=VALUE, e.g. "
+                              "--conf spark.sql.shuffle.partitions=4")
+        extra[key.strip()] = value
+    reporter: Reporter
+    console = Console(stderr=False, highlight=False)
+    if quiet:
+        reporter = QuietReporter()
+    elif json_lines:
+        reporter = JsonReporter()
+    else:
+        reporter = LiveReporter(Console(stderr=True, highlight=False))
+    options = RunOptions(master=master, spark_conf=extra, ui=not no_ui, max_epochs=max_epochs,
+                         console=None if json_lines or quiet else console)
+    JobRunner(spec, options, reporter=reporter).run()
+
+
+@app.command("test")
+@boundary
+def test_cmd(
+    file: FileArg,
+    case: Annotated[list[str] | None, typer.Option(
+        "--case", "-k", help="Run only the test cases with this name (repeatable).")] = None,
+) -> None:
+    """Run the pipeline's `tests:` cases: inline rows replace the named sources, and each
+    expected sink's rows are compared (order-insensitive) with a diff. Exit 1 on mismatch."""
+    from streamer.cli.render import print_case_result
+    from streamer.pipeline.validate import load_pipeline
+    from streamer.runtime.checks import shared_session
+    from streamer.runtime.exceptions import PipelineTestFailedError
+    from streamer.runtime.testing import run_case
+
+    spec = load_pipeline(str(file))
+    cases = [c for c in spec.tests if not case or c.name in case]
+    if not cases:
+        from streamer.exceptions import ConfigError
+
+        what = f"named {', '.join(map(repr, case))} " if case else ""
+        raise ConfigError(f"{file} has no tests {what}to run; add a tests: block (see the "
+                          "README) or check --case")
+    spark = shared_session(spec)
+    console = Console(highlight=False)
+    failed = 0
+    for c in cases:
+        result = run_case(spec, c, spark)
+        print_case_result(console, result)
+        failed += not result.passed
+    console.print(f"{len(cases) - failed} passed, {failed} failed")
+    if failed:
+        raise PipelineTestFailedError(f"{failed} of {len(cases)} test cases of {file} failed")
+
+
+@app.command()
+@boundary
+def schema(
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file "
+                                                "instead of stdout.")] = None,
+) -> None:
+    """Print the JSON Schema of the pipeline file, for editor completion and checks (e.g.
+    `# yaml-language-server: $schema=streamer.schema.json`)."""
+    from streamer.pipeline.schema import json_schema
+
+    text = json.dumps(json_schema(), indent=2) + "\n"
+    if output:
+        output.write_text(text, encoding="utf-8")
+        err_console().print(f"wrote {output}")
+    else:
+        sys.stdout.write(text)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app(prog_name="streamer")
+
+
+if __name__ == "__main__":
+    main()

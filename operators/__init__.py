@@ -1,0 +1,1 @@
+"""Built-in operators: stateless transforms (Spark SQL expressions) and keyed operators."""

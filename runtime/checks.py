@@ -1,0 +1,30 @@
+"""Spark-backed checks used by the CLI: expression analysis for `validate`, and one shared
+session for `test`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from streamer.pipeline.spec import PipelineSpec
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def shared_session(spec: PipelineSpec | None = None) -> SparkSession:
+    """A local session without the UI for checks and tests (the pipeline's spark: block
+    applies)."""
+    from streamer.runtime.spark import create_session
+
+    return create_session("streamer-check", None, dict(spec.spark) if spec else {}, ui=False)
+
+
+def analyze_spec(spec: PipelineSpec, spark: SparkSession | None = None) -> None:
+    """Check every expression of `spec` against its input schema; raise `PipelineError`."""
+    from streamer.connectors.base import ConnectorContext
+    from streamer.connectors.registry import make_source
+    from streamer.pipeline.analyze import analyze
+
+    session = spark or shared_session(spec)
+    ctx = ConnectorContext(spark=session, job_name=spec.name)
+    analyze(spec, session, {s.id: make_source(s, ctx) for s in spec.sources})

@@ -1,0 +1,335 @@
+"""The epoch loop (ARCHITECTURE.md §2): plan a slice of every source, run one Spark job per
+sink over the slices through the stateless operators, commit the sinks, advance offsets.
+
+An epoch boundary is an aligned barrier: every record of an epoch's slices is committed
+together, none of the next epoch's. Bounded sources end the loop; unbounded ones run until
+`request_stop()` (Ctrl-C in the CLI), which takes effect at the next epoch boundary.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from streamer.connectors.base import (
+    DEAD_LETTER_DDL,
+    DECODE_ERROR_MARKER,
+    ConnectorContext,
+    Sink,
+    Source,
+    SourceSlice,
+)
+from streamer.connectors.exceptions import DecodeError
+from streamer.exceptions import StreamerError
+from streamer.operators.stateless import apply_stateless, union
+from streamer.pipeline.analyze import analyze
+from streamer.pipeline.graph import Dataflow, compile_dataflow
+from streamer.pipeline.spec import PipelineSpec
+from streamer.runtime.exceptions import JobFailedError
+from streamer.runtime.metrics import EpochMetrics, QuietReporter, Reporter
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, Observation, SparkSession
+    from rich.console import Console
+
+
+class UnsupportedOperatorError(StreamerError):
+    """Raised when a pipeline uses an operator this version cannot run yet; `validate` and
+    `plan` accept it, `run` does not. Remove the operator or upgrade streamer."""
+
+
+@dataclass
+class RunOptions:
+    """How to run a job (the CLI builds this from its options)."""
+
+    master: str | None = None
+    spark_conf: dict[str, str] = field(default_factory=dict)
+    ui: bool = True
+    #: Stop after this many epochs that read data (smoke runs); None = until done or stopped.
+    max_epochs: int | None = None
+    console: Console | None = None
+
+
+@dataclass
+class JobResult:
+    """How a run ended."""
+
+    status: str  # finished | stopped
+    epochs: int
+    records_in: int
+    records_out: int
+    dead_letters: int
+    reason: str
+    offsets: dict[str, Any] = field(default_factory=dict)
+    metrics: list[EpochMetrics] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able summary."""
+        return {"status": self.status, "epochs": self.epochs, "records_in": self.records_in,
+                "records_out": self.records_out, "dead_letters": self.dead_letters,
+                "reason": self.reason}
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class JobRunner:
+    """Runs one pipeline: sources, operators and sinks wired per the dataflow."""
+
+    def __init__(self, spec: PipelineSpec, options: RunOptions | None = None, *,
+                 reporter: Reporter | None = None, spark: SparkSession | None = None,
+                 source_factory: Callable[[Any, ConnectorContext], Source] | None = None,
+                 sink_factory: Callable[[Any, ConnectorContext], Sink] | None = None) -> None:
+        self.spec = spec
+        self.options = options or RunOptions()
+        self.reporter: Reporter = reporter or QuietReporter()
+        self._spark = spark
+        self._source_factory = source_factory
+        self._sink_factory = sink_factory
+        self._stop = threading.Event()
+        self.flow: Dataflow = compile_dataflow(spec)
+        self.sources: dict[str, Source] = {}
+        self.sinks: dict[str, Sink] = {}
+        self.schemas: dict[str, Any] = {}
+        self.offsets: dict[str, dict[str, Any]] = {}
+
+    # ------------------------------------------------------------------------ control
+    def request_stop(self) -> None:
+        """Stop cleanly at the next epoch boundary."""
+        self._stop.set()
+
+    @property
+    def stop_requested(self) -> bool:
+        """Whether a stop was requested."""
+        return self._stop.is_set()
+
+    # ------------------------------------------------------------------------ setup
+    @property
+    def spark(self) -> SparkSession:
+        """The Spark session, started on first use."""
+        if self._spark is None:
+            from streamer.runtime.spark import create_session
+
+            conf = {**self.spec.spark, **self.options.spark_conf}
+            self._spark = create_session(f"streamer:{self.spec.name}", self.options.master,
+                                         conf, ui=self.options.ui)
+        return self._spark
+
+    def prepare(self) -> None:
+        """Check the job can run, build connectors and analyze every expression."""
+        from streamer.connectors.registry import make_sink, make_source
+
+        for node in self.flow.nodes:
+            if node.kind == "keyed":
+                loc = self.spec.where((*node.spec.path, "key_by"), key=True)
+                msg = (f"{loc}: operator {node.id!r} uses key_by, which this version of "
+                       "streamer validates and plans but cannot run yet (keyed state, windows "
+                       "and timers come in the next release); remove it to run the pipeline")
+                raise UnsupportedOperatorError(msg)
+        ctx = ConnectorContext(spark=self.spark, job_name=self.spec.name,
+                               console=self.options.console)
+        make_src = self._source_factory or make_source
+        make_snk = self._sink_factory or make_sink
+        self.sources = {s.id: make_src(s, ctx) for s in self.spec.sources}
+        self.schemas = analyze(self.spec, self.spark, self.sources, self.flow)
+        self.sinks = {k.id: make_snk(k, ctx) for k in self.spec.sinks}
+        for sink in self.sinks.values():
+            sink.open()
+        self.offsets = {sid: dict(src.initial_offsets()) for sid, src in self.sources.items()}
+
+    # ------------------------------------------------------------------------ the loop
+    def run(self) -> JobResult:
+        """Run epochs until the bounded sources are exhausted or a stop is requested."""
+        restore: Callable[[], object] = lambda: None
+        try:
+            # After the session exists: PySpark installs its own SIGINT handler (cancel all
+            # jobs, raise KeyboardInterrupt) when the SparkContext starts.
+            self.spark  # noqa: B018
+            restore = self._install_sigint()
+            self.prepare()
+            ui = self.spark.sparkContext.uiWebUrl if self.options.ui else None
+            self.reporter.started({"job": self.spec.name, "master": self.spark.sparkContext.master,
+                                   "ui": ui, "sources": list(self.sources),
+                                   "sinks": list(self.sinks)})
+            result = self._loop()
+        except BaseException as exc:
+            if isinstance(exc, StreamerError):
+                self.reporter.finished({"status": "failed", "reason": str(exc)})
+            else:
+                self.reporter.finished({"status": "failed", "reason": type(exc).__name__})
+            raise
+        finally:
+            restore()
+            for sink in self.sinks.values():
+                sink.close()
+        self.reporter.finished(result.to_json())
+        return result
+
+    def _install_sigint(self) -> Callable[[], None]:
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        previous = signal.getsignal(signal.SIGINT)
+
+        def handler(signum: int, frame: Any) -> None:
+            if self._stop.is_set():  # second Ctrl-C: cancel now
+                signal.signal(signal.SIGINT, previous)
+                raise KeyboardInterrupt
+            self.reporter.message("stopping at the next epoch boundary "
+                                  "(press Ctrl-C again to cancel now)")
+            self._stop.set()
+
+        signal.signal(signal.SIGINT, handler)
+        return lambda: signal.signal(signal.SIGINT, previous)
+
+    def _loop(self) -> JobResult:
+        history: list[EpochMetrics] = []
+        epoch = 0
+        reason = ""
+        status = "finished"
+        while True:
+            if self._stop.is_set():
+                status, reason = "stopped", f"stopped at the boundary after epoch {epoch}"
+                break
+            tick = time.monotonic()
+            now = _now_ms()
+            live = {sid: src for sid, src in self.sources.items()
+                    if not (src.bounded and src.exhausted(self.offsets[sid]))}
+            if not live:
+                reason = f"all sources are exhausted after {epoch} epochs"
+                break
+            slices = {}
+            for sid, src in live.items():
+                piece = src.plan(self.offsets[sid], now)
+                if piece is not None:
+                    slices[sid] = piece
+            plan_ms = (time.monotonic() - tick) * 1000
+            if slices:
+                epoch += 1
+                metrics = self._run_epoch(epoch, slices, plan_ms)
+                history.append(metrics)
+                self.reporter.epoch(metrics)
+                if self.options.max_epochs is not None and epoch >= self.options.max_epochs:
+                    status, reason = "stopped", f"reached --max-epochs {epoch}"
+                    break
+            # Bounded sources without a rate limit run back to back; anything else waits for
+            # the next epoch tick (an interruptible sleep, so a stop is taken at once).
+            eager = slices and all(self.sources[s].bounded and not self.sources[s].spec.option(
+                "rows_per_second") for s in slices)
+            if not eager:
+                remaining = self.spec.job.epoch_ms / 1000 - (time.monotonic() - tick)
+                if remaining > 0:
+                    self._stop.wait(remaining)
+        return JobResult(
+            status=status, epochs=epoch,
+            records_in=sum(m.total_in for m in history),
+            records_out=sum(m.total_out for m in history),
+            dead_letters=sum(m.dead_letters for m in history),
+            reason=reason, offsets={k: dict(v) for k, v in self.offsets.items()},
+            metrics=history)
+
+    # ------------------------------------------------------------------------ one epoch
+    def _run_epoch(self, epoch: int, slices: Mapping[str, SourceSlice],
+                   plan_ms: float) -> EpochMetrics:
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        started = time.time()
+        t0 = time.monotonic()
+        frames: dict[str, DataFrame | None] = {}
+        dead: dict[str, list[DataFrame]] = {}
+        seen_in: dict[str, Observation] = {}
+        cached: list[DataFrame] = []
+        for node in self.flow.nodes:
+            if node.role == "source":
+                piece = slices.get(node.id)
+                if piece is None:
+                    frames[node.id] = None
+                    continue
+                read = self.sources[node.id].read(piece)
+                obs = Observation(f"in_{node.id}_{epoch}")
+                seen_in[node.id] = obs
+                frames[node.id] = read.records.observe(obs, F.count(F.lit(1)).alias("n"))
+                on_error = node.spec.on_error  # type: ignore[union-attr]
+                if read.dead_letters is not None and on_error:
+                    dead.setdefault(on_error, []).append(read.dead_letters)
+            elif node.role == "operator":
+                present = [frames[i] for i in node.inputs if frames.get(i) is not None]
+                frames[node.id] = (apply_stateless(node.spec, union(present))  # type: ignore
+                                   if present else None)
+            if node.role != "sink" and frames.get(node.id) is not None:
+                if len(self.flow.consumers(node.id)) > 1:
+                    df = frames[node.id]
+                    assert df is not None
+                    frames[node.id] = df.persist()
+                    cached.append(frames[node.id])  # type: ignore[arg-type]
+
+        handles: dict[str, Any] = {}
+        seen_out: dict[str, Observation] = {}
+        try:
+            for sink_id, sink in self.sinks.items():
+                node = self.flow.node(sink_id)
+                present = [frames[i] for i in node.inputs if frames.get(i) is not None]
+                present += dead.get(sink_id, [])
+                if not present:
+                    continue
+                obs = Observation(f"out_{sink_id}_{epoch}")
+                seen_out[sink_id] = obs
+                df = union(present).observe(obs, F.count(F.lit(1)).alias("n"))
+                handles[sink_id] = self._guarded(epoch, sink_id,
+                                                 lambda s=sink, d=df: s.write(epoch, d))
+            run_ms = (time.monotonic() - t0) * 1000
+            t1 = time.monotonic()
+            for sink_id, handle in handles.items():
+                self._guarded(epoch, sink_id,
+                              lambda s=self.sinks[sink_id], h=handle: s.commit(epoch, h))
+        except BaseException:
+            for sink_id, handle in handles.items():
+                try:
+                    self.sinks[sink_id].abort(epoch, handle)
+                except Exception:  # noqa: BLE001 - the original error matters more
+                    pass
+            raise
+        finally:
+            for df in cached:
+                df.unpersist()
+        commit_ms = (time.monotonic() - t1) * 1000
+        for sid, piece in slices.items():
+            self.offsets[sid] = dict(piece.end)
+        now = _now_ms()
+        records_out = {k: int(o.get.get("n", 0)) for k, o in seen_out.items()}
+        return EpochMetrics(
+            epoch=epoch, started_at=started, duration_ms=(time.monotonic() - t0) * 1000 + plan_ms,
+            records_in={k: int(o.get.get("n", 0)) for k, o in seen_in.items()},
+            records_out=records_out,
+            dead_letters=sum(n for k, n in records_out.items()
+                             if k in self.spec.dead_letter_sinks),
+            lag={sid: src.lag(self.offsets[sid], now) for sid, src in self.sources.items()},
+            plan_ms=plan_ms, run_ms=run_ms, commit_ms=commit_ms)
+
+    def _guarded(self, epoch: int, sink_id: str, action: Callable[[], Any]) -> Any:
+        """Run a sink action; turn Spark failures into errors that say what happened."""
+        from pyspark.errors import PySparkException
+        from py4j.protocol import Py4JJavaError
+
+        from streamer.runtime.spark import spark_error_message
+
+        try:
+            return action()
+        except StreamerError:
+            raise
+        except (PySparkException, Py4JJavaError) as exc:
+            text = str(exc)
+            at = text.find(DECODE_ERROR_MARKER)
+            if at >= 0:
+                detail = text[at + len(DECODE_ERROR_MARKER):].splitlines()[0]
+                raise DecodeError(f"epoch {epoch}: {detail}") from exc
+            msg = f"epoch {epoch} failed writing sink {sink_id!r}: {spark_error_message(exc)}"
+            raise JobFailedError(msg) from exc
+
+
+__all__ = ["DEAD_LETTER_DDL", "JobResult", "JobRunner", "RunOptions"]

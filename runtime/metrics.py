@@ -1,0 +1,176 @@
+"""Per-epoch metrics and how they are shown: a live rich table, JSON lines, or nothing."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import IO, Any, Protocol
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+
+@dataclass
+class EpochMetrics:
+    """What one epoch did. Times in milliseconds since the epoch start or as durations."""
+
+    epoch: int
+    started_at: float
+    duration_ms: float
+    records_in: dict[str, int] = field(default_factory=dict)
+    records_out: dict[str, int] = field(default_factory=dict)
+    dead_letters: int = 0
+    lag: dict[str, int | None] = field(default_factory=dict)
+    plan_ms: float = 0.0
+    run_ms: float = 0.0
+    commit_ms: float = 0.0
+
+    @property
+    def total_in(self) -> int:
+        """Records read from all sources."""
+        return sum(self.records_in.values())
+
+    @property
+    def total_out(self) -> int:
+        """Records written to all sinks (dead letters included)."""
+        return sum(self.records_out.values())
+
+    @property
+    def rate(self) -> float:
+        """Records in per second of epoch time."""
+        return self.total_in / (self.duration_ms / 1000) if self.duration_ms > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able record (one line of `--json` output)."""
+        out = asdict(self)
+        out.update(event="epoch", records_in_total=self.total_in,
+                   records_out_total=self.total_out, rate=round(self.rate, 1))
+        return out
+
+
+class Reporter(Protocol):
+    """Receives job events from the coordinator."""
+
+    def started(self, info: dict[str, Any]) -> None:
+        """The job is about to run its first epoch."""
+
+    def epoch(self, m: EpochMetrics) -> None:
+        """An epoch committed."""
+
+    def message(self, text: str) -> None:
+        """Something the user should know (stop requested, resumed, ...)."""
+
+    def finished(self, summary: dict[str, Any]) -> None:
+        """The job ended (bounded input, stop, or failure)."""
+
+
+class QuietReporter:
+    """Shows nothing (`--quiet`)."""
+
+    def started(self, info: dict[str, Any]) -> None:
+        """Nothing."""
+
+    def epoch(self, m: EpochMetrics) -> None:
+        """Nothing."""
+
+    def message(self, text: str) -> None:
+        """Nothing."""
+
+    def finished(self, summary: dict[str, Any]) -> None:
+        """Nothing."""
+
+
+class JsonReporter:
+    """One JSON object per line on stdout (`--json`), for scripts."""
+
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        self.stream = stream or sys.stdout
+
+    def _emit(self, record: dict[str, Any]) -> None:
+        self.stream.write(json.dumps(record, default=str) + "\n")
+        self.stream.flush()
+
+    def started(self, info: dict[str, Any]) -> None:
+        """Emit a `started` event."""
+        self._emit({"event": "started", **info})
+
+    def epoch(self, m: EpochMetrics) -> None:
+        """Emit an `epoch` event."""
+        self._emit(m.to_json())
+
+    def message(self, text: str) -> None:
+        """Emit a `message` event."""
+        self._emit({"event": "message", "text": text})
+
+    def finished(self, summary: dict[str, Any]) -> None:
+        """Emit a `finished` event."""
+        self._emit({"event": "finished", **summary})
+
+
+def _num(n: float) -> str:
+    return f"{n:,.0f}"
+
+
+class LiveReporter:
+    """A live table of recent epochs with totals, redrawn in place (the default display)."""
+
+    KEEP = 8
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self.recent: list[EpochMetrics] = []
+        self.totals = {"in": 0, "out": 0, "dead": 0, "epochs": 0}
+        self.started_at = time.monotonic()
+        self.header = Text("")
+        self.live: Live | None = None
+
+    def _render(self) -> Group:
+        table = Table(title=None, expand=False, box=None, header_style="bold")
+        for col in ("epoch", "in", "out", "dead letters", "rate/s", "epoch ms", "lag"):
+            table.add_column(col, justify="right")
+        for m in self.recent[-self.KEEP:]:
+            lag = ", ".join(f"{k}={v:,}" for k, v in m.lag.items() if v is not None) or "-"
+            table.add_row(str(m.epoch), _num(m.total_in), _num(m.total_out),
+                          _num(m.dead_letters), _num(m.rate), _num(m.duration_ms), lag)
+        elapsed = time.monotonic() - self.started_at
+        t = self.totals
+        footer = Text(f"{t['epochs']} epochs · {t['in']:,} in · {t['out']:,} out · "
+                      f"{t['dead']:,} dead letters · {elapsed:,.1f}s", style="dim")
+        return Group(self.header, table, footer)
+
+    def started(self, info: dict[str, Any]) -> None:
+        """Show the job header and start the live display."""
+        self.header = Text.assemble(("▶ ", "green"), (str(info.get("job")), "bold"),
+                                    f"  master {info.get('master')}  ",
+                                    (f"Spark UI {info['ui']}" if info.get("ui") else "", "cyan"))
+        self.live = Live(self._render(), console=self.console, refresh_per_second=4,
+                         transient=False)
+        self.live.start()
+
+    def epoch(self, m: EpochMetrics) -> None:
+        """Add an epoch to the table."""
+        self.recent.append(m)
+        self.recent = self.recent[-self.KEEP:]
+        self.totals["in"] += m.total_in
+        self.totals["out"] += m.total_out
+        self.totals["dead"] += m.dead_letters
+        self.totals["epochs"] += 1
+        if self.live:
+            self.live.update(self._render())
+
+    def message(self, text: str) -> None:
+        """Print a line above the live table."""
+        self.console.print(text)
+
+    def finished(self, summary: dict[str, Any]) -> None:
+        """Stop the live display and print how the job ended."""
+        if self.live:
+            self.live.update(self._render())
+            self.live.stop()
+        style = "green" if summary.get("status") in ("finished", "stopped") else "red"
+        self.console.print(Text(f"{summary.get('status')}: {summary.get('reason', '')}",
+                                style=style))

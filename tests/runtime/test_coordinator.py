@@ -1,0 +1,275 @@
+"""The epoch runtime end to end on real Spark and real files."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from streamer.connectors.exceptions import DecodeError
+from streamer.pipeline.validate import load_pipeline_text
+from streamer.runtime.coordinator import JobRunner, RunOptions, UnsupportedOperatorError
+
+pytestmark = pytest.mark.spark
+
+
+def committed_rows(directory: Path) -> list[dict]:
+    rows = []
+    for part in sorted(directory.glob("part-*.jsonl")):
+        rows += [json.loads(line) for line in part.read_text().splitlines() if line.strip()]
+    return rows
+
+
+def run(spark, text: str, **options) -> tuple[JobRunner, object]:
+    spec = load_pipeline_text(textwrap.dedent(text))
+    runner = JobRunner(spec, RunOptions(ui=False, **options), spark=spark)
+    return runner, runner.run()
+
+
+def test_bounded_datagen_filter_select_to_files(spark, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    _, result = run(spark, f"""
+        name: t
+        sources:
+          - id: gen
+            type: datagen
+            splits: 2
+            limit: 500
+            max_records_per_epoch: 300
+            fields:
+              n: "offset"
+              s: "split"
+              ts: "timestamp_millis(1767225600000 + offset * 1000)"
+        operators:
+          - id: even
+            input: gen
+            filter: "n % 2 = 0"
+          - id: shaped
+            input: even
+            select:
+              key: "concat(cast(s as string), '-', cast(n as string))"
+              ts: ts
+        sinks:
+          - id: out
+            type: files
+            input: shaped
+            path: {out}
+            format: jsonl
+        """)
+    assert result.status == "finished"
+    assert result.epochs == 4  # 1,000 rows admitted 300 at a time
+    assert result.records_in == 1000
+    assert result.records_out == 500
+    rows = committed_rows(out)
+    assert sorted(r["key"] for r in rows) == sorted(
+        f"{s}-{n}" for s in range(2) for n in range(0, 500, 2))
+    assert rows[0]["ts"].endswith("Z") and "." not in rows[0]["ts"]
+    assert not list((out / "_staging").glob("*/part-*")) if (out / "_staging").exists() else True
+    assert [m.records_in["gen"] for m in result.metrics] == [300, 300, 300, 100]
+
+
+def test_union_of_two_sources_and_two_sinks_of_one_operator(spark, tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    _, result = run(spark, f"""
+        name: t
+        sources:
+          - id: left
+            type: datagen
+            limit: 10
+            fields: {{v: "offset", side: "'L'"}}
+          - id: right
+            type: datagen
+            limit: 5
+            fields: {{v: "offset * 100", side: "'R'"}}
+        operators:
+          - id: both
+            input: [left, right]
+            filter: "v >= 0"
+        sinks:
+          - id: a
+            type: files
+            input: both
+            path: {a}
+            format: jsonl
+          - id: b
+            type: files
+            input: both
+            path: {b}
+            format: csv
+        """)
+    rows = committed_rows(a)
+    assert sorted((r["side"], r["v"]) for r in rows) == sorted(
+        [("L", i) for i in range(10)] + [("R", i * 100) for i in range(5)])
+    csv_lines = [line for p in sorted(b.glob("part-*.csv")) for line in p.read_text().splitlines()]
+    assert len([x for x in csv_lines if x != "v,side"]) == 15
+    assert result.records_out == 30
+
+
+def test_dead_letters_from_files_source(spark, tmp_path: Path) -> None:
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "a.jsonl").write_text('{"id": 1, "name": "x"}\nnot json\n{"id": "two", "name": "y"}\n')
+    (src / "b.jsonl").write_text('{"id": 3, "name": "z"}\n')
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    _, result = run(spark, f"""
+        name: t
+        sources:
+          - id: people
+            type: files
+            path: {src}
+            format: jsonl
+            schema: {{id: bigint, name: string}}
+            on_error: dlq
+        sinks:
+          - id: good
+            type: files
+            input: people
+            path: {good}
+            format: jsonl
+          - id: dlq
+            type: files
+            path: {bad}
+            format: jsonl
+        """)
+    assert sorted(r["id"] for r in committed_rows(good)) == [1, 3]
+    dead = committed_rows(bad)
+    assert sorted(r["record"] for r in dead) == ['not json', '{"id": "two", "name": "y"}']
+    assert {r["source"] for r in dead} == {"people"}
+    assert all(r["split"].endswith("a.jsonl") for r in dead)
+    assert all(r["error"] for r in dead)
+    assert result.dead_letters == 2
+
+
+def test_undecodable_record_without_on_error_fails_with_its_location(spark, tmp_path) -> None:
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "a.jsonl").write_text('{"id": 1}\n{"id": oops}\n')
+    with pytest.raises(DecodeError) as info:
+        run(spark, f"""
+            name: t
+            sources:
+              - id: people
+                type: files
+                path: {src}
+                format: jsonl
+                schema: {{id: bigint}}
+            sinks:
+              - id: out
+                type: files
+                input: people
+                path: {tmp_path / 'out'}
+                format: jsonl
+            """)
+    message = str(info.value)
+    assert "'people'" in message and "a.jsonl" in message and "on_error" in message
+    assert not list((tmp_path / "out").glob("part-*")), "a failed epoch must not commit"
+
+
+def test_stop_request_ends_an_unbounded_job_at_an_epoch_boundary(spark, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    spec = load_pipeline_text(textwrap.dedent(f"""
+        name: t
+        job: {{epoch: 200ms}}
+        sources:
+          - id: gen
+            type: datagen
+            rows_per_second: 1000
+            fields: {{n: "offset"}}
+        sinks:
+          - id: out
+            type: files
+            input: gen
+            path: {out}
+            format: jsonl
+        """))
+    runner = JobRunner(spec, RunOptions(ui=False), spark=spark)
+    threading.Timer(4.0, runner.request_stop).start()
+    result = runner.run()
+    assert result.status == "stopped"
+    assert result.epochs >= 2
+    numbers = sorted(r["n"] for r in committed_rows(out))
+    # Every committed epoch is complete: offsets 0..k-1 with no gap and no duplicate.
+    assert numbers == list(range(len(numbers)))
+    assert len(numbers) == result.records_in == result.offsets["gen"]["0"]
+
+
+def test_watch_picks_up_files_that_appear_while_running(spark, tmp_path: Path) -> None:
+    src, out = tmp_path / "in", tmp_path / "out"
+    src.mkdir()
+    (src / "001.jsonl").write_text('{"v": 1}\n')
+    spec = load_pipeline_text(textwrap.dedent(f"""
+        name: t
+        job: {{epoch: 200ms}}
+        sources:
+          - id: drop
+            type: files
+            path: {src}
+            format: jsonl
+            watch: true
+            schema: {{v: int}}
+        sinks:
+          - id: out
+            type: files
+            input: drop
+            path: {out}
+            format: jsonl
+        """))
+    runner = JobRunner(spec, RunOptions(ui=False), spark=spark)
+
+    def later() -> None:
+        time.sleep(2.5)
+        (src / "002.jsonl").write_text('{"v": 2}\n{"v": 3}\n')
+        time.sleep(3.0)
+        runner.request_stop()
+
+    threading.Thread(target=later, daemon=True).start()
+    result = runner.run()
+    assert result.status == "stopped"
+    assert sorted(r["v"] for r in committed_rows(out)) == [1, 2, 3]
+    assert result.epochs == 2
+
+
+def test_max_epochs_stops_a_smoke_run(spark, tmp_path: Path) -> None:
+    _, result = run(spark, f"""
+        name: t
+        sources:
+          - id: gen
+            type: datagen
+            max_records_per_epoch: 10
+            fields: {{n: "offset"}}
+        sinks:
+          - id: out
+            type: files
+            input: gen
+            path: {tmp_path / 'o'}
+            format: parquet
+        """, max_epochs=3)
+    assert (result.status, result.epochs, result.records_in) == ("stopped", 3, 30)
+    assert len(list((tmp_path / "o").glob("part-*.parquet"))) >= 3
+
+
+def test_keyed_operators_are_refused_with_location(spark, tmp_path: Path) -> None:
+    with pytest.raises(UnsupportedOperatorError, match=r"<string>:\d+:\d+: operator 'counts'"):
+        run(spark, f"""
+            name: t
+            sources:
+              - id: gen
+                type: datagen
+                limit: 1
+                fields: {{k: "offset"}}
+            operators:
+              - id: counts
+                input: gen
+                key_by: [k]
+                aggregate: {{n: count()}}
+            sinks:
+              - id: out
+                type: files
+                input: counts
+                path: {tmp_path / 'o'}
+                format: jsonl
+            """)
