@@ -17,8 +17,11 @@ from streamer.pipeline.yaml_loader import Path, Positions, load_file, load_text
 
 
 def _problems(ck: Checker, positions: Positions) -> list[Problem]:
+    def broken(path: Path) -> bool:  # already reported while loading (bad tag, unset ${VAR})
+        return any(path[:n] in positions.broken for n in range(len(path) + 1))
+
     return [Problem(positions.of_key(path) if at_key else positions.of(path), message)
-            for path, at_key, message in ck.found]
+            for path, at_key, message in ck.found if not broken(path)]
 
 
 def _ref_paths(raw: Mapping[str, Any], base: Path, key: str) -> list[tuple[str, Path]]:
@@ -49,6 +52,13 @@ def check_references(data: Mapping[str, Any], ck: Checker) -> None:
     first_seen: dict[str, Path] = {}
     duplicated: set[str] = set()
     unresolved = 0
+    # When a section is malformed, ids may be missing for reasons already reported; then an
+    # unknown reference is not reported again, nor is anything "not used".
+    incomplete = any(
+        section in data and (not isinstance(data[section], list) or any(
+            not isinstance(raw, dict) or not isinstance(raw.get("id"), str)
+            for raw in data[section]))
+        for section in ("sources", "operators", "sinks"))
     for section, kind in (("sources", "source"), ("operators", "operator"), ("sinks", "sink")):
         for i, raw in _items(data, section):
             node_id = raw.get("id")
@@ -88,6 +98,8 @@ def check_references(data: Mapping[str, Any], ck: Checker) -> None:
         nonlocal unresolved
         if ref not in kinds:
             unresolved += 1
+            if incomplete:
+                return False
             ck.report(path, f"{owner} has input {ref!r}, which is not a source or operator"
                       f"{did_you_mean(ref, producers, listing='known ids')}")
             return False
@@ -99,6 +111,11 @@ def check_references(data: Mapping[str, Any], ck: Checker) -> None:
         return True
 
     def refs_of(raw: dict[str, Any], base: Path, owner: str) -> list[tuple[str, Path]]:
+        nonlocal unresolved
+        value = raw.get("input")
+        if not (isinstance(value, str) or (isinstance(value, list) and value and all(
+                isinstance(v, str) for v in value))):
+            unresolved += "input" in raw or base[0] == "operators"  # reported as structure
         out, seen = [], set()
         for ref, path in _ref_paths(raw, base, "input"):
             if ref in seen:
@@ -184,7 +201,7 @@ def check_references(data: Mapping[str, Any], ck: Checker) -> None:
         if node not in state:
             visit(node)
 
-    for node_id in producers if not unresolved else []:  # a typo'd input explains the rest
+    for node_id in producers if not unresolved and not incomplete else []:  # a typo'd input explains the rest
         if node_id not in consumed:
             kind = kinds[node_id]
             ck.report((*first_seen[node_id], "id"), f"the output of {kind} {node_id!r} is not "

@@ -48,6 +48,8 @@ class Positions:
     keys: dict[Path, Location] = field(default_factory=dict)
     #: Problems found while loading (undefined variables, bad tags); reported with the rest.
     problems: list[Problem] = field(default_factory=list)
+    #: Paths whose value is already reported as broken; the validator skips them.
+    broken: set[Path] = field(default_factory=set)
 
     def of(self, path: Path) -> Location:
         """The location of the value at `path`, or of its nearest enclosing value."""
@@ -74,6 +76,9 @@ def load_text(text: str, file: str, env: Mapping[str, str] | None = None) -> tup
     loader = _Loader(text)
     try:
         node = loader.get_single_node()
+    except RecursionError:
+        raise PipelineError([Problem(Location(file, 1, 1), "the file nests lists or mappings "
+                                     "too deeply to be a pipeline")]) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         last_line = text.count("\n") + (0 if text.endswith("\n") else 1)
@@ -105,9 +110,11 @@ def load_text(text: str, file: str, env: Mapping[str, str] | None = None) -> tup
                 return ""
             problems.append(Problem(where, f"environment variable {name!r} is not set; set "
                                     f"it, or give a default with ${{{name}:-value}}"))
+            unset.append(name)
             return match.group(0)
         return _ENV.sub(repl, value)
 
+    unset: list[str] = []
     active: set[int] = set()  # nodes being built, to catch aliases that contain themselves
     count = [0]
 
@@ -122,6 +129,15 @@ def load_text(text: str, file: str, env: Mapping[str, str] | None = None) -> tup
         if id(n) in active:
             problems.append(Problem(_loc(file, n), "this alias refers to a value that "
                                     "contains it; YAML aliases must not be recursive"))
+            positions.broken.add(path)
+            return None
+        default_tag = {yaml.MappingNode: "tag:yaml.org,2002:map",
+                       yaml.SequenceNode: "tag:yaml.org,2002:seq"}.get(type(n))
+        if default_tag and n.tag != default_tag:
+            problems.append(Problem(_loc(file, n), f"unsupported YAML tag {n.tag!r}; "
+                                    "pipeline files hold plain strings, numbers, booleans, "
+                                    "lists and mappings"))
+            positions.broken.add(path)
             return None
         if isinstance(n, yaml.MappingNode):
             active.add(id(n))
@@ -141,9 +157,13 @@ def load_text(text: str, file: str, env: Mapping[str, str] | None = None) -> tup
             problems.append(Problem(_loc(file, n), f"unsupported YAML tag {n.tag!r}; "
                                     "pipeline files hold plain strings, numbers, booleans, "
                                     "lists and mappings"))
+            positions.broken.add(path)
             return None
         if isinstance(value, str) and "${" in value:
+            before = len(unset)
             value = substitute(value, _loc(file, n))
+            if len(unset) > before:
+                positions.broken.add(path)
             if n.style is None and _ENV.fullmatch(n.value):
                 # An unquoted `${VAR:-2}` takes the type its value would have had in YAML.
                 resolved = loader.resolve(yaml.ScalarNode, value, (True, False))
@@ -151,13 +171,12 @@ def load_text(text: str, file: str, env: Mapping[str, str] | None = None) -> tup
         return value
 
     def build_mapping(n: yaml.MappingNode, path: Path) -> dict[str, Any]:
-        try:
-            loader.flatten_mapping(n)  # applies `<<: *base` merge keys
-        except yaml.constructor.ConstructorError as exc:
-            problems.append(Problem(_loc(file, n), f"invalid merge key: {exc.problem}"))
-            return {}
         out: dict[str, Any] = {}
+        merges: list[yaml.Node] = []
         for key_node, value_node in n.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                merges.append(value_node)
+                continue
             if not isinstance(key_node, yaml.ScalarNode):
                 problems.append(Problem(_loc(file, key_node), "mapping keys must be "
                                         "plain names, not lists or mappings"))
@@ -170,10 +189,26 @@ def load_text(text: str, file: str, env: Mapping[str, str] | None = None) -> tup
                 continue
             positions.keys[(*path, key)] = _loc(file, key_node)
             out[key] = build(value_node, (*path, key))
+        # `<<: *base` (or a list of them): keys written here win, then earlier merges win.
+        for merge in merges:
+            sources = merge.value if isinstance(merge, yaml.SequenceNode) else [merge]
+            for src in sources:
+                if not isinstance(src, yaml.MappingNode):
+                    problems.append(Problem(_loc(file, src), "a merge key `<<` takes an "
+                                            "alias of a mapping (or a list of them), e.g. "
+                                            "<<: *defaults"))
+                    continue
+                merged = build(src, path)
+                for key, value in (merged or {}).items():
+                    out.setdefault(key, value)
+        positions.values[path] = _loc(file, n)
         return out
 
     try:
         data = build(node, ())
+    except RecursionError:
+        raise PipelineError([Problem(Location(file, 1, 1), "the file nests lists or mappings "
+                                     "too deeply to be a pipeline")]) from None
     except TooLarge:
         raise PipelineError([Problem(Location(file, 1, 1), f"the file expands to more than "
                                      f"{MAX_VALUES:,} values through aliases; a pipeline file "

@@ -327,6 +327,7 @@ class JobRunner:
             at = text.find(DECODE_ERROR_MARKER)
             if at >= 0:
                 detail = text[at + len(DECODE_ERROR_MARKER):].splitlines()[0]
+                detail = detail.split(" SQLSTATE:")[0].rstrip(". ")
                 raise DecodeError(f"epoch {epoch}: {detail}") from exc
             msg = f"epoch {epoch} failed writing sink {sink_id!r}: {spark_error_message(exc)}"
             raise JobFailedError(msg) from exc

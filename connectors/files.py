@@ -1,0 +1,349 @@
+"""`type: files`: jsonl, csv or parquet files under an fsspec URL, read in name order.
+
+The source has one logical split, "files", whose offset is the sorted list of files already
+read: `{"files": [...]}`. Each epoch takes the next new files in name order (at most
+`max_files_per_epoch`). Without `watch` the source is bounded by the files present when it
+looks; with `watch: true` files that appear later are read by later epochs.
+
+Local files are read by Spark in place. Files on other file systems (`memory://`, object
+stores) are copied to a local temporary directory first, since Spark in local mode has no
+Hadoop connector for them; this is meant for tests and small inputs.
+
+A dead letter's `split` and `offset` are both the file's path: Spark 4.3 gives a text or CSV
+line no position without an extra pass over the file, so the raw `record` is what points at
+the line.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+import weakref
+from collections.abc import Mapping, Sequence
+from pathlib import PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+from streamer.connectors.base import (
+    DEAD_LETTER_DDL,
+    ConnectorContext,
+    Offsets,
+    Source,
+    SourceRead,
+    SourceSlice,
+)
+from streamer.connectors.exceptions import ConnectorError, DecodeError
+from streamer.connectors.formats import CORRUPT_COLUMN, column, decode_json_lines, guard_or_split
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
+    from pyspark.sql import Column, DataFrame
+    from pyspark.sql.types import DataType, StructType
+
+    from streamer.pipeline.spec import SourceSpec
+
+#: At most this many files are read to infer a schema the pipeline does not declare.
+INFER_MAX_FILES = 10
+SPLIT = "files"
+_SPLIT_COLUMN = "__streamer_file"
+
+
+def spark_path(local_path: str, *, for_read: bool = True) -> str:
+    """A local path as a Spark `file://` URL.
+
+    Hadoop glob characters are escaped when Spark will read the path (read paths are globs;
+    write paths are taken literally).
+    """
+    if not for_read:
+        return "file://" + local_path
+    return "file://" + re.sub(r"([\\{}\[\]*?])", r"\\\1", local_path)
+
+
+def is_local(fs: AbstractFileSystem) -> bool:
+    """Whether `fs` is the local file system, which Spark can read and write directly."""
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    return "file" in protocols or "local" in protocols
+
+
+def parse_schema(spec: SourceSpec) -> StructType | None:
+    """The declared `schema:` as a StructType, or None when the pipeline declares none."""
+    if spec.schema is None:
+        return None
+    from pyspark.sql.types import DataType, StructField, StructType
+
+    from streamer.runtime.spark import spark_error_message
+
+    fields = []
+    for name, type_name in spec.schema:
+        try:
+            data_type = DataType.fromDDL(type_name)
+        except Exception as exc:
+            msg = (f"column {name!r} of source {spec.id!r} has type {type_name!r}, which Spark "
+                   f"cannot parse ({spark_error_message(exc)}); use a Spark SQL type name "
+                   "such as string, bigint, double, timestamp or decimal(10,2)")
+            raise ConnectorError(msg) from exc
+        if isinstance(data_type, StructType) and not type_name.strip().lower().startswith(
+                "struct"):
+            msg = (f"column {name!r} of source {spec.id!r} has type {type_name!r}, which is "
+                   "not a single type; use a Spark SQL type name such as string, bigint, "
+                   "double, timestamp or decimal(10,2)")
+            raise ConnectorError(msg)
+        fields.append(StructField(name, data_type, nullable=True))
+    return StructType(fields)
+
+
+def _arrow_compatible(found: DataType, wanted: DataType) -> bool:
+    """Whether Spark reads a parquet column of type `found` as `wanted` (nullability aside)."""
+    from pyspark.sql import types as T
+
+    integral = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
+    if isinstance(wanted, T.TimestampType | T.TimestampNTZType):
+        # Spark's INT96 timestamps look zone-less to pyarrow; Spark reads either kind as either.
+        return isinstance(found, T.TimestampType | T.TimestampNTZType)
+    if isinstance(wanted, integral) and isinstance(found, integral):
+        return integral.index(type(found)) <= integral.index(type(wanted))
+    if isinstance(wanted, T.DoubleType):
+        return isinstance(found, T.FloatType | T.DoubleType | T.IntegerType |
+                          T.ShortType | T.ByteType)
+    if isinstance(wanted, T.DecimalType):
+        if isinstance(found, integral):
+            return True
+        return (isinstance(found, T.DecimalType) and found.scale <= wanted.scale
+                and found.precision - found.scale <= wanted.precision - wanted.scale)
+    if isinstance(wanted, T.ArrayType) and isinstance(found, T.ArrayType):
+        return _arrow_compatible(found.elementType, wanted.elementType)
+    if isinstance(wanted, T.MapType) and isinstance(found, T.MapType):
+        return (_arrow_compatible(found.keyType, wanted.keyType)
+                and _arrow_compatible(found.valueType, wanted.valueType))
+    if isinstance(wanted, T.StructType) and isinstance(found, T.StructType):
+        by_name = {f.name.lower(): f.dataType for f in found.fields}
+        return all(f.name.lower() in by_name and _arrow_compatible(by_name[f.name.lower()],
+                                                                   f.dataType)
+                   for f in wanted.fields)
+    return type(found) is type(wanted)
+
+
+class FilesSource(Source):
+    """New files under `path`, oldest name first; bounded unless `watch: true`."""
+
+    def __init__(self, spec: SourceSpec, ctx: ConnectorContext) -> None:
+        super().__init__(spec, ctx)
+        from fsspec.core import url_to_fs
+
+        self.url: str = spec.option("path")
+        self.format: str = spec.option("format")
+        self.watch: bool = bool(spec.option("watch", False))
+        max_files = spec.option("max_files_per_epoch")
+        self.max_files: int | None = None if max_files is None else int(max_files)
+        self.header: bool = bool(spec.option("header", True))
+        self.delimiter: str = spec.option("delimiter", ",")
+        self.fs, self.root = url_to_fs(self.url)
+        self.local = is_local(self.fs)
+        self._schema: StructType | None = None
+        self._copies: str | None = None  # local copies of non-local files, made on demand
+
+    # ------------------------------------------------------------------------- listing
+    @property
+    def bounded(self) -> bool:
+        """Bounded unless `watch: true`."""
+        return not self.watch
+
+    def _name(self, path: str) -> str:
+        """How a file is named in offsets and dead letters: a local path or a full URL."""
+        return path if self.local else self.fs.unstrip_protocol(path)
+
+    def list_files(self) -> list[str]:
+        """Every file the source covers now, sorted by name.
+
+        Names starting with '_' or '.' (Spark's _SUCCESS, checksums, staging directories) are
+        skipped, in a directory and in glob matches alike.
+        """
+        root = self.root
+        self.fs.invalidate_cache()  # remote file systems cache listings; watch needs fresh ones
+        if globlib.has_magic(root):
+            found = self.fs.glob(root, detail=True)
+            paths = [p for p, info in found.items() if info.get("type") == "file"]
+        elif self.fs.isdir(root):
+            paths = self.fs.find(root, maxdepth=1, withdirs=False)
+        elif self.fs.isfile(root):
+            paths = [root]
+        else:
+            paths = []
+        visible = [p for p in paths if not PurePosixPath(p).name.startswith(("_", "."))]
+        return sorted(self._name(p) for p in visible)
+
+    def initial_offsets(self) -> Offsets:
+        """No file read yet."""
+        return {SPLIT: []}
+
+    def _new_files(self, offsets: Mapping[str, Any]) -> list[str]:
+        done = set(offsets.get(SPLIT, []))
+        return [p for p in self.list_files() if p not in done]
+
+    def plan(self, offsets: Mapping[str, Any], now_ms: int) -> SourceSlice | None:
+        """The next new files in name order, at most `max_files_per_epoch`; None if none."""
+        new = self._new_files(offsets)
+        if self.max_files is not None:
+            new = new[:self.max_files]
+        if not new:
+            return None
+        done = list(offsets.get(SPLIT, []))
+        return SourceSlice(source_id=self.spec.id, start={SPLIT: done},
+                           end={SPLIT: sorted({*done, *new})}, payload={"files": new})
+
+    def exhausted(self, offsets: Mapping[str, Any]) -> bool:
+        """True for a bounded source once every file present has been read."""
+        return self.bounded and not self._new_files(offsets)
+
+    def lag(self, offsets: Mapping[str, Any], now_ms: int) -> int | None:
+        """Files present but not read yet."""
+        return len(self._new_files(offsets))
+
+    def lag_unit(self) -> str:
+        """`lag` counts files."""
+        return "files"
+
+    # --------------------------------------------------------------------- Spark access
+    def _spark_paths(self, files: Sequence[str]) -> dict[str, str]:
+        """File name -> a path Spark can read, copying non-local files to a temp dir."""
+        if self.local:
+            return {f: f for f in files}
+        if self._copies is None:
+            self._copies = tempfile.mkdtemp(prefix=f"streamer-{self.spec.id}-")
+            weakref.finalize(self, shutil.rmtree, self._copies, True)
+        out = {}
+        for name in files:
+            digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+            target = os.path.join(self._copies, f"{digest}-{PurePosixPath(name).name}")
+            if not os.path.exists(target):
+                partial = target + ".partial"
+                self.fs.get(name, partial)
+                os.replace(partial, target)
+            out[name] = target
+        return out
+
+    def _split_column(self, local: Mapping[str, str]) -> Column:
+        """The file name of each row, from Spark's input file URL."""
+        from pathlib import Path
+
+        from pyspark.sql import functions as F
+
+        by_url = F.create_map(*[F.lit(v) for name, path in local.items()
+                                for v in (Path(path).as_uri(), name)])
+        url = F.input_file_name()
+        return F.coalesce(F.element_at(by_url, url), url)
+
+    # ------------------------------------------------------------------------- schema
+    def schema(self) -> StructType:
+        """The declared schema, or one inferred once from up to 10 files present now."""
+        if self._schema is None:
+            self._schema = parse_schema(self.spec) or self._infer()
+        return self._schema
+
+    def _infer(self) -> StructType:
+        from streamer.runtime.spark import spark_error_message
+
+        files = self.list_files()[:INFER_MAX_FILES]
+        if not files:
+            msg = (f"source {self.spec.id!r} has no schema and no files to infer one from at "
+                   f"{self.url!r}; add schema: {{column: type}}")
+            raise ConnectorError(msg)
+        from pyspark.sql.types import StructType
+
+        paths = [spark_path(p) for p in self._spark_paths(files).values()]
+        reader = self.ctx.spark.read
+        try:
+            if self.format == "jsonl":
+                inferred = reader.json(paths).schema
+            elif self.format == "csv":
+                inferred = (reader.option("header", self.header).option("sep", self.delimiter)
+                            .option("inferSchema", True).csv(paths).schema)
+            else:
+                inferred = reader.parquet(*paths).schema
+        except Exception as exc:
+            msg = (f"source {self.spec.id!r} cannot infer a schema from the files at "
+                   f"{self.url!r}: {spark_error_message(exc)}; add schema: {{column: type}}")
+            raise ConnectorError(msg) from exc
+        return StructType([f for f in inferred.fields if f.name != "_corrupt_record"])
+
+    # --------------------------------------------------------------------------- read
+    def read(self, piece: SourceSlice) -> SourceRead:
+        """The records of the slice's files (lazy, one Spark scan per format)."""
+        files: list[str] = list(piece.payload["files"])
+        if self.format == "parquet":
+            return self._read_parquet(files)
+        schema = self.schema()
+        local = self._spark_paths(files)
+        paths = [spark_path(p) for p in local.values()]
+        reader = self.ctx.spark.read
+        if self.format == "jsonl":
+            from pyspark.sql import functions as F
+
+            text = reader.text(paths)
+            split = self._split_column(local)
+            lines = text.select(F.col("value"), split.alias("split"), split.alias("offset"))
+            return decode_json_lines(self.ctx.spark, lines, schema, self.spec)
+        from pyspark.sql.types import StringType, StructField, StructType
+
+        with_corrupt = StructType([*schema.fields, StructField(CORRUPT_COLUMN, StringType())])
+        raw = (reader.schema(with_corrupt).option("header", self.header)
+               .option("sep", self.delimiter).option("mode", "PERMISSIVE")
+               .option("columnNameOfCorruptRecord", CORRUPT_COLUMN).csv(paths))
+        names = schema.fieldNames()
+        df = raw.select(*[column(n) for n in names], column(CORRUPT_COLUMN),
+                        self._split_column(local).alias(_SPLIT_COLUMN))
+        return guard_or_split(df, self.spec, CORRUPT_COLUMN, _SPLIT_COLUMN, _SPLIT_COLUMN,
+                              CORRUPT_COLUMN, columns=names, raw_file_scan=True)
+
+    def parquet_problem(self, name: str, schema: StructType) -> str | None:
+        """Why the parquet file `name` cannot be read with `schema`, or None if it can."""
+        import pyarrow.parquet as pq
+        from pyspark.sql.pandas.types import from_arrow_type
+
+        try:
+            with self.fs.open(name, "rb") as handle:
+                found = pq.read_schema(handle)
+        except Exception as exc:
+            return f"not a readable parquet file ({type(exc).__name__}: {exc})"
+        by_name = {f.name.lower(): f for f in found}
+        for field in schema.fields:
+            arrow_field = by_name.get(field.name.lower())
+            if arrow_field is None:
+                return f"no column {field.name!r} (the file has {', '.join(found.names)})"
+            try:
+                found_type = from_arrow_type(arrow_field.type)
+            except Exception:
+                found_type = None
+            if found_type is None or not _arrow_compatible(found_type, field.dataType):
+                return (f"column {field.name!r} is {arrow_field.type} in the file, which "
+                        f"cannot be read as {field.dataType.simpleString()}")
+        return None
+
+    def _read_parquet(self, files: list[str]) -> SourceRead:
+        """Compatible files through Spark; each other file as one dead letter (or an error)."""
+        spark = self.ctx.spark
+        schema = self.schema()
+        good, dead = [], []
+        for name in files:
+            problem = self.parquet_problem(name, schema)
+            if problem is None:
+                good.append(name)
+                continue
+            if self.spec.on_error is None:
+                msg = (f"source {self.spec.id!r} cannot decode the parquet file {name!r}: "
+                       f"{problem}; add on_error: <sink id> to send such files to a dead-letter "
+                       "sink")
+                raise DecodeError(msg)
+            dead.append((self.spec.id, name, name, None, problem))
+        if good:
+            paths = [spark_path(p) for p in self._spark_paths(good).values()]
+            records: DataFrame = spark.read.schema(schema).parquet(*paths)
+            records = records.select(*[column(n) for n in schema.fieldNames()])
+        else:
+            records = spark.createDataFrame([], schema)
+        dead_letters = (spark.createDataFrame(dead, DEAD_LETTER_DDL)
+                        if self.spec.on_error is not None else None)
+        return SourceRead(records=records, dead_letters=dead_letters)

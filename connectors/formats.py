@@ -1,0 +1,200 @@
+"""Decoding helpers shared by sources, and ISO rendering of timestamps shared by sinks.
+
+A source that can meet an undecodable record parses it with Spark's PERMISSIVE mode into a
+corrupt-record column, then calls `guard_or_split`: with `on_error` the bad rows become dead
+letters, without it the first Spark action over the records fails with a message that names
+the source, split and offset (the runtime turns `DECODE_ERROR_MARKER` into a `DecodeError`).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+from collections.abc import Sequence
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from streamer.connectors.base import DECODE_ERROR_MARKER, SourceRead
+from streamer.connectors.exceptions import ConnectorError
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+    from streamer.pipeline.spec import SourceSpec
+
+#: Name of the corrupt-record column while decoding; not a valid user column in practice.
+CORRUPT_COLUMN = "__streamer_corrupt_record"
+# Helper columns while decoding, named so that they cannot clash with the user's columns.
+_VALUE, _SPLIT, _OFFSET = "__streamer_value", "__streamer_split", "__streamer_offset"
+#: Undecodable records are quoted in error messages up to this many characters.
+MAX_RECORD_CHARS = 500
+
+
+def column(name: str) -> Column:
+    """A reference to the top-level column `name`, whatever characters it contains."""
+    from pyspark.sql import functions as F
+
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
+def _quoted_record(record: Column) -> Column:
+    """The raw record, cut to `MAX_RECORD_CHARS` so a huge line cannot flood the message."""
+    from pyspark.sql import functions as F
+
+    return (F.when(F.length(record) > MAX_RECORD_CHARS,
+                   F.concat(F.substring(record, 1, MAX_RECORD_CHARS), F.lit("...")))
+            .otherwise(record))
+
+
+def guard_or_split(df: DataFrame, spec: SourceSpec, corrupt_col: str, split_col: str,
+                   offset_col: str, record_col: str, *, columns: Sequence[str] | None = None,
+                   reason: str | None = None, raw_file_scan: bool = False) -> SourceRead:
+    """Split a PERMISSIVE-parsed DataFrame into decoded records and dead letters.
+
+    `df` has the decoded columns plus `corrupt_col` (non-null = undecodable), `split_col`,
+    `offset_col` and `record_col` (the raw text). `columns` are the decoded columns to keep
+    (default: every other column). With `spec.on_error` the bad rows are returned as dead
+    letters whose `error` is `reason` (default: "cannot decode as {a: int, b: string}" with
+    the decoded columns' types); without it the records carry a guard that fails the first
+    Spark action that meets a bad record (no extra Spark job).
+
+    `raw_file_scan=True` is for `df` read straight from CSV files by Spark's PERMISSIVE
+    reader (atomic column types only): every filter then needs every decoded column.
+    Otherwise Spark's reader would parse only the columns a later query uses, and whether a
+    short or long line counts as corrupt would depend on that query (a count of dead letters
+    would even be refused: UNSUPPORTED_FEATURE.QUERY_ONLY_CORRUPT_RECORD_COLUMN).
+    """
+    from pyspark.sql import functions as F
+
+    helpers = {corrupt_col, split_col, offset_col, record_col}
+    keep = list(columns) if columns is not None else [c for c in df.columns if c not in helpers]
+    corrupt = column(corrupt_col)
+    is_bad, is_good = corrupt.isNotNull(), corrupt.isNull()
+    if raw_file_scan:
+        # A tautology over every decoded column that Spark's optimizer cannot fold away.
+        every_column = F.hash(*[column(c) for c in keep]) >= F.lit(-(2**31))
+        is_bad, is_good = is_bad & every_column, is_good & every_column
+    record = column(record_col).cast("string")
+    if spec.on_error is None:
+        message = F.concat(
+            F.lit(f"{DECODE_ERROR_MARKER}source {spec.id!r} cannot decode the record at split "),
+            column(split_col).cast("string"), F.lit(" offset "),
+            column(offset_col).cast("string"), F.lit(": "), _quoted_record(record),
+            F.lit("; add on_error: <sink id> to send such records to a dead-letter sink"))
+        guard = F.when(is_bad, F.raise_error(message)).otherwise(F.lit(True))
+        return SourceRead(records=df.where(guard).select(*[column(c) for c in keep]))
+    if reason is None:
+        types = {f.name: f.dataType.simpleString() for f in df.schema.fields}
+        reason = "cannot decode as {" + ", ".join(f"{c}: {types[c]}" for c in keep) + "}"
+    dead = df.where(is_bad).select(
+        F.lit(spec.id).alias("source"), column(split_col).cast("string").alias("split"),
+        column(offset_col).cast("string").alias("offset"), record.alias("record"),
+        F.lit(reason).alias("error"))
+    records = df.where(is_good).select(*[column(c) for c in keep])
+    return SourceRead(records=records, dead_letters=dead)
+
+
+def decode_json_lines(spark: SparkSession, df: DataFrame, schema: StructType,
+                      spec: SourceSpec) -> SourceRead:
+    """Decode JSON objects, one per row of `df(value string, split string, offset string)`.
+
+    Blank lines are skipped. A value that is not a JSON object, or whose fields do not fit
+    `schema` (e.g. "x" for an int column), is undecodable: a dead letter with `on_error`, else
+    a failure of the first Spark action (see `guard_or_split`).
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    if CORRUPT_COLUMN in schema.fieldNames():
+        msg = (f"source {spec.id!r} has a column named {CORRUPT_COLUMN!r}, which streamer "
+               "uses while decoding; rename the column")
+        raise ConnectorError(msg)
+    with_corrupt = StructType([*schema.fields, StructField(CORRUPT_COLUMN, StringType())])
+    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}
+    lines = df.where(F.trim(F.col("value")) != "")
+    parsed = F.from_json(F.col("value"), with_corrupt, options)
+    # `inline(array(struct(...)))` puts the parse in a Generate node, which Spark does not push
+    # the corrupt-record filter through; a plain projection would be copied into the filter
+    # and every line parsed twice.
+    row = F.struct(parsed.alias("r"), F.col("value").alias(_VALUE),
+                   F.col("split").cast("string").alias(_SPLIT),
+                   F.col("offset").cast("string").alias(_OFFSET))
+    exploded = lines.select(F.inline(F.array(row)))
+    names = schema.fieldNames()
+    # A JSON `null` or a bare scalar parses to a null struct: undecodable too.
+    corrupt = F.coalesce(F.col("r").getField(CORRUPT_COLUMN),
+                         F.when(F.col("r").isNull(), F.col(_VALUE)))
+    flat = exploded.select(*[F.col("r").getField(n).alias(n) for n in names],
+                           corrupt.alias(CORRUPT_COLUMN), F.col(_VALUE), F.col(_SPLIT),
+                           F.col(_OFFSET))
+    return guard_or_split(flat, spec, CORRUPT_COLUMN, _SPLIT, _OFFSET, _VALUE, columns=names)
+
+
+def iso_timestamp(ts: Column) -> Column:
+    """A timestamp as an ISO-8601 UTC string, `2026-01-01T00:01:00Z` or `...:00.5Z`.
+
+    Assumes the session time zone is UTC (streamer's default).
+    """
+    from pyspark.sql import functions as F
+
+    text = F.date_format(ts, "yyyy-MM-dd'T'HH:mm:ss.SSSSSS")
+    return F.concat(F.regexp_replace(text, r"\.?0+$", ""), F.lit("Z"))
+
+
+def timestamps_as_iso(df: DataFrame) -> DataFrame:
+    """Render top-level timestamp columns as ISO-8601 UTC strings and dates as `yyyy-MM-dd`.
+
+    Used where values leave Spark as text (jsonl/csv files, console, `streamer test`) so that
+    every output shows time the same way whatever the writer's defaults.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import DateType, TimestampNTZType, TimestampType
+
+    converted = []
+    changed = False
+    for field in df.schema.fields:
+        ref = column(field.name)
+        if isinstance(field.dataType, TimestampType | TimestampNTZType):
+            converted.append(iso_timestamp(ref).alias(field.name))
+            changed = True
+        elif isinstance(field.dataType, DateType):
+            converted.append(F.date_format(ref, "yyyy-MM-dd").alias(field.name))
+            changed = True
+        else:
+            converted.append(ref)
+    return df.select(*converted) if changed else df
+
+
+def iso_datetime(value: datetime.datetime) -> str:
+    """A Python datetime in the same ISO-8601 UTC form as `iso_timestamp` (naive = UTC)."""
+    if value.tzinfo is not None:
+        value = value.astimezone(datetime.UTC).replace(tzinfo=None)
+    return value.strftime("%Y-%m-%dT%H:%M:%S.%f").rstrip("0").rstrip(".") + "Z"
+
+
+def json_value(value: Any) -> Any:
+    """A value collected from Spark (via Arrow) as plain JSON data.
+
+    Timestamps become ISO-8601 UTC strings, dates `yyyy-MM-dd`, decimals int or float,
+    binary base64; structs and maps become dicts and arrays lists, converted all the way down.
+    """
+    if isinstance(value, datetime.datetime):
+        return iso_datetime(value)
+    if isinstance(value, datetime.date):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, bytes | bytearray):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, dict):
+        return {str(k): json_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_value(v) for v in value]
+    return value
+
+
+def collect_json_rows(df: DataFrame) -> list[dict[str, Any]]:
+    """Every row of `df` as a dict of JSON values, with one Spark action (through Arrow)."""
+    table = timestamps_as_iso(df).toArrow()
+    return [json_value(row) for row in table.to_pylist(maps_as_pydicts="lossy")]

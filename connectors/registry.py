@@ -1,0 +1,46 @@
+"""Which class implements each source and sink `type:` of the pipeline file."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from streamer.connectors.base import ConnectorContext, Sink, Source
+from streamer.connectors.console import ConsoleSink
+from streamer.connectors.datagen import DatagenSource
+from streamer.connectors.exceptions import ConnectorError
+from streamer.connectors.files import FilesSource
+from streamer.connectors.files_sink import FilesSink
+
+if TYPE_CHECKING:
+    from streamer.pipeline.spec import SinkSpec, SourceSpec
+
+SOURCES: dict[str, type[Source]] = {"datagen": DatagenSource, "files": FilesSource}
+SINKS: dict[str, type[Sink]] = {"console": ConsoleSink, "files": FilesSink}
+#: Types the pipeline file accepts that this version cannot run yet.
+NOT_YET = ("kafka",)
+
+
+def _unavailable(kind: str, node_id: str, type_name: str, known: list[str]) -> str:
+    """The message for a `type:` without an implementation here."""
+    if type_name in NOT_YET:
+        return (f"{kind} {node_id!r} has type: {type_name}, but {type_name} sources/sinks are "
+                f"not available in this version yet; use type: {' or '.join(known)} for now")
+    return f"{kind} {node_id!r} has unknown type {type_name!r}; use type: {' or '.join(known)}"
+
+
+def make_source(spec: SourceSpec, ctx: ConnectorContext) -> Source:
+    """The source that runs `spec`."""
+    cls = SOURCES.get(spec.type)
+    if cls is None:
+        msg = _unavailable("source", spec.id, spec.type, list(SOURCES))
+        raise ConnectorError(msg)
+    return cls(spec, ctx)
+
+
+def make_sink(spec: SinkSpec, ctx: ConnectorContext) -> Sink:
+    """The sink that runs `spec`."""
+    cls = SINKS.get(spec.type)
+    if cls is None:
+        msg = _unavailable("sink", spec.id, spec.type, list(SINKS))
+        raise ConnectorError(msg)
+    return cls(spec, ctx)
