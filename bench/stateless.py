@@ -59,7 +59,8 @@ sinks:
 """
 
 
-def run_streamer(spark, rows: int, splits: int, out: str, per_epoch: int | None) -> tuple[float, int]:
+def run_streamer(spark, rows: int, splits: int, out: str,
+                 per_epoch: int | None) -> tuple[float, int]:
     from streamer.pipeline.validate import load_pipeline_text
     from streamer.runtime.coordinator import JobRunner, RunOptions
 

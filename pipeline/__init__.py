@@ -1,2 +1,3 @@
 """Pipeline files: loading with line tracking, validation against the spec model, the frozen spec,
-and the logical dataflow graph compiled from it."""
+and the logical dataflow graph compiled from it.
+"""

@@ -64,6 +64,7 @@ class Analyzer:
 
     # ------------------------------------------------------------------------ per node
     def source(self, s: SourceSpec) -> None:
+        """Derive a source's schema and check its event_time."""
         try:
             schema = self.sources[s.id].schema()
         except StreamerError as exc:
@@ -82,6 +83,7 @@ class Analyzer:
 
     def inputs(self, node_id: str, inputs: tuple[str, ...], path: Path,
                owner: str) -> DataFrame | None:
+        """An empty frame of the (unioned) inputs, or None if they cannot be unioned."""
         schemas = [(i, self.schemas[i]) for i in inputs if i in self.schemas]
         if len(schemas) != len(inputs):
             return None  # an upstream problem is already reported
@@ -97,6 +99,7 @@ class Analyzer:
         return self.empty(first)
 
     def operator(self, o: OperatorSpec) -> None:
+        """Check an operator's expressions and derive its output schema."""
         owner = f"operator {o.id!r}"
         df = self.inputs(o.id, o.inputs, o.path, owner)
         if df is None:
@@ -125,6 +128,7 @@ class Analyzer:
         self.keyed(o, df)
 
     def keyed(self, o: OperatorSpec, df: DataFrame) -> None:
+        """Check key columns and aggregate arguments of a keyed operator."""
         owner = f"operator {o.id!r}"
         columns = df.columns
         from streamer.pipeline.model import did_you_mean
@@ -142,6 +146,7 @@ class Analyzer:
                               f"aggregate {agg.name!r} of {owner}")
 
     def sink(self, k: SinkSpec) -> None:
+        """Check that a sink's inputs union and fit its format."""
         if k.id in self.spec.dead_letter_sinks:
             return
         df = self.inputs(k.id, k.inputs, k.path, f"sink {k.id!r}")

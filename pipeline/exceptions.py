@@ -38,7 +38,8 @@ class PipelineError(StreamerError):
     """
 
     def __init__(self, problems: list[Problem]) -> None:
-        self.problems = sorted(problems, key=lambda p: (p.location, p.message))
+        # A value shared through an alias is checked once per use; report it once.
+        self.problems = sorted(set(problems), key=lambda p: (p.location, p.message))
         super().__init__("\n".join(str(p) for p in self.problems))
 
 

@@ -1,5 +1,6 @@
 """The logical dataflow compiled from a spec: nodes in topological order with their edges,
-plus renderings for `streamer plan` (tree, mermaid, dot, json)."""
+plus renderings for `streamer plan` (tree, mermaid, dot, json).
+"""
 
 from __future__ import annotations
 

@@ -54,7 +54,8 @@ def _type_name(value: Any) -> str:
 
 def label(path: Path) -> str:
     """The user-facing name of the setting at `path`: its last key quoted, or `sources[0]`
-    for a list entry."""
+    for a list entry.
+    """
     if path and isinstance(path[-1], int):
         parent = path[-2] if len(path) > 1 and isinstance(path[-2], str) else "item"
         return f"{parent}[{path[-1]}]"
@@ -74,7 +75,7 @@ class Node:
         raise NotImplementedError
 
     def schema(self) -> dict[str, Any]:
-        """This node as JSON Schema (draft 2020-12)."""
+        """Render as JSON Schema (draft 2020-12)."""
         raise NotImplementedError
 
     def _with_doc(self, schema: dict[str, Any]) -> dict[str, Any]:
@@ -336,7 +337,8 @@ Rule = Callable[[dict[str, Any], Path, Checker], None]
 @dataclass
 class Obj(Node):
     """A mapping with a fixed set of keys. `what(value, path)` names it in messages
-    (e.g. "operator 'clean'"); `rules` check relations between keys."""
+    (e.g. "operator 'clean'"); `rules` check relations between keys.
+    """
 
     fields: dict[str, Field]
     description: str = ""

@@ -43,7 +43,8 @@ _AGG_CALL = re.compile(r"^\s*([A-Za-z_]\w*)\s*\(", re.S)
 
 def parse_aggregate(text: str) -> tuple[str, str | None] | None:
     """`sum(amount)` -> ("sum", "amount"); `count()` -> ("count", None); None unless the text
-    is exactly one call (`max(x) - min(x)` is two)."""
+    is exactly one call (`max(x) - min(x)` is two).
+    """
     match = _AGG_CALL.match(text)
     if not match:
         return None
@@ -236,6 +237,7 @@ class AggregateFn(Str):
     """An aggregate call such as `sum(amount)` from the functions the spec lists."""
 
     def check(self, value: Any, path: Path, ck: Checker) -> None:
+        """Check the call's form, function name and argument count."""
         super().check(value, path, ck)
         if not isinstance(value, str) or not value.strip():
             return

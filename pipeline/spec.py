@@ -94,7 +94,7 @@ class OperatorSpec:
 
     @property
     def keyed_kind(self) -> str | None:
-        """window | aggregate | dedupe | process for keyed operators."""
+        """Window | aggregate | dedupe | process for keyed operators."""
         if self.kind != "keyed":
             return None
         if self.window:
@@ -177,7 +177,9 @@ class PipelineSpec:
 
     def node(self, node_id: str) -> SourceSpec | OperatorSpec | SinkSpec:
         """The source, operator or sink with this id."""
-        for item in (*self.sources, *self.operators, *self.sinks):
+        items: tuple[SourceSpec | OperatorSpec | SinkSpec, ...] = (
+            *self.sources, *self.operators, *self.sinks)
+        for item in items:
             if item.id == node_id:
                 return item
         raise KeyError(node_id)

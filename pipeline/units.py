@@ -1,4 +1,4 @@
-"""Durations (`250ms`, `10s`, `5m`, `2h`, `1d`) and sizes (`64MB`) as the pipeline file writes them."""
+"""Durations (`250ms`, `10s`, `5m`, `2h`, `1d`) and sizes (`64MB`) as pipeline files write them."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ SIZE_HINT = "a size like '64MB' or '1GiB'"
 
 def parse_duration_ms(text: object, *, whole: bool = True) -> int | None:
     """Milliseconds in a duration string, or None when it is not one (or, with `whole`,
-    when it is not a whole number of milliseconds, like `0.5ms`)."""
+    when it is not a whole number of milliseconds, like `0.5ms`).
+    """
     if not isinstance(text, str):
         return None
     match = _DURATION.match(text)

@@ -47,7 +47,8 @@ def check_references(data: Mapping[str, Any], ck: Checker) -> None:
     """Report duplicate ids and uids, unresolved references, cycles and unconsumed outputs.
 
     Written to run on data that may also have structural problems, so that every problem
-    is reported in one pass."""
+    is reported in one pass.
+    """
     kinds: dict[str, str] = {}
     first_seen: dict[str, Path] = {}
     duplicated: set[str] = set()
@@ -127,27 +128,30 @@ def check_references(data: Mapping[str, Any], ck: Checker) -> None:
 
     input_paths: dict[tuple[str, str], Path] = {}
     for i, raw in _items(data, "operators"):
+        op_id = str(raw.get("id"))
         owner = f"operator {raw.get('id')!r}"
-        for ref, path in refs_of(raw, ("operators", i), owner):
-            if ref == raw.get("id"):
-                if ref not in duplicated:
-                    ck.report(path, f"{owner} reads its own output; remove it from input")
-            elif resolve(ref, path, owner):
-                consumed.add(ref)
-                edges.setdefault(raw.get("id"), []).append(ref)
-                input_paths[(raw.get("id"), ref)] = path
+        for name, ref_path in refs_of(raw, ("operators", i), owner):
+            if name == op_id:
+                if name not in duplicated:
+                    ck.report(ref_path, f"{owner} reads its own output; remove it from input")
+            elif resolve(name, ref_path, owner):
+                consumed.add(name)
+                edges.setdefault(op_id, []).append(name)
+                input_paths[(op_id, name)] = ref_path
 
     dead_letter: dict[str, str] = {}  # sink id -> who sends to it
     dead_letter_unresolved = 0
     for section, key in (("sources", "on_error"), ("operators", "window")):
         for i, raw in _items(data, section):
+            target: Any
+            path: Path
             if key == "window":
                 window = raw.get("window")
-                ref = window.get("late") if isinstance(window, dict) else None
-                path: Path = ("operators", i, "window", "late")
-                what = "late output"
+                target = window.get("late") if isinstance(window, dict) else None
+                path, what = ("operators", i, "window", "late"), "late output"
             else:
-                ref, path, what = raw.get("on_error"), ("sources", i, "on_error"), "on_error"
+                target, path, what = raw.get("on_error"), ("sources", i, "on_error"), "on_error"
+            ref = target
             if not isinstance(ref, str):
                 continue
             owner = f"{'source' if section == 'sources' else 'operator'} {raw.get('id')!r}"
@@ -156,8 +160,8 @@ def check_references(data: Mapping[str, Any], ck: Checker) -> None:
                 dead_letter_unresolved += 1
                 problem = ("is not defined" if ref not in kinds
                            else f"is {_a(kinds[ref])}, not a sink")
-                ck.report(path, f"{what} {ref!r} of {owner} {problem}; name a sink"
-                          f"{did_you_mean(ref, sinks, listing='sinks') if ref not in kinds else ''}")
+                hint = did_you_mean(ref, sinks, listing="sinks") if ref not in kinds else ""
+                ck.report(path, f"{what} {ref!r} of {owner} {problem}; name a sink{hint}")
                 continue
             if ref in dead_letter and dead_letter[ref].startswith("late") != (what != "on_error"):
                 ck.report(path, f"sink {ref!r} already receives {dead_letter[ref]}; dead-letter "
@@ -201,7 +205,8 @@ def check_references(data: Mapping[str, Any], ck: Checker) -> None:
         if node not in state:
             visit(node)
 
-    for node_id in producers if not unresolved and not incomplete else []:  # a typo'd input explains the rest
+    # A typo'd or broken input explains any output that looks unused; say only that.
+    for node_id in producers if not unresolved and not incomplete else []:
         if node_id not in consumed:
             kind = kinds[node_id]
             ck.report((*first_seen[node_id], "id"), f"the output of {kind} {node_id!r} is not "

@@ -27,7 +27,8 @@ MAX_VALUES = 200_000
 
 class _Loader(yaml.SafeLoader):
     """SafeLoader with YAML 1.2 booleans: only true/false, so `on`, `yes` and `no` stay
-    strings (a column named `on` must not become True)."""
+    strings (a column named `on` must not become True).
+    """
 
 
 _Loader.yaml_implicit_resolvers = {
@@ -69,7 +70,8 @@ def _loc(file: str, node: yaml.Node) -> Location:
 
 def load_text(text: str, file: str, env: Mapping[str, str] | None = None) -> tuple[Any, Positions]:
     """Parse YAML text; return the data and its positions (whose `problems` lists what the
-    validator must report with its own), or raise `PipelineError` for unparseable YAML."""
+    validator must report with its own), or raise `PipelineError` for unparseable YAML.
+    """
     env = os.environ if env is None else env
     positions = Positions(file)
     problems = positions.problems
@@ -131,8 +133,8 @@ def load_text(text: str, file: str, env: Mapping[str, str] | None = None) -> tup
                                     "contains it; YAML aliases must not be recursive"))
             positions.broken.add(path)
             return None
-        default_tag = {yaml.MappingNode: "tag:yaml.org,2002:map",
-                       yaml.SequenceNode: "tag:yaml.org,2002:seq"}.get(type(n))
+        default_tag = ("tag:yaml.org,2002:map" if isinstance(n, yaml.MappingNode) else
+                       "tag:yaml.org,2002:seq" if isinstance(n, yaml.SequenceNode) else None)
         if default_tag and n.tag != default_tag:
             problems.append(Problem(_loc(file, n), f"unsupported YAML tag {n.tag!r}; "
                                     "pipeline files hold plain strings, numbers, booleans, "
@@ -164,7 +166,7 @@ def load_text(text: str, file: str, env: Mapping[str, str] | None = None) -> tup
             value = substitute(value, _loc(file, n))
             if len(unset) > before:
                 positions.broken.add(path)
-            if n.style is None and _ENV.fullmatch(n.value):
+            if isinstance(n, yaml.ScalarNode) and n.style is None and _ENV.fullmatch(n.value):
                 # An unquoted `${VAR:-2}` takes the type its value would have had in YAML.
                 resolved = loader.resolve(yaml.ScalarNode, value, (True, False))
                 value = loader.construct_object(yaml.ScalarNode(resolved, value), deep=True)
@@ -222,7 +224,9 @@ def load_file(path: str, env: Mapping[str, str] | None = None) -> tuple[Any, Pos
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
     except FileNotFoundError as exc:
-        raise PipelineFileError(f"pipeline file {path!r} does not exist") from exc
+        msg = f"pipeline file {path!r} does not exist"
+        raise PipelineFileError(msg) from exc
     except (OSError, UnicodeDecodeError) as exc:
-        raise PipelineFileError(f"cannot read pipeline file {path!r}: {exc}") from exc
+        msg = f"cannot read pipeline file {path!r}: {exc}"
+        raise PipelineFileError(msg) from exc
     return load_text(text, path, env)

@@ -1,5 +1,6 @@
 """Spark-backed checks used by the CLI: expression analysis for `validate`, and one shared
-session for `test`."""
+session for `test`.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ if TYPE_CHECKING:
 
 def shared_session(spec: PipelineSpec | None = None) -> SparkSession:
     """A local session without the UI for checks and tests (the pipeline's spark: block
-    applies)."""
+    applies).
+    """
     from streamer.runtime.spark import create_session
 
     return create_session("streamer-check", None, dict(spec.spark) if spec else {}, ui=False)

@@ -8,11 +8,13 @@ together, none of the next epoch's. Bounded sources end the loop; unbounded ones
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from streamer.connectors.base import (
@@ -39,7 +41,8 @@ if TYPE_CHECKING:
 
 class UnsupportedOperatorError(StreamerError):
     """Raised when a pipeline uses an operator this version cannot run yet; `validate` and
-    `plan` accept it, `run` does not. Remove the operator or upgrade streamer."""
+    `plan` accept it, `run` does not. Remove the operator or upgrade streamer.
+    """
 
 
 @dataclass
@@ -145,7 +148,8 @@ class JobRunner:
     # ------------------------------------------------------------------------ the loop
     def run(self) -> JobResult:
         """Run epochs until the bounded sources are exhausted or a stop is requested."""
-        restore: Callable[[], object] = lambda: None
+        def restore() -> object:
+            return None
         try:
             # After the session exists: PySpark installs its own SIGINT handler (cancel all
             # jobs, raise KeyboardInterrupt) when the SparkContext starts.
@@ -170,7 +174,7 @@ class JobRunner:
         self.reporter.finished(result.to_json())
         return result
 
-    def _install_sigint(self) -> Callable[[], None]:
+    def _install_sigint(self) -> Callable[[], object]:
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
         previous = signal.getsignal(signal.SIGINT)
@@ -258,41 +262,36 @@ class JobRunner:
                 if read.dead_letters is not None and on_error:
                     dead.setdefault(on_error, []).append(read.dead_letters)
             elif node.role == "operator":
-                present = [frames[i] for i in node.inputs if frames.get(i) is not None]
+                present = [f for i in node.inputs if (f := frames.get(i)) is not None]
                 frames[node.id] = (apply_stateless(node.spec, union(present))  # type: ignore
                                    if present else None)
-            if node.role != "sink" and frames.get(node.id) is not None:
-                if len(self.flow.consumers(node.id)) > 1:
-                    df = frames[node.id]
-                    assert df is not None
-                    frames[node.id] = df.persist()
-                    cached.append(frames[node.id])  # type: ignore[arg-type]
+            df = frames.get(node.id)
+            if node.role != "sink" and df is not None and len(self.flow.consumers(node.id)) > 1:
+                # Read once, write to several sinks: keep the epoch's rows for the second.
+                frames[node.id] = df.persist()
+                cached.append(df)
 
         handles: dict[str, Any] = {}
         seen_out: dict[str, Observation] = {}
         try:
             for sink_id, sink in self.sinks.items():
                 node = self.flow.node(sink_id)
-                present = [frames[i] for i in node.inputs if frames.get(i) is not None]
+                present = [f for i in node.inputs if (f := frames.get(i)) is not None]
                 present += dead.get(sink_id, [])
                 if not present:
                     continue
                 obs = Observation(f"out_{sink_id}_{epoch}")
                 seen_out[sink_id] = obs
                 df = union(present).observe(obs, F.count(F.lit(1)).alias("n"))
-                handles[sink_id] = self._guarded(epoch, sink_id,
-                                                 lambda s=sink, d=df: s.write(epoch, d))
+                handles[sink_id] = self._guarded(epoch, sink_id, partial(sink.write, epoch, df))
             run_ms = (time.monotonic() - t0) * 1000
             t1 = time.monotonic()
             for sink_id, handle in handles.items():
-                self._guarded(epoch, sink_id,
-                              lambda s=self.sinks[sink_id], h=handle: s.commit(epoch, h))
+                self._guarded(epoch, sink_id, partial(self.sinks[sink_id].commit, epoch, handle))
         except BaseException:
             for sink_id, handle in handles.items():
-                try:
+                with contextlib.suppress(Exception):
                     self.sinks[sink_id].abort(epoch, handle)
-                except Exception:  # noqa: BLE001 - the original error matters more
-                    pass
             raise
         finally:
             for df in cached:
@@ -313,8 +312,8 @@ class JobRunner:
 
     def _guarded(self, epoch: int, sink_id: str, action: Callable[[], Any]) -> Any:
         """Run a sink action; turn Spark failures into errors that say what happened."""
-        from pyspark.errors import PySparkException
         from py4j.protocol import Py4JJavaError
+        from pyspark.errors import PySparkException
 
         from streamer.runtime.spark import spark_error_message
 
@@ -328,7 +327,8 @@ class JobRunner:
             if at >= 0:
                 detail = text[at + len(DECODE_ERROR_MARKER):].splitlines()[0]
                 detail = detail.split(" SQLSTATE:")[0].rstrip(". ")
-                raise DecodeError(f"epoch {epoch}: {detail}") from exc
+                msg = f"epoch {epoch}: {detail}"
+                raise DecodeError(msg) from exc
             msg = f"epoch {epoch} failed writing sink {sink_id!r}: {spark_error_message(exc)}"
             raise JobFailedError(msg) from exc
 

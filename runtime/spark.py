@@ -59,20 +59,28 @@ def check_java() -> str:
     fix = ("install Java 17 or newer (e.g. `apt-get install openjdk-17-jre-headless` or "
            "`brew install openjdk@17`) and make it the `java` on PATH, or set JAVA_HOME to it")
     if not java or not Path(java).exists():
-        raise JavaNotFoundError(f"Spark needs Java {MIN_JAVA}+, but no `java` was found on "
-                                f"{where}; {fix}")
+        msg = (
+            f"Spark needs Java {MIN_JAVA}+, but no `java` was found on "
+                                f"{where}; {fix}"
+        )
+        raise JavaNotFoundError(msg)
     version = java_version(java)
     if version is None:
-        raise JavaNotFoundError(f"Spark needs Java {MIN_JAVA}+, but {java} does not run; {fix}")
+        msg = f"Spark needs Java {MIN_JAVA}+, but {java} does not run; {fix}"
+        raise JavaNotFoundError(msg)
     if version < MIN_JAVA:
-        raise JavaNotFoundError(f"Spark needs Java {MIN_JAVA}+, but {java} is Java {version}; "
-                                f"{fix}")
+        msg = (
+            f"Spark needs Java {MIN_JAVA}+, but {java} is Java {version}; "
+                                f"{fix}"
+        )
+        raise JavaNotFoundError(msg)
     return java
 
 
 def quiet_python_loggers() -> None:
     """Silence PySpark's Python-side loggers, which print JSON error records to stderr for
-    errors that streamer reports itself."""
+    errors that streamer reports itself.
+    """
     for name in ("py4j", "pyspark", "SQLQueryContextLogger", "DataFrameQueryContextLogger"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
@@ -100,7 +108,7 @@ def create_session(app_name: str = "streamer", master: str | None = None,
         spark_conf.setMaster(master or "local[*]")
     for key, value in settings.items():
         spark_conf.set(key, value)
-    if SparkContext._active_spark_context is None:  # noqa: SLF001 - no public accessor
+    if SparkContext._active_spark_context is None:
         gateway = None
         if not submitted:
             # The JVM's own stderr (start-up banners, warnings) goes to a log file, not the

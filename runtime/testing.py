@@ -48,7 +48,8 @@ def _json_value(value: Any) -> Any:
 
 def canonical(value: Any) -> Any:
     """A comparable form: numbers equal when numerically equal (to 9 significant digits),
-    timestamps as ISO UTC strings, mappings with sorted keys."""
+    timestamps as ISO UTC strings, mappings with sorted keys.
+    """
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return value
     if isinstance(value, int | float | Decimal):
@@ -71,7 +72,8 @@ def _key(row: Mapping[str, Any]) -> str:
 
 class InlineSource(Source):
     """A bounded source of the rows written in a test case, decoded with the real source's
-    schema (one epoch, one split named `inline`)."""
+    schema (one epoch, one split named `inline`).
+    """
 
     def __init__(self, spec: SourceSpec, ctx: ConnectorContext, rows: list[dict[str, Any]],
                  schema: StructType) -> None:

@@ -163,7 +163,7 @@ def test_plan_formats(tmp_path: Path) -> None:
     assert tree.exit_code == 0
     assert "source clicks" in tree.output and "sink out" in tree.output
     as_json = json.loads(runner.invoke(app, ["plan", str(path), "--format", "json"]).output)
-    assert [n["id"] for n in as_json["nodes"]][0] == "clicks"
+    assert next(n["id"] for n in as_json["nodes"]) == "clicks"
     assert {n["role"] for n in as_json["nodes"]} == {"source", "operator", "sink"}
     mermaid = runner.invoke(app, ["plan", str(path), "-f", "mermaid"]).output
     assert mermaid.startswith("flowchart LR") and "clicks --> humans" in mermaid
@@ -195,7 +195,7 @@ def test_plan_shows_key_group_shuffle(tmp_path: Path) -> None:
     tree = runner.invoke(app, ["plan", str(path)]).output
     assert "shuffle by user" in tree and "64 key groups" in tree and "uid=per-user-v1" in tree
     plan = json.loads(runner.invoke(app, ["plan", str(path), "-f", "json"]).output)
-    keyed = [n for n in plan["nodes"] if n["id"] == "per_user"][0]
+    keyed = next(n for n in plan["nodes"] if n["id"] == "per_user")
     assert keyed["shuffle"] == "key group by user" and keyed["uid"] == "per-user-v1"
 
 
