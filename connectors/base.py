@@ -65,10 +65,14 @@ class SourceSlice:
 @dataclass
 class SourceRead:
     """The DataFrames of one slice: decoded records, and undecodable ones as dead letters
-    (columns `DEAD_LETTER_COLUMNS`), or None when the source has no `on_error`."""
+    (columns `DEAD_LETTER_COLUMNS`), or None when the source has no `on_error`.
+    """
 
     records: DataFrame
     dead_letters: DataFrame | None = None
+    #: A column of `records` naming each record's split, for per-split watermarks; the
+    #: runtime drops it. None: every record belongs to the slice's only split.
+    split_column: str | None = None
 
 
 class Source(ABC):

@@ -159,8 +159,12 @@ class DatagenSource(Source):
     def read(self, piece: SourceSlice) -> SourceRead:
         """The slice's rows: lazy, deterministic, no Python UDFs."""
         payload = piece.payload
+        from pyspark.sql import functions as F
+
         frame = self._frame(payload["start"], payload["counts"])
-        return SourceRead(records=frame.select(*self._columns()))
+        split = F.col("split").cast("string").alias("__split")
+        return SourceRead(records=frame.select(*self._columns(), split),
+                          split_column="__split")
 
     def exhausted(self, offsets: Mapping[str, Any]) -> bool:
         """True when `limit` is set and every split has produced `limit` rows."""

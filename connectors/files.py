@@ -240,7 +240,12 @@ class FilesSource(Source):
     def schema(self) -> StructType:
         """The declared schema, or one inferred once from up to 10 files present now."""
         if self._schema is None:
-            self._schema = parse_schema(self.spec) or self._infer()
+            if self.format == "text":
+                from pyspark.sql.types import StringType, StructField, StructType
+
+                self._schema = StructType([StructField("line", StringType())])
+            else:
+                self._schema = parse_schema(self.spec) or self._infer()
         return self._schema
 
     def _infer(self) -> StructType:
@@ -279,6 +284,8 @@ class FilesSource(Source):
         local = self._spark_paths(files)
         paths = [spark_path(p) for p in local.values()]
         reader = self.ctx.spark.read
+        if self.format == "text":  # every line is a record; nothing can fail to decode
+            return SourceRead(records=reader.text(paths).withColumnRenamed("value", "line"))
         if self.format == "jsonl":
             from pyspark.sql import functions as F
 

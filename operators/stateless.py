@@ -1,5 +1,6 @@
 """Stateless operators: `filter`, `select`, `with_columns` and unions, as Spark SQL over the
-epoch's DataFrames. They add no Spark job of their own; Spark fuses them into the read."""
+epoch's DataFrames. They add no Spark job of their own; Spark fuses them into the read.
+"""
 
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ def apply_stateless(op: OperatorSpec, df: DataFrame) -> DataFrame:
         assert op.filter is not None
         return df.filter(F.expr(op.filter))
     if op.kind == "select":
-        return df.select(*[F.expr(expr).alias(name) for name, expr in op.columns])
+        # The hidden event-time column travels with the rows through a select.
+        keep = [F.col("__ts")] if "__ts" in df.columns and "__ts" not in dict(op.columns) else []
+        return df.select(*[F.expr(expr).alias(name) for name, expr in op.columns], *keep)
     if op.kind == "with_columns":
         return df.withColumns({name: F.expr(expr) for name, expr in op.columns})
     msg = f"operator {op.id!r} of kind {op.kind!r} is not stateless"

@@ -160,7 +160,8 @@ DATAGEN.rules.append(_datagen_rules)
 FILES_SOURCE = _source(
     {
         "path": Field(Str("fsspec URL or glob of the input files."), required=True),
-        "format": Field(Str("File format.", enum=("jsonl", "csv", "parquet")), required=True),
+        "format": Field(Str("File format; `text` gives one column `line` per line.",
+                            enum=("jsonl", "csv", "parquet", "text")), required=True),
         "watch": Field(Bool("Watch for new files (unbounded); default false.")),
         "header": Field(Bool("CSV only: the first line names the columns (default true).")),
         "delimiter": Field(Str("CSV only: the field separator (default ',').")),
@@ -172,6 +173,11 @@ FILES_SOURCE = _source(
 
 
 def _files_source_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
+    if value.get("format") == "text":
+        for key in ("schema", "on_error"):
+            if key in value:
+                ck.report((*path, key), f"format: text has one column `line` and cannot fail "
+                          f"to decode; remove {key!r}", at_key=True)
     if value.get("format") != "csv":
         for key in ("header", "delimiter"):
             if key in value:

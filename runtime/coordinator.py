@@ -9,6 +9,7 @@ together, none of the next epoch's. Bounded sources end the loop; unbounded ones
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 import time
@@ -100,6 +101,10 @@ class JobRunner:
         self.sinks: dict[str, Sink] = {}
         self.schemas: dict[str, Any] = {}
         self.offsets: dict[str, dict[str, Any]] = {}
+        self.run_id = f"{int(time.time() * 1000):x}-{os.getpid()}"
+        self.keyed: dict[str, Any] = {}
+        self.event_time = {}
+        self.next_timers: dict[str, dict[str, int | None]] = {}
 
     # ------------------------------------------------------------------------ control
     def request_stop(self) -> None:
@@ -124,15 +129,16 @@ class JobRunner:
         return self._spark
 
     def prepare(self) -> None:
-        """Check the job can run, build connectors and analyze every expression."""
+        """Check the job can run, build connectors, analyze every expression, and plan the
+        keyed stages."""
         from streamer.connectors.registry import make_sink, make_source
 
         for node in self.flow.nodes:
-            if node.kind == "keyed":
-                loc = self.spec.where((*node.spec.path, "key_by"), key=True)
-                msg = (f"{loc}: operator {node.id!r} uses key_by, which this version of "
-                       "streamer validates and plans but cannot run yet (keyed state, windows "
-                       "and timers come in the next release); remove it to run the pipeline")
+            if node.kind == "keyed" and node.spec.process:  # type: ignore[union-attr]
+                loc = self.spec.where((*node.spec.path, "process"), key=True)
+                msg = (f"{loc}: operator {node.id!r} uses process, which this version of "
+                       "streamer validates and plans but cannot run yet; remove it to run "
+                       "the pipeline")
                 raise UnsupportedOperatorError(msg)
         ctx = ConnectorContext(spark=self.spark, job_name=self.spec.name,
                                console=self.options.console)
@@ -144,6 +150,35 @@ class JobRunner:
         for sink in self.sinks.values():
             sink.open()
         self.offsets = {sid: dict(src.initial_offsets()) for sid, src in self.sources.items()}
+        self._plan_keyed()
+
+    def _plan_keyed(self) -> None:
+        """Which nodes carry event time, and a `KeyedStage` per keyed operator."""
+        from pyspark.sql.types import StructField, StructType, TimestampType
+
+        from streamer.runtime.keyed import KeyedStage, default_state_root
+
+        self.event_time: dict[str, bool] = {}
+        self.keyed: dict[str, KeyedStage] = {}
+        self.state_root = default_state_root(self.spec.job.state_local_dir, self.spec.name,
+                                             self.run_id)
+        for node in self.flow.nodes:
+            if node.role == "source":
+                self.event_time[node.id] = bool(node.spec.event_time)  # type: ignore[union-attr]
+            elif node.role == "operator":
+                has_ts = all(self.event_time.get(i, False) for i in node.inputs)
+                if node.kind != "keyed":
+                    self.event_time[node.id] = has_ts
+                    continue
+                op = node.spec
+                schema = self.schemas[op.inputs[0]]  # type: ignore[union-attr]
+                if has_ts:
+                    schema = StructType([*schema.fields, StructField("__ts", TimestampType())])
+                stage = KeyedStage(self.spark, op, self.spec.job, self.spec.name,  # type: ignore
+                                   schema, has_ts, self.state_root)
+                self.keyed[node.id] = stage
+                self.event_time[node.id] = stage.kind == "window" or (
+                    stage.kind == "dedupe" and has_ts)
 
     # ------------------------------------------------------------------------ the loop
     def run(self) -> JobResult:
@@ -190,7 +225,19 @@ class JobRunner:
         signal.signal(signal.SIGINT, handler)
         return lambda: signal.signal(signal.SIGINT, previous)
 
+    def _timers_due(self, watermark: int, now_ms: int) -> bool:
+        """Whether some keyed subtask has a timer due (so an epoch must run without data)."""
+        for nxt in self.next_timers.values():
+            event, processing = nxt.get("event"), nxt.get("processing")
+            if (event is not None and event <= watermark) or (
+                    processing is not None and processing <= now_ms):
+                return True
+        return False
+
     def _loop(self) -> JobResult:
+        from streamer.runtime.watermarks import MAX_WATERMARK, WatermarkTracker
+
+        self.watermarks = WatermarkTracker({s.id: s for s in self.spec.sources})
         history: list[EpochMetrics] = []
         epoch = 0
         reason = ""
@@ -201,9 +248,19 @@ class JobRunner:
                 break
             tick = time.monotonic()
             now = _now_ms()
-            live = {sid: src for sid, src in self.sources.items()
-                    if not (src.bounded and src.exhausted(self.offsets[sid]))}
+            live = {}
+            for sid, src in self.sources.items():
+                if src.bounded and src.exhausted(self.offsets[sid]):
+                    self.watermarks.finish(sid)
+                else:
+                    live[sid] = src
             if not live:
+                if self.keyed:
+                    # End of input: the watermark goes to +inf and every timer fires.
+                    epoch += 1
+                    final = self._run_epoch(epoch, {}, 0.0, flush=MAX_WATERMARK)
+                    history.append(final)
+                    self.reporter.epoch(final)
                 reason = f"all sources are exhausted after {epoch} epochs"
                 break
             slices = {}
@@ -212,7 +269,7 @@ class JobRunner:
                 if piece is not None:
                     slices[sid] = piece
             plan_ms = (time.monotonic() - tick) * 1000
-            if slices:
+            if slices or self._timers_due(self.watermarks.current, now):
                 epoch += 1
                 metrics = self._run_epoch(epoch, slices, plan_ms)
                 history.append(metrics)
@@ -238,10 +295,14 @@ class JobRunner:
 
     # ------------------------------------------------------------------------ one epoch
     def _run_epoch(self, epoch: int, slices: Mapping[str, SourceSlice],
-                   plan_ms: float) -> EpochMetrics:
+                   plan_ms: float, flush: int | None = None) -> EpochMetrics:
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
+        from streamer.runtime.keyed import visible
+
+        now = _now_ms()
+        watermark = self.watermarks.current
         started = time.time()
         t0 = time.monotonic()
         frames: dict[str, DataFrame | None] = {}
@@ -257,14 +318,47 @@ class JobRunner:
                 read = self.sources[node.id].read(piece)
                 obs = Observation(f"in_{node.id}_{epoch}")
                 seen_in[node.id] = obs
-                frames[node.id] = read.records.observe(obs, F.count(F.lit(1)).alias("n"))
+                records = read.records
+                stats = [F.count(F.lit(1)).alias("n")]
+                event_time = node.spec.event_time  # type: ignore[union-attr]
+                if event_time:
+                    records = records.withColumn("__ts", F.expr(event_time))
+                    ms = F.expr("unix_millis(__ts)")
+                    if read.split_column:
+                        split_col = F.col(read.split_column)
+                        for i, split in enumerate(piece.end):
+                            stats.append(F.max(F.when(split_col == F.lit(str(split)), ms))
+                                         .alias(f"ts{i}"))
+                    else:
+                        stats += [F.max(ms).alias(f"ts{i}") for i, _ in enumerate(piece.end)]
+                records = records.observe(obs, *stats)
+                if read.split_column:
+                    records = records.drop(read.split_column)
+                frames[node.id] = records
                 on_error = node.spec.on_error  # type: ignore[union-attr]
                 if read.dead_letters is not None and on_error:
                     dead.setdefault(on_error, []).append(read.dead_letters)
             elif node.role == "operator":
                 present = [f for i in node.inputs if (f := frames.get(i)) is not None]
-                frames[node.id] = (apply_stateless(node.spec, union(present))  # type: ignore
-                                   if present else None)
+                if node.id in self.keyed:
+                    stage = self.keyed[node.id]
+                    fire = flush if flush is not None else (
+                        now if stage.domain == "processing" else watermark)
+                    result = self._guarded(epoch, f"operator {node.id!r}", partial(
+                        stage.run, union(present) if present else None, epoch, now,
+                        watermark if flush is None else flush, fire))
+                    self.next_timers[node.id] = {
+                        "event": min((m["next_event"] for m in result.metas
+                                      if m["next_event"] is not None), default=None),
+                        "processing": min((m["next_processing"] for m in result.metas
+                                           if m["next_processing"] is not None), default=None)}
+                    frames[node.id] = result.output
+                    late_sink = node.spec.window.late if node.spec.window else None  # type: ignore
+                    if result.late is not None and late_sink:
+                        dead.setdefault(late_sink, []).append(result.late)
+                else:
+                    frames[node.id] = (apply_stateless(node.spec, union(present))  # type: ignore
+                                       if present else None)
             df = frames.get(node.id)
             if node.role != "sink" and df is not None and len(self.flow.consumers(node.id)) > 1:
                 # Read once, write to several sinks: keep the epoch's rows for the second.
@@ -282,12 +376,15 @@ class JobRunner:
                     continue
                 obs = Observation(f"out_{sink_id}_{epoch}")
                 seen_out[sink_id] = obs
-                df = union(present).observe(obs, F.count(F.lit(1)).alias("n"))
-                handles[sink_id] = self._guarded(epoch, sink_id, partial(sink.write, epoch, df))
+                df = visible(union([visible(f) for f in present])).observe(
+                    obs, F.count(F.lit(1)).alias("n"))
+                handles[sink_id] = self._guarded(epoch, f"writing sink {sink_id!r}",
+                                                 partial(sink.write, epoch, df))
             run_ms = (time.monotonic() - t0) * 1000
             t1 = time.monotonic()
             for sink_id, handle in handles.items():
-                self._guarded(epoch, sink_id, partial(self.sinks[sink_id].commit, epoch, handle))
+                self._guarded(epoch, f"committing sink {sink_id!r}",
+                              partial(self.sinks[sink_id].commit, epoch, handle))
         except BaseException:
             for sink_id, handle in handles.items():
                 with contextlib.suppress(Exception):
@@ -299,6 +396,11 @@ class JobRunner:
         commit_ms = (time.monotonic() - t1) * 1000
         for sid, piece in slices.items():
             self.offsets[sid] = dict(piece.end)
+            if self.sources[sid].spec.event_time:
+                got = seen_in[sid].get
+                self.watermarks.observe(sid, {str(split): got.get(f"ts{i}")
+                                              for i, split in enumerate(piece.end)}, now)
+        self.watermarks.advance(_now_ms())
         now = _now_ms()
         records_out = {k: int(o.get.get("n", 0)) for k, o in seen_out.items()}
         return EpochMetrics(
@@ -310,8 +412,8 @@ class JobRunner:
             lag={sid: src.lag(self.offsets[sid], now) for sid, src in self.sources.items()},
             plan_ms=plan_ms, run_ms=run_ms, commit_ms=commit_ms)
 
-    def _guarded(self, epoch: int, sink_id: str, action: Callable[[], Any]) -> Any:
-        """Run a sink action; turn Spark failures into errors that say what happened."""
+    def _guarded(self, epoch: int, what: str, action: Callable[[], Any]) -> Any:
+        """Run a Spark action; turn Spark failures into errors that say what happened."""
         from py4j.protocol import Py4JJavaError
         from pyspark.errors import PySparkException
 
@@ -329,7 +431,7 @@ class JobRunner:
                 detail = detail.split(" SQLSTATE:")[0].rstrip(". ")
                 msg = f"epoch {epoch}: {detail}"
                 raise DecodeError(msg) from exc
-            msg = f"epoch {epoch} failed writing sink {sink_id!r}: {spark_error_message(exc)}"
+            msg = f"epoch {epoch} failed in {what}: {spark_error_message(exc)}"
             raise JobFailedError(msg) from exc
 
 

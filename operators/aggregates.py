@@ -1,0 +1,127 @@
+"""The spec's aggregate functions as mergeable accumulators.
+
+Each aggregate has three faces: partial columns computed by Spark SQL per epoch before the
+shuffle (so Python sees one row per key and window per epoch), a Python merge of two
+partials (epoch partial into stored accumulator, or session into session), and a final
+value. `first`/`last` are by event time (then by arrival), as in Flink's windows, so results
+do not depend on how an epoch was cut.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from streamer.pipeline.spec import AggregateSpec
+
+Partial = tuple[Any, ...]
+
+
+def _add(a: Any, b: Any) -> Any:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a + b
+
+
+def _min(a: Any, b: Any) -> Any:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _max(a: Any, b: Any) -> Any:
+    return b if a is None else a if b is None else max(a, b)
+
+
+def _first(a: Any, b: Any) -> Any:  # (ts, seq, value); smaller (ts, seq) wins
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a if (a[0], a[1]) <= (b[0], b[1]) else b
+
+
+def _last(a: Any, b: Any) -> Any:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return b if (b[0], b[1]) >= (a[0], a[1]) else a
+
+
+def _concat(a: Any, b: Any) -> Any:
+    return (a or []) + (b or [])
+
+
+def _union(a: Any, b: Any) -> Any:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a | b
+
+
+@dataclass(frozen=True)
+class Accumulator:
+    """How one aggregate is computed: partial SQL, merge and final value."""
+
+    spec: AggregateSpec
+    #: Spark SQL aggregate expressions producing the partial's components.
+    sql: tuple[str, ...]
+    merge: Callable[[Any, Any], Any]
+    #: Turn the partial's components (as Spark returns them) into the mergeable value.
+    lift: Callable[[Sequence[Any]], Any]
+    final: Callable[[Any], Any]
+    #: Spark SQL expression (over the input) whose type is the output type.
+    type_sql: str
+
+
+def _avg_final(acc: Any) -> Any:
+    if acc is None or not acc[1]:
+        return None
+    return acc[0] / acc[1]
+
+
+def accumulator(spec: AggregateSpec, ts: str, seq: str) -> Accumulator:
+    """The accumulator of one aggregate; `ts`/`seq` are the event-time (ms) and arrival-order
+    columns used to order `first`, `last` and `collect_list`."""
+    fn, x = spec.function, spec.arg
+    if fn == "count":
+        return Accumulator(spec, ("count(1)",), _add, lambda p: p[0] or 0, lambda a: a or 0,
+                           "count(1)")
+    assert x is not None
+    if fn == "sum":
+        return Accumulator(spec, (f"sum({x})",), _add, lambda p: p[0], lambda a: a,
+                           f"sum({x})")
+    if fn == "min":
+        return Accumulator(spec, (f"min({x})",), _min, lambda p: p[0], lambda a: a, f"min({x})")
+    if fn == "max":
+        return Accumulator(spec, (f"max({x})",), _max, lambda p: p[0], lambda a: a, f"max({x})")
+    if fn == "avg":
+        return Accumulator(
+            spec, (f"sum(cast({x} as double))", f"count({x})"),
+            lambda a, b: (_add(a[0], b[0]), a[1] + b[1]) if a and b else (a or b),
+            lambda p: (p[0], p[1] or 0), _avg_final, f"avg({x})")
+    if fn == "first":
+        return Accumulator(
+            spec, (f"min_by(struct({ts}, {seq}, {x}), struct({ts}, {seq}))",), _first,
+            lambda p: tuple(p[0]) if p[0] is not None else None,
+            lambda a: a[2] if a else None, f"first({x})")
+    if fn == "last":
+        return Accumulator(
+            spec, (f"max_by(struct({ts}, {seq}, {x}), struct({ts}, {seq}))",), _last,
+            lambda p: tuple(p[0]) if p[0] is not None else None,
+            lambda a: a[2] if a else None, f"last({x})")
+    if fn == "collect_list":
+        return Accumulator(
+            spec, (f"collect_list(struct({ts}, {seq}, {x}))",), _concat,
+            lambda p: [tuple(v) for v in (p[0] or []) if v[2] is not None],
+            lambda a: [v[2] for v in sorted(a or [], key=lambda t: (t[0], t[1]))],
+            f"collect_list({x})")
+    if fn == "count_distinct":
+        return Accumulator(spec, (f"collect_set({x})",), _union,
+                           lambda p: frozenset(p[0] or ()), lambda a: len(a or ()),
+                           f"count(distinct {x})")
+    msg = f"unknown aggregate {fn!r}"
+    raise ValueError(msg)

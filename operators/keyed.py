@@ -1,0 +1,346 @@
+"""The keyed stage of an epoch, as it runs inside a Spark task for one subtask.
+
+The driver (runtime/keyed.py) routes pre-aggregated rows so that Spark partition index ==
+subtask index, and calls `run_task` through `mapInArrow`. Per task: open the subtask's state
+backend; if this epoch is already committed (a retried task), replay its stored output;
+otherwise fire the timers due at the watermark carried into the epoch (the barrier), merge
+the epoch's partials into state (one state access per distinct key and window), emit, and
+commit state, timers and output atomically under the epoch number.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import struct
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamer.operators.aggregates import accumulator
+from streamer.pipeline.spec import AggregateSpec
+
+META = "meta"
+OUT = "out"
+NS_ROLLING = b""
+_I64 = struct.Struct(">q")
+
+
+def ns_of(start_ms: int) -> bytes:
+    """A window namespace: its start, big-endian so namespaces sort by time."""
+    return _I64.pack(start_ms)
+
+
+@dataclass(frozen=True)
+class KeyedConfig:
+    """Everything a task needs, as plain picklable data."""
+
+    uid: str
+    kind: str  # window | aggregate | dedupe
+    keys: tuple[str, ...]
+    aggregates: tuple[AggregateSpec, ...]
+    window_kind: str | None
+    size_ms: int | None
+    slide_ms: int | None
+    gap_ms: int | None
+    count: int | None
+    lateness_ms: int
+    emit: str
+    domain: str  # event | processing
+    dedupe_ms: int | None
+    record_columns: tuple[str, ...]  # dedupe: the forwarded record's columns
+    out_schema: Any  # pyarrow.Schema of the output batches
+    backend: str
+    state_root: str
+    job: str
+    parallelism: int
+    max_parallelism: int
+    epoch: int
+    #: Timers at or before this time fire this epoch (watermark, or wall clock).
+    fire_up_to: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _partials(cfg: KeyedConfig) -> list[tuple[Any, int]]:
+    """(accumulator, number of partial columns) per aggregate, in order."""
+    accs = [accumulator(a, "__ts_ms", "__seq") for a in cfg.aggregates]
+    return [(acc, len(acc.sql)) for acc in accs]
+
+
+class _Emitter:
+    """Collects output rows and turns them into one Arrow batch."""
+
+    def __init__(self, cfg: KeyedConfig) -> None:
+        self.cfg = cfg
+        self.rows: list[dict[str, Any]] = []
+
+    def window(self, key: Sequence[Any], start: int, end: int, values: list[Any]) -> None:
+        row: dict[str, Any] = {"__kind": OUT, "__meta": None}
+        row.update(zip(self.cfg.keys, key, strict=True))
+        row["window_start"] = start * 1000
+        row["window_end"] = end * 1000
+        row["__ts"] = (end - 1) * 1000
+        for agg, value in zip(self.cfg.aggregates, values, strict=True):
+            row[agg.name] = value
+        self.rows.append(row)
+
+    def rolling(self, key: Sequence[Any], values: list[Any]) -> None:
+        row: dict[str, Any] = {"__kind": OUT, "__meta": None}
+        row.update(zip(self.cfg.keys, key, strict=True))
+        for agg, value in zip(self.cfg.aggregates, values, strict=True):
+            row[agg.name] = value
+        self.rows.append(row)
+
+    def record(self, record: dict[str, Any]) -> None:
+        self.rows.append({"__kind": OUT, "__meta": None, **record})
+
+    def batch(self, meta: dict[str, Any]) -> Any:
+        import pyarrow as pa
+
+        rows = [*self.rows, {"__kind": META, "__meta": json.dumps(meta)}]
+        return pa.RecordBatch.from_pylist(rows, schema=self.cfg.out_schema)
+
+
+def _finals(accs: list[tuple[Any, int]], state: list[Any]) -> list[Any]:
+    return [acc.final(value) for (acc, _), value in zip(accs, state, strict=True)]
+
+
+def _lift(accs: list[tuple[Any, int]], row: dict[str, Any]) -> list[Any]:
+    out, i = [], 0
+    for acc, n in accs:
+        out.append(acc.lift([row[f"__p{i + j}"] for j in range(n)]))
+        i += n
+    return out
+
+
+def _merge(accs: list[tuple[Any, int]], a: list[Any] | None, b: list[Any]) -> list[Any]:
+    if a is None:
+        return b
+    return [acc.merge(x, y) for (acc, _), x, y in zip(accs, a, b, strict=True)]
+
+
+def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator[Any]:
+    """Process one subtask's rows of one epoch; yield the output batch (with a meta row)."""
+    from streamer.state import open_backend
+
+    rows: list[dict[str, Any]] = []
+    for batch in batches:
+        for row in batch.to_pylist():
+            if not row.get("__dummy"):
+                rows.append(row)
+            elif row["__subtask"] != subtask:
+                msg = (f"keyed stage of {cfg.uid!r}: rows for subtask {row['__subtask']} "
+                       f"reached Spark partition {subtask}; key-group routing is broken")
+                raise RuntimeError(msg)
+    backend = open_backend(cfg.backend, cfg.state_root, cfg.job, cfg.uid, subtask,
+                           cfg.parallelism, cfg.max_parallelism)
+    try:
+        done = backend.version()
+        if done is not None and done >= cfg.epoch:
+            stored = backend.outputs(cfg.epoch)
+            if stored is None:
+                msg = (f"state of {cfg.uid!r} subtask {subtask} is at epoch {done}, but epoch "
+                       f"{cfg.epoch} was asked and its output is no longer kept")
+                raise RuntimeError(msg)
+            yield pickle.loads(stored)
+            return
+        out = _Emitter(cfg)
+        if cfg.kind == "dedupe":
+            _dedupe(cfg, backend, rows, out)
+        elif cfg.kind == "aggregate":
+            _rolling(cfg, backend, rows, out)
+        elif cfg.window_kind == "session":
+            _sessions(cfg, backend, rows, out)
+        elif cfg.window_kind == "count":
+            _count_windows(cfg, backend, rows, out)
+        else:
+            _time_windows(cfg, backend, rows, out)
+        meta = {"subtask": subtask, "out": len(out.rows),
+                "next_event": backend.next_timer("event"),
+                "next_processing": backend.next_timer("processing")}
+        batch = out.batch(meta)
+        backend.commit(cfg.epoch, pickle.dumps(batch, protocol=5))
+        yield batch
+    finally:
+        backend.close()
+
+
+def _key_bytes(key: Sequence[Any]) -> bytes:
+    from streamer.state.codec import encode_key
+
+    return encode_key(tuple(key))
+
+
+def _fire_time_windows(cfg: KeyedConfig, backend: Any, accs: list[tuple[Any, int]],
+                       out: _Emitter) -> None:
+    due = backend.due_timers(cfg.domain, cfg.fire_up_to)
+    if not due:
+        return
+    values = backend.get_many("acc", [(t.key_group, t.key, t.namespace) for t in due])
+    for timer, value in zip(due, values, strict=True):
+        if value is not None:
+            key, start, end, state = value
+            out.window(key, start, end, _finals(accs, state))
+    backend.delete_many("acc", [(t.key_group, t.key, t.namespace) for t in due])
+    for t in due:
+        backend.delete_timer(cfg.domain, t.key_group, t.time, t.key, t.namespace)
+
+
+def _time_windows(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]],
+                  out: _Emitter) -> None:
+    accs = _partials(cfg)
+    _fire_time_windows(cfg, backend, accs, out)
+    if not rows:
+        return
+    size = cfg.size_ms or 0
+    cells = [(r["__kg"], _key_bytes([r[k] for k in cfg.keys]), ns_of(r["__start"]))
+             for r in rows]
+    stored = backend.get_many("acc", cells)
+    updates = []
+    for row, cell, old in zip(rows, cells, stored, strict=True):
+        key = tuple(row[k] for k in cfg.keys)
+        start = row["__start"]
+        merged = _merge(accs, old[3] if old else None, _lift(accs, row))
+        updates.append((*cell, (key, start, start + size, merged)))
+        if old is None:
+            backend.add_timer(cfg.domain, cell[0], start + size - 1 + cfg.lateness_ms,
+                              cell[1], cell[2])
+        if cfg.emit == "updates":
+            out.window(key, start, start + size, _finals(accs, merged))
+    backend.put_many("acc", updates)
+
+
+def _rolling(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]], out: _Emitter) -> None:
+    accs = _partials(cfg)
+    if not rows:
+        return
+    cells = [(r["__kg"], _key_bytes([r[k] for k in cfg.keys]), NS_ROLLING) for r in rows]
+    stored = backend.get_many("acc", cells)
+    updates = []
+    for row, cell, old in zip(rows, cells, stored, strict=True):
+        key = tuple(row[k] for k in cfg.keys)
+        merged = _merge(accs, old[3] if old else None, _lift(accs, row))
+        updates.append((*cell, (key, None, None, merged)))
+        out.rolling(key, _finals(accs, merged))
+    backend.put_many("acc", updates)
+
+
+def _sessions(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]],
+              out: _Emitter) -> None:
+    """Session windows: the epoch's sessions (from Spark's session_window) are merged with
+    the key's stored sessions; each session has a timer at end - 1 + lateness."""
+    accs = _partials(cfg)
+    due = backend.due_timers(cfg.domain, cfg.fire_up_to)
+    fired_keys = {(t.key_group, t.key) for t in due}
+    for t in due:
+        backend.delete_timer(cfg.domain, t.key_group, t.time, t.key, t.namespace)
+    by_key: dict[tuple[int, bytes], list[dict[str, Any]]] = {}
+    for row in rows:
+        by_key.setdefault((row["__kg"], _key_bytes([row[k] for k in cfg.keys])), []).append(row)
+    cells = sorted(fired_keys | set(by_key))
+    if not cells:
+        return
+    stored = backend.get_many("acc", [(kg, kb, NS_ROLLING) for kg, kb in cells])
+    puts, deletes = [], []
+    for (kg, kb), value in zip(cells, stored, strict=True):
+        key = value[0] if value else None
+        # The watermark arrives before the epoch's records: due sessions fire first.
+        sessions: list[list[Any]] = []
+        for start, end, state in (value[3] if value else []):
+            if end - 1 + cfg.lateness_ms <= cfg.fire_up_to:
+                out.window(key or (), start, end, _finals(accs, state))
+            else:
+                sessions.append([start, end, state])
+        before = {(s[0], s[1]) for s in sessions}
+        for row in by_key.get((kg, kb), []):
+            key = tuple(row[k] for k in cfg.keys)
+            sessions.append([row["__start"], row["__end"], _lift(accs, row)])
+        sessions.sort(key=lambda s: (s[0], s[1]))
+        merged: list[list[Any]] = []
+        for s in sessions:
+            if merged and s[0] < merged[-1][1]:
+                last = merged[-1]
+                last[1] = max(last[1], s[1])
+                last[2] = _merge(accs, last[2], s[2])
+            else:
+                merged.append([s[0], s[1], s[2]])
+        after = {(s[0], s[1]) for s in merged}
+        for start, end in before - after:
+            backend.delete_timer(cfg.domain, kg, end - 1 + cfg.lateness_ms, kb, ns_of(start))
+        for start, end, state in merged:
+            if (start, end) not in before:
+                backend.add_timer(cfg.domain, kg, end - 1 + cfg.lateness_ms, kb, ns_of(start))
+            if cfg.emit == "updates" and (kg, kb) in by_key:
+                out.window(key or (), start, end, _finals(accs, state))
+        if merged:
+            puts.append((kg, kb, NS_ROLLING, (key, None, None,
+                                              [tuple(m) for m in merged])))
+        else:
+            deletes.append((kg, kb, NS_ROLLING))
+    if puts:
+        backend.put_many("acc", puts)
+    if deletes:
+        backend.delete_many("acc", deletes)
+
+
+def _count_windows(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]],
+                   out: _Emitter) -> None:
+    """A window per key of `count` records in event-time (then arrival) order; one partial
+    per record arrives here. A partial window at the end of input is not emitted (as in
+    Flink's count windows)."""
+    accs = _partials(cfg)
+    limit = cfg.count or 1
+    rows = sorted(rows, key=lambda r: (r["__kg"], _key_bytes([r[k] for k in cfg.keys]),
+                                       r["__ts_ms"], r["__seq"]))
+    by_key: dict[tuple[int, bytes], list[dict[str, Any]]] = {}
+    for row in rows:
+        by_key.setdefault((row["__kg"], _key_bytes([row[k] for k in cfg.keys])), []).append(row)
+    cells = list(by_key)
+    if not cells:
+        return
+    stored = backend.get_many("acc", [(kg, kb, NS_ROLLING) for kg, kb in cells])
+    puts, deletes = [], []
+    for (kg, kb), value in zip(cells, stored, strict=True):
+        n, first, last, state = (value[3] if value else (0, None, None, None))
+        key = None
+        for row in by_key[(kg, kb)]:
+            key = tuple(row[k] for k in cfg.keys)
+            state = _merge(accs, state, _lift(accs, row))
+            first = row["__ts_ms"] if first is None else first
+            last = row["__ts_ms"]
+            n += 1
+            if n == limit:
+                out.window(key, first, last, _finals(accs, state))
+                n, first, last, state = 0, None, None, None
+        if n:
+            puts.append((kg, kb, NS_ROLLING, (key, None, None, (n, first, last, state))))
+        else:
+            deletes.append((kg, kb, NS_ROLLING))
+    if puts:
+        backend.put_many("acc", puts)
+    if deletes:
+        backend.delete_many("acc", deletes)
+
+
+def _dedupe(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]], out: _Emitter) -> None:
+    """Forward the first record per key; forget the key `within` after that record."""
+    due = backend.due_timers(cfg.domain, cfg.fire_up_to)
+    if due:
+        backend.delete_many("acc", [(t.key_group, t.key, NS_ROLLING) for t in due])
+        for t in due:
+            backend.delete_timer(cfg.domain, t.key_group, t.time, t.key, t.namespace)
+    if not rows:
+        return
+    cells = [(r["__kg"], _key_bytes([r[k] for k in cfg.keys]), NS_ROLLING) for r in rows]
+    seen = backend.get_many("acc", cells)
+    puts = []
+    for row, cell, old in zip(rows, cells, seen, strict=True):
+        if old is not None:
+            continue
+        record = {c: row[c] for c in cfg.record_columns}
+        out.record(record)
+        expiry = row["__ts_ms"] + (cfg.dedupe_ms or 0)
+        puts.append((*cell, (None, None, None, expiry)))
+        backend.add_timer(cfg.domain, cell[0], expiry, cell[1], NS_ROLLING)
+    if puts:
+        backend.put_many("acc", puts)

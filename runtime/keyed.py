@@ -1,0 +1,231 @@
+"""Driver side of keyed operators: key groups, routing rows to their subtask, per-epoch
+pre-aggregation in Spark SQL, and running the keyed stage exactly once per epoch.
+
+Routing: a row's key group is `pmod(xxhash64(keys), max_parallelism)` and its subtask
+`key_group * parallelism div max_parallelism` (Flink's assignment). To make Spark partition
+index == subtask, each subtask gets a route value whose Spark hash partition (Murmur3, seed
+42, the `hash()` function) is that subtask, found once per parallelism; rows are then
+`repartition(parallelism, __route)` (a repartition by number, which adaptive execution never
+coalesces). One dummy row per subtask makes every subtask run each epoch, so timers fire
+even for subtasks that got no records.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from streamer.operators.aggregates import accumulator
+from streamer.operators.keyed import META, OUT, KeyedConfig, run_task
+from streamer.pipeline.spec import JobSpec, OperatorSpec
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+HIDDEN = "__"
+EPOCH_SEQ = 1 << 40
+
+
+def route_values(spark: SparkSession, parallelism: int) -> list[int]:
+    """For each subtask s, a bigint whose Spark hash partition among `parallelism` is s."""
+    from pyspark.sql import functions as F
+
+    found: dict[int, int] = {}
+    span = 64 * parallelism
+    while len(found) < parallelism:
+        rows = spark.range(0, span).select(
+            "id", F.expr(f"pmod(hash(id), {parallelism})").alias("p")).collect()
+        for row in rows:
+            found.setdefault(row["p"], row["id"])
+        span *= 4
+    return [found[s] for s in range(parallelism)]
+
+
+def visible(df: DataFrame) -> DataFrame:
+    """`df` without streamer's hidden columns (event time, routing)."""
+    hidden = [c for c in df.columns if c.startswith(HIDDEN)]
+    return df.drop(*hidden) if hidden else df
+
+
+@dataclass
+class KeyedResult:
+    """What a keyed operator produced in an epoch."""
+
+    output: DataFrame
+    late: DataFrame | None
+    metas: list[dict[str, Any]]
+
+
+class KeyedStage:
+    """One keyed operator's per-epoch Spark plan."""
+
+    def __init__(self, spark: SparkSession, op: OperatorSpec, job: JobSpec, job_name: str,
+                 input_schema: StructType, has_event_time: bool, state_root: str) -> None:
+        self.spark = spark
+        self.op = op
+        self.parallelism = job.parallelism or spark.sparkContext.defaultParallelism
+        self.max_parallelism = job.max_parallelism
+        self.routes = route_values(spark, self.parallelism)
+        self.input_schema = input_schema
+        window = op.window
+        self.domain = "event"
+        if (window and window.time == "processing") or not has_event_time:
+            self.domain = "processing"
+        self.kind = op.keyed_kind or "aggregate"
+        self.out_schema = self._output_schema()
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        self.base_config = KeyedConfig(
+            uid=op.uid, kind=self.kind, keys=op.key_by, aggregates=op.aggregates,
+            window_kind=window.kind if window else None,
+            size_ms=window.size_ms if window else None,
+            slide_ms=(window.slide_ms or window.size_ms) if window else None,
+            gap_ms=window.gap_ms if window else None,
+            count=window.count if window else None,
+            lateness_ms=window.allowed_lateness_ms if window else 0,
+            emit=window.emit if window else "updates",
+            domain=self.domain, dedupe_ms=op.dedupe_within_ms,
+            record_columns=tuple(f.name for f in input_schema.fields),
+            out_schema=to_arrow_schema(self.out_schema), backend=job.state_backend,
+            state_root=state_root, job=job_name, parallelism=self.parallelism,
+            max_parallelism=self.max_parallelism, epoch=0, fire_up_to=0)
+
+    # ------------------------------------------------------------------ schemas
+    def _output_schema(self) -> StructType:
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import StringType, StructField, StructType, TimestampType
+
+        empty = self.spark.createDataFrame([], self.input_schema)
+        fields = [StructField("__kind", StringType()), StructField("__meta", StringType())]
+        if self.kind == "dedupe":
+            fields += list(self.input_schema.fields)
+            if "__ts" not in self.input_schema.fieldNames():
+                fields.append(StructField("__ts", TimestampType()))
+            return StructType(fields)
+        fields += [self.input_schema[k] for k in self.op.key_by]
+        if self.kind == "window":
+            fields += [StructField("window_start", TimestampType()),
+                       StructField("window_end", TimestampType()),
+                       StructField("__ts", TimestampType())]
+        for agg in self.op.aggregates:
+            acc = accumulator(agg, "0", "0")
+            dtype = empty.select(F.expr(acc.type_sql).alias(agg.name)).schema[0].dataType
+            fields.append(StructField(agg.name, dtype))
+        return StructType([StructField(f.name, f.dataType, True) for f in fields])
+
+    @property
+    def visible_schema(self) -> StructType:
+        """The operator's output columns as downstream operators and sinks see them."""
+        from pyspark.sql.types import StructType
+
+        return StructType([f for f in self.out_schema.fields if not f.name.startswith(HIDDEN)])
+
+    # ------------------------------------------------------------------ per epoch
+    def _prepare(self, df: DataFrame, epoch: int, now_ms: int, watermark: int
+                 ) -> tuple[DataFrame, DataFrame | None]:
+        """(pre-aggregated rows with routing columns, late records or None)."""
+        from pyspark.sql import functions as F
+
+        keys = [F.col(k) for k in self.op.key_by]
+        ts = (F.lit(now_ms).cast("bigint") if self.domain == "processing"
+              else F.expr("unix_millis(__ts)"))
+        p, mp = self.parallelism, self.max_parallelism
+        df = df.withColumns({
+            "__ts_ms": ts,
+            "__seq": F.lit(epoch * EPOCH_SEQ) + F.monotonically_increasing_id(),
+            "__kg": F.expr(f"pmod(xxhash64({', '.join(self.op.key_by)}), {mp})").cast("int"),
+        }).withColumn("__subtask", F.expr(f"cast(__kg * {p} div {mp} as int)"))
+        group = [F.col("__subtask"), F.col("__kg"), *keys]
+        late = None
+        window = self.op.window
+        lateness = window.allowed_lateness_ms if window else 0
+        if self.kind == "dedupe":
+            cols = [F.col(c) for c in df.columns if c not in ("__subtask", "__kg", "__seq")]
+            first = F.min_by(F.struct(*cols, F.col("__seq")), F.struct("__ts_ms", "__seq"))
+            rows = df.groupBy(*group).agg(first.alias("__r")).select(
+                "__subtask", "__kg", "__r.*")
+            return rows, None
+        if window and window.kind in ("tumbling", "sliding") and self.domain == "event":
+            size, slide = window.size_ms or 0, window.slide_ms or window.size_ms or 0
+            last_start = F.col("__ts_ms") - F.expr(f"pmod(__ts_ms, {slide})")
+            is_late = last_start + F.lit(size - 1 + lateness) <= F.lit(watermark)
+            late = df.filter(is_late)
+            df = df.filter(~is_late)
+        elif window and window.kind == "session" and self.domain == "event":
+            is_late = F.col("__ts_ms") + F.lit((window.gap_ms or 0) - 1 + lateness) <= F.lit(
+                watermark)
+            late = df.filter(is_late)
+            df = df.filter(~is_late)
+        if window and window.kind in ("tumbling", "sliding"):
+            size, slide = window.size_ms or 0, window.slide_ms or window.size_ms or 0
+            starts = F.expr(f"sequence(__ts_ms - pmod(__ts_ms, {slide}) - {size - slide}, "
+                            f"__ts_ms - pmod(__ts_ms, {slide}), {slide})")
+            df = df.withColumn("__start", F.explode(starts)).filter(
+                F.col("__start") + F.lit(size) > F.col("__ts_ms"))
+            group.append(F.col("__start"))
+            if self.domain == "event":
+                df = df.filter(F.col("__start") + F.lit(size - 1 + lateness) > F.lit(watermark))
+        elif window and window.kind == "session":
+            gap = window.gap_ms or 0
+            session = F.session_window(F.timestamp_millis(F.col("__ts_ms")), f"{gap} milliseconds")
+            group.append(session.alias("__session"))
+        elif window and window.kind == "count":
+            group += [F.col("__ts_ms"), F.col("__seq")]
+        partials = []
+        for agg in self.op.aggregates:
+            acc = accumulator(agg, "__ts_ms", "__seq")
+            partials += [F.expr(sql) for sql in acc.sql]
+        rows = df.groupBy(*group).agg(*[c.alias(f"__p{i}") for i, c in enumerate(partials)])
+        if window and window.kind == "session":
+            rows = rows.withColumns({
+                "__start": F.expr("unix_millis(__session.start)"),
+                "__end": F.expr("unix_millis(__session.end)")}).drop("__session")
+        elif not window:
+            rows = rows.withColumn("__start", F.lit(0).cast("bigint"))
+        if late is not None:
+            late = visible(late)
+        return rows, late
+
+    def run(self, df: DataFrame | None, epoch: int, now_ms: int, watermark: int,
+            fire_up_to: int) -> KeyedResult:
+        """Run the keyed stage for one epoch (one Spark job); `watermark` decides lateness,
+        `fire_up_to` which timers fire (the watermark, or wall clock for processing time)."""
+        from pyspark import TaskContext
+        from pyspark.sql import functions as F
+
+        if df is None:
+            df = self.spark.createDataFrame([], self.input_schema)
+            if "__ts" not in df.columns:
+                df = df.withColumn("__ts", F.lit(None).cast("timestamp"))
+        rows, late = self._prepare(df, epoch, now_ms, watermark)
+        dummies = self.spark.range(0, self.parallelism, 1, 1).select(
+            F.col("id").cast("int").alias("__subtask"), F.lit(True).alias("__dummy"))
+        rows = rows.withColumn("__dummy", F.lit(False)).unionByName(
+            dummies, allowMissingColumns=True)
+        route = F.element_at(F.array(*[F.lit(r).cast("bigint") for r in self.routes]),
+                             F.col("__subtask") + 1)
+        rows = rows.withColumn("__route", route).repartition(self.parallelism, "__route")
+        cfg = replace(self.base_config, epoch=epoch, fire_up_to=fire_up_to)
+
+        def task(batches: Any) -> Any:
+            ctx = TaskContext.get()
+            assert ctx is not None
+            return run_task(cfg, batches, ctx.partitionId())
+
+        result = rows.mapInArrow(task, self.out_schema).localCheckpoint(eager=True)
+        import json
+
+        metas = [json.loads(r["__meta"]) for r in
+                 result.filter(F.col("__kind") == META).select("__meta").collect()]
+        output = result.filter(F.col("__kind") == OUT).drop("__kind", "__meta")
+        return KeyedResult(output, late, metas)
+
+
+def default_state_root(local_dir: str | None, job: str, run_id: str) -> str:
+    """Where subtasks keep working state: `<local_dir>/<job>/<run id>`."""
+    base = local_dir or os.environ.get("STREAMER_STATE_DIR") or os.path.join(
+        tempfile.gettempdir(), "streamer-state")
+    return os.path.join(os.path.abspath(base), job, run_id)
