@@ -18,6 +18,11 @@ from streamer.pipeline.spec import AggregateSpec
 Partial = tuple[Any, ...]
 
 
+def _t(value: Any) -> tuple[Any, ...]:
+    """A struct from Arrow (a dict in field order) as a tuple."""
+    return tuple(value.values()) if isinstance(value, dict) else tuple(value)
+
+
 def _add(a: Any, b: Any) -> Any:
     if a is None:
         return b
@@ -106,17 +111,17 @@ def accumulator(spec: AggregateSpec, ts: str, seq: str) -> Accumulator:
     if fn == "first":
         return Accumulator(
             spec, (f"min_by(struct({ts}, {seq}, {x}), struct({ts}, {seq}))",), _first,
-            lambda p: tuple(p[0]) if p[0] is not None else None,
+            lambda p: _t(p[0]) if p[0] is not None else None,
             lambda a: a[2] if a else None, f"first({x})")
     if fn == "last":
         return Accumulator(
             spec, (f"max_by(struct({ts}, {seq}, {x}), struct({ts}, {seq}))",), _last,
-            lambda p: tuple(p[0]) if p[0] is not None else None,
+            lambda p: _t(p[0]) if p[0] is not None else None,
             lambda a: a[2] if a else None, f"last({x})")
     if fn == "collect_list":
         return Accumulator(
             spec, (f"collect_list(struct({ts}, {seq}, {x}))",), _concat,
-            lambda p: [tuple(v) for v in (p[0] or []) if v[2] is not None],
+            lambda p: [t for t in map(_t, p[0] or []) if t[2] is not None],
             lambda a: [v[2] for v in sorted(a or [], key=lambda t: (t[0], t[1]))],
             f"collect_list({x})")
     if fn == "count_distinct":

@@ -61,6 +61,34 @@ class KeyedConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def output_schema(spark: Any, op: Any, input_schema: Any) -> Any:
+    """The Spark schema of a keyed operator's output batches: `__kind`, `__meta`, then for
+    windows the keys, window_start, window_end, `__ts` (= window_end - 1 ms, the event time
+    of the result, as in Flink) and the aggregates; for rolling aggregates the keys and the
+    aggregates; for dedupe the input's columns."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType, TimestampType
+
+    kind = op.keyed_kind
+    fields = [StructField("__kind", StringType()), StructField("__meta", StringType())]
+    if kind == "dedupe":
+        fields += list(input_schema.fields)
+        if "__ts" not in input_schema.fieldNames():
+            fields.append(StructField("__ts", TimestampType()))
+        return StructType(fields)
+    empty = spark.createDataFrame([], input_schema)
+    fields += [input_schema[k] for k in op.key_by]
+    if kind == "window":
+        fields += [StructField("window_start", TimestampType()),
+                   StructField("window_end", TimestampType()),
+                   StructField("__ts", TimestampType())]
+    for agg in op.aggregates:
+        acc = accumulator(agg, "0", "0")
+        dtype = empty.select(F.expr(acc.type_sql).alias(agg.name)).schema[0].dataType
+        fields.append(StructField(agg.name, dtype))
+    return StructType([StructField(f.name, f.dataType, True) for f in fields])
+
+
 def _partials(cfg: KeyedConfig) -> list[tuple[Any, int]]:
     """(accumulator, number of partial columns) per aggregate, in order."""
     accs = [accumulator(a, "__ts_ms", "__seq") for a in cfg.aggregates]
@@ -121,7 +149,7 @@ def _merge(accs: list[tuple[Any, int]], a: list[Any] | None, b: list[Any]) -> li
 
 def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator[Any]:
     """Process one subtask's rows of one epoch; yield the output batch (with a meta row)."""
-    from streamer.state import open_backend
+    from streamer.state import StateDescriptor, StateKind, key_group_range, open_backend
 
     rows: list[dict[str, Any]] = []
     for batch in batches:
@@ -133,7 +161,8 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
                        f"reached Spark partition {subtask}; key-group routing is broken")
                 raise RuntimeError(msg)
     backend = open_backend(cfg.backend, cfg.state_root, cfg.job, cfg.uid, subtask,
-                           cfg.parallelism, cfg.max_parallelism)
+                           key_group_range(subtask, cfg.parallelism, cfg.max_parallelism),
+                           states=[StateDescriptor("acc", StateKind.AGGREGATING)])
     try:
         done = backend.version()
         if done is not None and done >= cfg.epoch:
@@ -177,13 +206,13 @@ def _fire_time_windows(cfg: KeyedConfig, backend: Any, accs: list[tuple[Any, int
     if not due:
         return
     values = backend.get_many("acc", [(t.key_group, t.key, t.namespace) for t in due])
-    for timer, value in zip(due, values, strict=True):
+    for value in values:
         if value is not None:
             key, start, end, state = value
             out.window(key, start, end, _finals(accs, state))
     backend.delete_many("acc", [(t.key_group, t.key, t.namespace) for t in due])
     for t in due:
-        backend.delete_timer(cfg.domain, t.key_group, t.time, t.key, t.namespace)
+        backend.delete_timer(cfg.domain, t.key_group, t.time_ms, t.key, t.namespace)
 
 
 def _time_windows(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]],
@@ -233,7 +262,7 @@ def _sessions(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]],
     due = backend.due_timers(cfg.domain, cfg.fire_up_to)
     fired_keys = {(t.key_group, t.key) for t in due}
     for t in due:
-        backend.delete_timer(cfg.domain, t.key_group, t.time, t.key, t.namespace)
+        backend.delete_timer(cfg.domain, t.key_group, t.time_ms, t.key, t.namespace)
     by_key: dict[tuple[int, bytes], list[dict[str, Any]]] = {}
     for row in rows:
         by_key.setdefault((row["__kg"], _key_bytes([row[k] for k in cfg.keys])), []).append(row)
@@ -328,7 +357,7 @@ def _dedupe(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]], out: _Em
     if due:
         backend.delete_many("acc", [(t.key_group, t.key, NS_ROLLING) for t in due])
         for t in due:
-            backend.delete_timer(cfg.domain, t.key_group, t.time, t.key, t.namespace)
+            backend.delete_timer(cfg.domain, t.key_group, t.time_ms, t.key, t.namespace)
     if not rows:
         return
     cells = [(r["__kg"], _key_bytes([r[k] for k in cfg.keys]), NS_ROLLING) for r in rows]

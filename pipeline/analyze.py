@@ -140,10 +140,19 @@ class Analyzer:
                     path = (*o.path, "key_by")
                 self.report(path, f"key_by column {key!r} of {owner} is not in its input"
                             f"{did_you_mean(key, columns, listing='columns')}")
+        ok = all(key in columns for key in o.key_by)
         for agg in o.aggregates:
             if agg.arg:
-                self.try_expr(df, agg.arg, (*o.path, "aggregate", agg.name),
-                              f"aggregate {agg.name!r} of {owner}")
+                ok &= self.try_expr(df, agg.arg, (*o.path, "aggregate", agg.name),
+                                    f"aggregate {agg.name!r} of {owner}") is not None
+        if ok and o.process is None:
+            from pyspark.sql.types import StructType
+
+            from streamer.operators.keyed import output_schema
+
+            out = output_schema(self.spark, o, df.schema)
+            self.schemas[o.id] = StructType(
+                [f for f in out.fields if not f.name.startswith("__")])
 
     def sink(self, k: SinkSpec) -> None:
         """Check that a sink's inputs union and fit its format."""

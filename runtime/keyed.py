@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from streamer.operators.aggregates import accumulator
-from streamer.operators.keyed import META, OUT, KeyedConfig, run_task
+from streamer.operators.keyed import META, OUT, KeyedConfig, output_schema, run_task
 from streamer.pipeline.spec import JobSpec, OperatorSpec
 
 if TYPE_CHECKING:
@@ -89,32 +89,13 @@ class KeyedStage:
             emit=window.emit if window else "updates",
             domain=self.domain, dedupe_ms=op.dedupe_within_ms,
             record_columns=tuple(f.name for f in input_schema.fields),
-            out_schema=to_arrow_schema(self.out_schema), backend=job.state_backend,
+            out_schema=to_arrow_schema(self.out_schema, timezone="UTC"), backend=job.state_backend,
             state_root=state_root, job=job_name, parallelism=self.parallelism,
             max_parallelism=self.max_parallelism, epoch=0, fire_up_to=0)
 
     # ------------------------------------------------------------------ schemas
     def _output_schema(self) -> StructType:
-        from pyspark.sql import functions as F
-        from pyspark.sql.types import StringType, StructField, StructType, TimestampType
-
-        empty = self.spark.createDataFrame([], self.input_schema)
-        fields = [StructField("__kind", StringType()), StructField("__meta", StringType())]
-        if self.kind == "dedupe":
-            fields += list(self.input_schema.fields)
-            if "__ts" not in self.input_schema.fieldNames():
-                fields.append(StructField("__ts", TimestampType()))
-            return StructType(fields)
-        fields += [self.input_schema[k] for k in self.op.key_by]
-        if self.kind == "window":
-            fields += [StructField("window_start", TimestampType()),
-                       StructField("window_end", TimestampType()),
-                       StructField("__ts", TimestampType())]
-        for agg in self.op.aggregates:
-            acc = accumulator(agg, "0", "0")
-            dtype = empty.select(F.expr(acc.type_sql).alias(agg.name)).schema[0].dataType
-            fields.append(StructField(agg.name, dtype))
-        return StructType([StructField(f.name, f.dataType, True) for f in fields])
+        return output_schema(self.spark, self.op, self.input_schema)
 
     @property
     def visible_schema(self) -> StructType:

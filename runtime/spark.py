@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -100,6 +101,11 @@ def create_session(app_name: str = "streamer", master: str | None = None,
 
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ
     settings = dict(DEFAULT_CONF)
+    if not submitted:
+        # Python workers must run this interpreter (the one streamer is installed in), not
+        # whatever `python3` is first on PATH.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        settings["spark.pyspark.python"] = os.environ["PYSPARK_PYTHON"]
     if not ui:
         settings["spark.ui.enabled"] = "false"
     settings.update(conf or {})
@@ -133,6 +139,12 @@ def spark_log_path() -> Path:
 def spark_error_message(exc: BaseException) -> str:
     """The first meaningful line of a Spark error, without the JVM stack trace or plan."""
     text = str(exc)
+    if "Traceback (most recent call last)" in text:  # a Python worker failed: its last line
+        lines = [ln.strip() for ln in text.split("Traceback (most recent call last)")[-1]
+                 .splitlines() if ln.strip() and not ln.startswith((" ", "\t"))]
+        tail = [ln for ln in lines if not ln.startswith(("File ", "^", ":"))]
+        if tail:
+            return f"Python worker failed: {tail[-1]}"
     for marker in ("\n\tat ", "\nJVM stacktrace", "; line 1 pos", "\n'", "\n+-", "\n=="):
         cut = text.find(marker)
         if cut > 0:
