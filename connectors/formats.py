@@ -142,27 +142,55 @@ def iso_timestamp(ts: Column) -> Column:
     return F.concat(F.regexp_replace(text, r"\.?0+$", ""), F.lit("Z"))
 
 
+def _as_iso(col: Column, dtype: Any) -> Column | None:
+    """`col` with every timestamp/date inside it rendered as text, or None if it has none."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import (
+        ArrayType,
+        DateType,
+        MapType,
+        StructType,
+        TimestampNTZType,
+        TimestampType,
+    )
+
+    if isinstance(dtype, TimestampType | TimestampNTZType):
+        return iso_timestamp(col)
+    if isinstance(dtype, DateType):
+        return F.date_format(col, "yyyy-MM-dd")
+    if isinstance(dtype, ArrayType):
+        element = dtype.elementType
+        if _as_iso(F.lit(None).cast(element), element) is None:
+            return None
+        return F.transform(col, lambda x: _as_iso(x, element))  # type: ignore[arg-type,return-value]
+    if isinstance(dtype, MapType):
+        value_type = dtype.valueType
+        if _as_iso(F.lit(None).cast(value_type), value_type) is None:
+            return None
+        return F.transform_values(col, lambda _, v: _as_iso(v, value_type))  # type: ignore
+    if isinstance(dtype, StructType):
+        parts = [(f.name, _as_iso(col.getField(f.name), f.dataType)) for f in dtype.fields]
+        if all(p is None for _, p in parts):
+            return None
+        return F.when(col.isNull(), F.lit(None)).otherwise(F.struct(*[
+            (p if p is not None else col.getField(n)).alias(n) for n, p in parts]))
+    return None
+
+
 def timestamps_as_iso(df: DataFrame) -> DataFrame:
-    """Render top-level timestamp columns as ISO-8601 UTC strings and dates as `yyyy-MM-dd`.
+    """Render timestamps as ISO-8601 UTC strings and dates as `yyyy-MM-dd`, also inside
+    arrays, maps and structs.
 
     Used where values leave Spark as text (jsonl/csv files, console, `streamer test`) so that
     every output shows time the same way whatever the writer's defaults.
     """
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import DateType, TimestampNTZType, TimestampType
-
     converted = []
     changed = False
     for field in df.schema.fields:
         ref = column(field.name)
-        if isinstance(field.dataType, TimestampType | TimestampNTZType):
-            converted.append(iso_timestamp(ref).alias(field.name))
-            changed = True
-        elif isinstance(field.dataType, DateType):
-            converted.append(F.date_format(ref, "yyyy-MM-dd").alias(field.name))
-            changed = True
-        else:
-            converted.append(ref)
+        iso = _as_iso(ref, field.dataType)
+        converted.append(ref if iso is None else iso.alias(field.name))
+        changed |= iso is not None
     return df.select(*converted) if changed else df
 
 

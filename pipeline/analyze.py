@@ -38,6 +38,8 @@ class Analyzer:
         self.sources = sources
         self.problems: list[Problem] = []
         self.schemas: dict[str, StructType] = {}
+        #: Whether each node's rows carry an event time (from a source's event_time).
+        self.event_time: dict[str, bool] = {}
 
     def report(self, path: Path, message: str, *, key: bool = False) -> None:
         """Record a problem at `path`."""
@@ -71,6 +73,7 @@ class Analyzer:
             self.report(s.path, str(exc))
             return
         self.schemas[s.id] = schema
+        self.event_time[s.id] = bool(s.event_time)
         if s.event_time:
             out = self.try_expr(self.empty(schema), s.event_time, (*s.path, "event_time"),
                                 f"event_time of source {s.id!r}")
@@ -104,6 +107,9 @@ class Analyzer:
         df = self.inputs(o.id, o.inputs, o.path, owner)
         if df is None:
             return
+        has_ts = all(self.event_time.get(i, False) for i in o.inputs)
+        self.event_time[o.id] = has_ts if o.kind != "keyed" else bool(
+            (o.window and o.window.kind != "count") or (o.dedupe_within_ms and has_ts))
         if o.kind == "filter":
             assert o.filter is not None
             out = self.try_expr(df, o.filter, (*o.path, "filter"), f"filter of {owner}")
@@ -130,6 +136,11 @@ class Analyzer:
     def keyed(self, o: OperatorSpec, df: DataFrame) -> None:
         """Check key columns and aggregate arguments of a keyed operator."""
         owner = f"operator {o.id!r}"
+        if o.window and o.window.time == "event" and not all(
+                self.event_time.get(i, False) for i in o.inputs):
+            self.report((*o.path, "window", "time"), f"{owner} has an event-time window, but "
+                        "its input has no event time; set event_time: (and a watermark) on "
+                        "the source, or use time: processing")
         columns = df.columns
         from streamer.pipeline.model import did_you_mean
 

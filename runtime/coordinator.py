@@ -56,6 +56,8 @@ class RunOptions:
     #: Stop after this many epochs that read data (smoke runs); None = until done or stopped.
     max_epochs: int | None = None
     console: Console | None = None
+    #: Keep the keyed subtasks' working state after the run (for inspection and tests).
+    keep_state: bool = False
 
 
 @dataclass
@@ -103,7 +105,8 @@ class JobRunner:
         self.offsets: dict[str, dict[str, Any]] = {}
         self.run_id = f"{int(time.time() * 1000):x}-{os.getpid()}"
         self.keyed: dict[str, Any] = {}
-        self.event_time = {}
+        self.event_time: dict[str, bool] = {}
+        self.state_root = ""
         self.next_timers: dict[str, dict[str, int | None]] = {}
 
     # ------------------------------------------------------------------------ control
@@ -158,8 +161,8 @@ class JobRunner:
 
         from streamer.runtime.keyed import KeyedStage, default_state_root
 
-        self.event_time: dict[str, bool] = {}
-        self.keyed: dict[str, KeyedStage] = {}
+        self.event_time = {}
+        self.keyed = {}
         self.state_root = default_state_root(self.spec.job.state_local_dir, self.spec.name,
                                              self.run_id)
         for node in self.flow.nodes:
@@ -206,6 +209,11 @@ class JobRunner:
             restore()
             for sink in self.sinks.values():
                 sink.close()
+            if self.keyed and not self.options.keep_state:
+                # Until checkpoints exist nothing can resume from this state: remove it.
+                import shutil
+
+                shutil.rmtree(self.state_root, ignore_errors=True)
         self.reporter.finished(result.to_json())
         return result
 
@@ -255,7 +263,7 @@ class JobRunner:
                 else:
                     live[sid] = src
             if not live:
-                if self.keyed:
+                if self._timers_due(MAX_WATERMARK, MAX_WATERMARK):
                     # End of input: the watermark goes to +inf and every timer fires.
                     epoch += 1
                     final = self._run_epoch(epoch, {}, 0.0, flush=MAX_WATERMARK)

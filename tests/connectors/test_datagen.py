@@ -59,8 +59,11 @@ def test_rows_are_a_function_of_split_and_offset(make: Any) -> None:
 
 def test_one_partition_per_split_and_columns_in_field_order(make: Any) -> None:
     source = make(splits=3, limit=2)
-    df = source.read(source.plan(source.initial_offsets(), 0)).records
-    assert df.columns == ["user", "ts", "s", "o"]
+    read = source.read(source.plan(source.initial_offsets(), 0))
+    df = read.records
+    assert read.split_column == "__split"  # per-split watermarks; the runtime drops it
+    assert df.columns == ["user", "ts", "s", "o", "__split"]
+    assert {r["__split"]: r["s"] for r in df.collect()} == {"0": 0, "1": 1, "2": 2}
     assert df.rdd.getNumPartitions() == 3
     per_partition = df.rdd.glom().map(lambda part: sorted({r.s for r in part})).collect()
     assert per_partition == [[0], [1], [2]]

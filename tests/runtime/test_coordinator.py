@@ -252,8 +252,8 @@ def test_max_epochs_stops_a_smoke_run(spark, tmp_path: Path) -> None:
     assert len(list((tmp_path / "o").glob("part-*.parquet"))) >= 3
 
 
-def test_keyed_operators_are_refused_with_location(spark, tmp_path: Path) -> None:
-    with pytest.raises(UnsupportedOperatorError, match=r"<string>:\d+:\d+: operator 'counts'"):
+def test_process_functions_are_refused_with_location(spark, tmp_path: Path) -> None:
+    with pytest.raises(UnsupportedOperatorError, match=r"<string>:\d+:\d+: operator 'fraud'"):
         run(spark, f"""
             name: t
             sources:
@@ -262,14 +262,14 @@ def test_keyed_operators_are_refused_with_location(spark, tmp_path: Path) -> Non
                 limit: 1
                 fields: {{k: "offset"}}
             operators:
-              - id: counts
+              - id: fraud
                 input: gen
                 key_by: [k]
-                aggregate: {{n: count()}}
+                process: "fraud:Rule"
             sinks:
               - id: out
                 type: files
-                input: counts
+                input: fraud
                 path: {tmp_path / 'o'}
                 format: jsonl
             """)
