@@ -52,7 +52,8 @@ def print_error(exc: StreamerError) -> None:
 
 def boundary(func: F) -> F:
     """Wrap a command: known errors print one message and exit with their code; anything
-    else is an internal error, shown with a traceback only under `--debug`."""
+    else is an internal error, shown with a traceback only under `--debug`.
+    """
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

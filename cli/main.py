@@ -1,11 +1,12 @@
 """`streamer` commands. Each parses its options, builds a config and calls the library;
-pyspark is imported only inside commands that need Spark, so `--help` is instant."""
+pyspark is imported only inside commands that need Spark, so `--help` is instant.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -44,7 +45,7 @@ def main_options(
     state["debug"] = debug
 
 
-class PlanFormat(str, Enum):
+class PlanFormat(StrEnum):
     """Output formats of `streamer plan`."""
 
     tree = "tree"
@@ -63,7 +64,8 @@ def validate(
         "with Spark's analyzer (no Java needed, instant).")] = False,
 ) -> None:
     """Check pipeline files: keys, types, references, cycles, and every expression against its
-    input schema. Prints `file:line:col: message` per problem; exit code 1 if any."""
+    input schema. Prints `file:line:col: message` per problem; exit code 1 if any.
+    """
     from streamer.pipeline.exceptions import PipelineError
     from streamer.pipeline.validate import load_pipeline
 
@@ -95,11 +97,12 @@ def validate(
 @boundary
 def plan(
     file: FileArg,
-    format: Annotated[PlanFormat, typer.Option(  # noqa: A002 - the option's public name
+    format: Annotated[PlanFormat, typer.Option(
         "--format", "-f", help="tree (default), mermaid, dot or json.")] = PlanFormat.tree,
 ) -> None:
     """Show the logical dataflow: operators, uids, key_by, parallelism, and where rows are
-    shuffled by key group. No Spark needed."""
+    shuffled by key group. No Spark needed.
+    """
     from streamer.pipeline.graph import compile_dataflow
     from streamer.pipeline.validate import load_pipeline
 
@@ -136,7 +139,8 @@ def run(
                      ] = False,
 ) -> None:
     """Run a pipeline. Bounded sources end the job (exit 0); unbounded ones run until Ctrl-C,
-    which stops cleanly at the next epoch boundary."""
+    which stops cleanly at the next epoch boundary.
+    """
     from streamer.pipeline.validate import load_pipeline
     from streamer.runtime.coordinator import JobRunner, RunOptions
     from streamer.runtime.metrics import JsonReporter, LiveReporter, QuietReporter, Reporter
@@ -148,8 +152,11 @@ def run(
         if not sep or not key.strip():
             from streamer.exceptions import ConfigError
 
-            raise ConfigError(f"--conf {item!r} must be KEY=VALUE, e.g. "
-                              "--conf spark.sql.shuffle.partitions=4")
+            msg = (
+                f"--conf {item!r} must be KEY=VALUE, e.g. "
+                              "--conf spark.sql.shuffle.partitions=4"
+            )
+            raise ConfigError(msg)
         extra[key.strip()] = value
     reporter: Reporter
     console = Console(stderr=False, highlight=False)
@@ -172,7 +179,8 @@ def test_cmd(
         "--case", "-k", help="Run only the test cases with this name (repeatable).")] = None,
 ) -> None:
     """Run the pipeline's `tests:` cases: inline rows replace the named sources, and each
-    expected sink's rows are compared (order-insensitive) with a diff. Exit 1 on mismatch."""
+    expected sink's rows are compared (order-insensitive) with a diff. Exit 1 on mismatch.
+    """
     from streamer.cli.render import print_case_result
     from streamer.pipeline.validate import load_pipeline
     from streamer.runtime.checks import shared_session
@@ -185,8 +193,11 @@ def test_cmd(
         from streamer.exceptions import ConfigError
 
         what = f"named {', '.join(map(repr, case))} " if case else ""
-        raise ConfigError(f"{file} has no tests {what}to run; add a tests: block (see the "
-                          "README) or check --case")
+        msg = (
+            f"{file} has no tests {what}to run; add a tests: block (see the "
+                          "README) or check --case"
+        )
+        raise ConfigError(msg)
     spark = shared_session(spec)
     console = Console(highlight=False)
     failed = 0
@@ -196,7 +207,8 @@ def test_cmd(
         failed += not result.passed
     console.print(f"{len(cases) - failed} passed, {failed} failed")
     if failed:
-        raise PipelineTestFailedError(f"{failed} of {len(cases)} test cases of {file} failed")
+        msg = f"{failed} of {len(cases)} test cases of {file} failed"
+        raise PipelineTestFailedError(msg)
 
 
 @app.command()
@@ -206,7 +218,8 @@ def schema(
                                                 "instead of stdout.")] = None,
 ) -> None:
     """Print the JSON Schema of the pipeline file, for editor completion and checks (e.g.
-    `# yaml-language-server: $schema=streamer.schema.json`)."""
+    `# yaml-language-server: $schema=streamer.schema.json`).
+    """
     from streamer.pipeline.schema import json_schema
 
     text = json.dumps(json_schema(), indent=2) + "\n"

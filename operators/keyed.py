@@ -58,6 +58,9 @@ class KeyedConfig:
     epoch: int
     #: Timers at or before this time fire this epoch (watermark, or wall clock).
     fire_up_to: int
+    #: process only: the user's KeyedProcessFunction subclass, and the wall clock.
+    fn_class: Any = None
+    now_ms: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -71,6 +74,13 @@ def output_schema(spark: Any, op: Any, input_schema: Any) -> Any:
 
     kind = op.keyed_kind
     fields = [StructField("__kind", StringType()), StructField("__meta", StringType())]
+    if kind == "process":
+        from streamer.operators.process import load_function_class
+
+        fn = load_function_class(op.process, "", op.id)
+        declared = StructType.fromDDL(fn.output_schema)
+        return StructType([*fields, StructField("__side", StringType()), *declared.fields,
+                           StructField("__ts", TimestampType())])
     if kind == "dedupe":
         fields += list(input_schema.fields)
         if "__ts" not in input_schema.fieldNames():
@@ -174,7 +184,12 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
             yield pickle.loads(stored)
             return
         out = _Emitter(cfg)
-        if cfg.kind == "dedupe":
+        if cfg.kind == "process":
+            from streamer.operators.process import run_process
+
+            out.rows.extend(run_process(cfg.fn_class, cfg.keys, cfg.record_columns, rows,
+                                        backend, cfg.fire_up_to, cfg.now_ms))
+        elif cfg.kind == "dedupe":
             _dedupe(cfg, backend, rows, out)
         elif cfg.kind == "aggregate":
             _rolling(cfg, backend, rows, out)

@@ -152,6 +152,31 @@ class Analyzer:
                 self.report(path, f"key_by column {key!r} of {owner} is not in its input"
                             f"{did_you_mean(key, columns, listing='columns')}")
         ok = all(key in columns for key in o.key_by)
+        if o.process is not None:
+            from streamer.operators.process import ProcessFunctionError, load_function_class
+
+            try:
+                import os
+
+                from pyspark.sql.types import StructType
+
+                base = os.path.dirname(os.path.abspath(self.spec.file))
+                fn = load_function_class(o.process, base, o.id)
+                self.schemas[o.id] = StructType.fromDDL(fn.output_schema)
+                for ddl in fn.side_output_schemas.values():
+                    StructType.fromDDL(ddl)
+                declared = {name for name, _ in o.side_outputs}
+                unknown = declared - set(fn.side_output_schemas)
+                if unknown:
+                    self.report((*o.path, "side_outputs"), f"{owner} maps side outputs "
+                                f"{sorted(unknown)}, which {o.process} does not declare in "
+                                "side_output_schemas", key=True)
+            except ProcessFunctionError as exc:
+                self.report((*o.path, "process"), str(exc))
+            except Exception as exc:  # a bad DDL string in user code
+                self.report((*o.path, "process"), f"{owner}: the schemas of {o.process} are "
+                            f"not valid Spark DDL: {exc}")
+            return
         for agg in o.aggregates:
             if agg.arg:
                 ok &= self.try_expr(df, agg.arg, (*o.path, "aggregate", agg.name),

@@ -154,6 +154,7 @@ def compile_dataflow(spec: PipelineSpec) -> Dataflow:
     for o in spec.operators:
         kind = o.kind
         side = (("late", o.window.late),) if o.window and o.window.late else ()
+        side += tuple((f"side {name}", sink) for name, sink in o.side_outputs)
         shuffle = f"key group by {', '.join(o.key_by)}" if o.kind == "keyed" else None
         by_id[o.id] = Node(o.id, "operator", kind, o.inputs, o,
                            uid=o.uid if o.stateful else None, detail=_operator_detail(o),

@@ -270,6 +270,9 @@ KEYED_KINDS = ("window", "aggregate", "dedupe", "process")
 def _operator_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
     what = _named("operator", "operators")(value, path)
     _exactly_one(OPERATOR_KINDS, f"{what}")(value, path, ck)
+    if "side_outputs" in value and "process" not in value:
+        ck.report((*path, "side_outputs"), f"'side_outputs' applies only to process "
+                  f"operators; remove it from {what}", at_key=True)
     if "key_by" not in value:
         for key in (*KEYED_KINDS, "uid"):
             if key in value:
@@ -312,6 +315,9 @@ OPERATOR = Obj(
         "dedupe": Field(Obj({"within": Field(Duration("Forget a key after this long."),
                                              required=True)},
                             "Forward the first record per key.")),
+        "side_outputs": Field(MapOf(Str("The id of a sink."), "process only: side output "
+                                    "name -> the sink that receives it.",
+                                    key_pattern=ID_PATTERN, key_hint=ID_HINT, min_items=1)),
         "process": Field(Str("A keyed process function, `module:Class`.",
                              pattern=r"[A-Za-z_][\w.]*:[A-Za-z_]\w*",
                              pattern_hint="'module:Class', e.g. 'fraud:LargeAfterSmall'")),

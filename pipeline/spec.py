@@ -86,6 +86,8 @@ class OperatorSpec:
     aggregates: tuple[AggregateSpec, ...] = ()
     dedupe_within_ms: int | None = None
     process: str | None = None
+    #: process only: (side output name, sink id).
+    side_outputs: tuple[tuple[str, str], ...] = ()
 
     @property
     def stateful(self) -> bool:
@@ -189,6 +191,7 @@ class PipelineSpec:
         """Ids of sinks named by some on_error or late output."""
         out = {s.on_error for s in self.sources if s.on_error}
         out |= {o.window.late for o in self.operators if o.window and o.window.late}
+        out |= {sink for o in self.operators for _, sink in o.side_outputs}
         return out
 
 
@@ -239,7 +242,8 @@ def _build_operator(raw: Mapping[str, Any], path: Path) -> OperatorSpec:
         window=_build_window(raw["window"]) if "window" in raw else None,
         aggregates=tuple(aggregates),
         dedupe_within_ms=_ms(raw["dedupe"]["within"], None) if "dedupe" in raw else None,
-        process=raw.get("process"), **base)
+        process=raw.get("process"),
+        side_outputs=tuple((raw.get("side_outputs") or {}).items()), **base)
 
 
 def build_spec(data: Mapping[str, Any], positions: Positions,

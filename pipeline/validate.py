@@ -168,6 +168,29 @@ def check_references(data: Mapping[str, Any], ck: Checker) -> None:
                           "records and late records have different columns, use two sinks")
             dead_letter.setdefault(ref, f"{what} of {owner}")
 
+    for i, raw in _items(data, "operators"):
+        outputs = raw.get("side_outputs")
+        if not isinstance(outputs, dict):
+            continue
+        owner = f"operator {raw.get('id')!r}"
+        for name, ref in outputs.items():
+            if not isinstance(ref, str):
+                continue
+            path = ("operators", i, "side_outputs", name)
+            if kinds.get(ref) != "sink":
+                dead_letter_unresolved += 1
+                sinks = [k for k, v in kinds.items() if v == "sink"]
+                problem = ("is not defined" if ref not in kinds
+                           else f"is {_a(kinds[ref])}, not a sink")
+                hint = did_you_mean(ref, sinks, listing="sinks") if ref not in kinds else ""
+                ck.report(path, f"side output {name!r} of {owner} names {ref!r}, which "
+                          f"{problem}; name a sink{hint}")
+            elif ref in dead_letter:
+                ck.report(path, f"sink {ref!r} already receives {dead_letter[ref]}; give side "
+                          f"output {name!r} a sink of its own")
+            else:
+                dead_letter[ref] = f"side output {name!r} of {owner}"
+
     for i, raw in _items(data, "sinks"):
         sink_id = raw.get("id")
         owner = f"sink {sink_id!r}"

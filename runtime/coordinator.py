@@ -136,24 +136,42 @@ class JobRunner:
         keyed stages."""
         from streamer.connectors.registry import make_sink, make_source
 
-        for node in self.flow.nodes:
-            if node.kind == "keyed" and node.spec.process:  # type: ignore[union-attr]
-                loc = self.spec.where((*node.spec.path, "process"), key=True)
-                msg = (f"{loc}: operator {node.id!r} uses process, which this version of "
-                       "streamer validates and plans but cannot run yet; remove it to run "
-                       "the pipeline")
-                raise UnsupportedOperatorError(msg)
         ctx = ConnectorContext(spark=self.spark, job_name=self.spec.name,
                                console=self.options.console)
         make_src = self._source_factory or make_source
         make_snk = self._sink_factory or make_sink
         self.sources = {s.id: make_src(s, ctx) for s in self.spec.sources}
+        self._ship_user_code()
         self.schemas = analyze(self.spec, self.spark, self.sources, self.flow)
         self.sinks = {k.id: make_snk(k, ctx) for k in self.spec.sinks}
         for sink in self.sinks.values():
             sink.open()
         self.offsets = {sid: dict(src.initial_offsets()) for sid, src in self.sources.items()}
         self._plan_keyed()
+
+    def _ship_user_code(self) -> None:
+        """Import the modules named in `process:` (next to the pipeline file first) and ship
+        them to Spark's Python workers."""
+        from streamer.operators.process import load_function_class, module_file
+
+        base = os.path.dirname(os.path.abspath(self.spec.file)) if os.path.exists(
+            self.spec.file) else os.getcwd()
+        for op in self.spec.operators:
+            if not op.process:
+                continue
+            load_function_class(op.process, base, op.id)
+            path = module_file(op.process)
+            if path and os.path.isfile(path):
+                self.spark.sparkContext.addPyFile(path)
+            elif path:  # a package: ship it zipped
+                import shutil
+                import tempfile
+
+                archive = shutil.make_archive(
+                    os.path.join(tempfile.mkdtemp(prefix="streamer-py-"),
+                                 os.path.basename(path)), "zip", os.path.dirname(path),
+                    os.path.basename(path))
+                self.spark.sparkContext.addPyFile(archive)
 
     def _plan_keyed(self) -> None:
         """Which nodes carry event time, and a `KeyedStage` per keyed operator."""
@@ -364,6 +382,9 @@ class JobRunner:
                     late_sink = node.spec.window.late if node.spec.window else None  # type: ignore
                     if result.late is not None and late_sink:
                         dead.setdefault(late_sink, []).append(result.late)
+                    for name, sink in node.spec.side_outputs:  # type: ignore[union-attr]
+                        if name in result.sides:
+                            dead.setdefault(sink, []).append(result.sides[name])
                 else:
                     frames[node.id] = (apply_stateless(node.spec, union(present))  # type: ignore
                                        if present else None)

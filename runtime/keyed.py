@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from streamer.operators.aggregates import accumulator
@@ -57,6 +57,8 @@ class KeyedResult:
     output: DataFrame
     late: DataFrame | None
     metas: list[dict[str, Any]]
+    #: process only: side output name -> its rows.
+    sides: dict[str, DataFrame] = field(default_factory=dict)
 
 
 class KeyedStage:
@@ -75,6 +77,14 @@ class KeyedStage:
         if (window and window.time == "processing") or not has_event_time:
             self.domain = "processing"
         self.kind = op.keyed_kind or "aggregate"
+        self.fn_class: Any = None
+        self.side_schemas: dict[str, str] = {}
+        if self.kind == "process":
+            from streamer.operators.process import load_function_class
+
+            assert op.process is not None
+            self.fn_class = load_function_class(op.process, "", op.id)
+            self.side_schemas = dict(self.fn_class.side_output_schemas)
         self.out_schema = self._output_schema()
         from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -91,7 +101,8 @@ class KeyedStage:
             record_columns=tuple(f.name for f in input_schema.fields),
             out_schema=to_arrow_schema(self.out_schema, timezone="UTC"), backend=job.state_backend,
             state_root=state_root, job=job_name, parallelism=self.parallelism,
-            max_parallelism=self.max_parallelism, epoch=0, fire_up_to=0)
+            max_parallelism=self.max_parallelism, epoch=0, fire_up_to=0,
+            fn_class=self.fn_class)
 
     # ------------------------------------------------------------------ schemas
     def _output_schema(self) -> StructType:
@@ -123,6 +134,8 @@ class KeyedStage:
         late = None
         window = self.op.window
         lateness = window.allowed_lateness_ms if window else 0
+        if self.kind == "process":  # every record goes to the user's function
+            return df, None
         if self.kind == "dedupe":
             cols = [F.col(c) for c in df.columns if c not in ("__subtask", "__kg", "__seq")]
             first = F.min_by(F.struct(*cols, F.col("__seq")), F.struct("__ts_ms", "__seq"))
@@ -189,7 +202,7 @@ class KeyedStage:
         route = F.element_at(F.array(*[F.lit(r).cast("bigint") for r in self.routes]),
                              F.col("__subtask") + 1)
         rows = rows.withColumn("__route", route).repartition(self.parallelism, "__route")
-        cfg = replace(self.base_config, epoch=epoch, fire_up_to=fire_up_to)
+        cfg = replace(self.base_config, epoch=epoch, fire_up_to=fire_up_to, now_ms=now_ms)
 
         def task(batches: Any) -> Any:
             ctx = TaskContext.get()
@@ -201,8 +214,12 @@ class KeyedStage:
 
         metas = [json.loads(r["__meta"]) for r in
                  result.filter(F.col("__kind") == META).select("__meta").collect()]
-        output = result.filter(F.col("__kind") == OUT).drop("__kind", "__meta")
-        return KeyedResult(output, late, metas)
+        output = result.filter(F.col("__kind") == OUT).drop("__kind", "__meta", "__side")
+        sides = {}
+        for name, ddl in self.side_schemas.items():
+            rows_of = result.filter((F.col("__kind") == "side") & (F.col("__side") == name))
+            sides[name] = rows_of.select(F.from_json("__meta", ddl).alias("r")).select("r.*")
+        return KeyedResult(output, late, metas, sides)
 
 
 def default_state_root(local_dir: str | None, job: str, run_id: str) -> str:

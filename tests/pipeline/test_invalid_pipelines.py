@@ -701,7 +701,7 @@ CASES = [
             type: console
             input: src
         """,
-        ["p.yaml:6:13: 'format' must be one of jsonl, csv, parquet; got 'json' (did you mean "
+        ["p.yaml:6:13: 'format' must be one of jsonl, csv, parquet, text; got 'json' (did you mean "
          "'jsonl'?)"],
         id="enum-format-json-suggests-jsonl",
     ),
@@ -1973,7 +1973,8 @@ CASES = [
         [f"p.yaml:3:10: 'epoch' must be {DURATION}, got '10 seconds'",
          "p.yaml:5:11: 'mode' must be one of exactly_once, at_least_once; got 'exactly-once' "
          "(did you mean 'exactly_once'?)",
-         "p.yaml:10:13: 'format' must be one of jsonl, csv, parquet; got 'json' (did you mean "
+         "p.yaml:10:13: 'format' must be one of jsonl, csv, parquet, text; got 'json' "
+         "(did you mean "
          "'jsonl'?)",
          "p.yaml:11:5: unknown key 'wacth' in source 'src'; did you mean 'watch'?",
          "p.yaml:13:5: sink 'out' is missing required key 'bootstrap_servers'"],

@@ -189,7 +189,7 @@ def test_sources_and_sinks_are_one_of_their_types(schema: dict[str, Any], sectio
 def test_type_specific_keys(schema: dict[str, Any]) -> None:
     datagen, files, kafka = schema["properties"]["sources"]["items"]["oneOf"]
     assert "fields" in datagen["required"]
-    assert files["properties"]["format"]["enum"] == ["jsonl", "csv", "parquet"]
+    assert files["properties"]["format"]["enum"] == ["jsonl", "csv", "parquet", "text"]
     assert kafka["properties"]["start"]["enum"] == ["earliest", "latest"]
     operator = schema["properties"]["operators"]["items"]
     assert {"filter", "select", "with_columns", "key_by", "window", "aggregate", "dedupe",

@@ -32,7 +32,10 @@ def test_each_key_is_owned_by_exactly_one_subtask_across_epochs(spark, tmp_path:
     out, state = tmp_path / "out", tmp_path / "state"
     runner, result = run(spark, f"""
         name: routing
-        job: {{parallelism: 3, max_parallelism: 16, state: {{backend: rocksdb, local_dir: {state}}}}}
+        job:
+          parallelism: 3
+          max_parallelism: 16
+          state: {{backend: rocksdb, local_dir: {state}}}
         sources:
           - id: gen
             type: datagen
@@ -233,3 +236,43 @@ def test_a_retried_task_replays_its_output_instead_of_applying_the_epoch_twice(t
     from dataclasses import replace
 
     assert [(r["k"], r["n"]) for r in outputs(replace(cfg, epoch=2))] == [("a", 4)]
+
+
+@pytest.mark.parametrize("per_epoch", [10_000, 700])
+def test_process_function_matches_a_brute_force_evaluation(spark, tmp_path, per_epoch) -> None:
+    repo = Path(__file__).resolve().parents[2]
+    text = (repo / "pipelines" / "fraud_detection.yaml").read_text()
+    text = text.replace("max_records_per_epoch: 2000", f"max_records_per_epoch: {per_epoch}")
+    text = text.replace("./out/fraud_alerts", str(tmp_path / "alerts"))
+    text = text.replace("./out/small_transactions", str(tmp_path / "small"))
+    pipeline = repo / "pipelines" / f"_fraud_{per_epoch}.yaml"  # next to fraud.py
+    pipeline.write_text(text)
+    try:
+        spec = load_pipeline_text(text, file=str(pipeline))
+        JobRunner(spec, RunOptions(ui=False), spark=spark).run()
+    finally:
+        pipeline.unlink()
+    got = sorted((r["account"], r["amount"], r["small_amount"])
+                 for r in rows_of(tmp_path / "alerts"))
+
+    def amount(o: int) -> float:
+        if o % 97 == 3:
+            return 0.5
+        if o % 89 == 7:
+            return 900.0
+        return float(o % 300) + 1.5
+
+    events = sorted((1767225600000 + o * 500, f"acct-{(o * 13 + s) % 200}", amount(o))
+                    for s in range(2) for o in range(5000))
+    pending: dict[str, tuple[float, int]] = {}
+    expected = []
+    for ts, account, value in events:
+        small = pending.get(account)
+        if small and value > 500 and ts - small[1] <= 60_000:
+            expected.append((account, value, small[0]))
+            del pending[account]
+        if value < 1:
+            pending[account] = (value, ts)
+    assert got == sorted(expected) and expected
+    smalls = rows_of(tmp_path / "small")
+    assert len(smalls) == sum(1 for _, _, v in events if v < 1)

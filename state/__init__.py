@@ -1,0 +1,73 @@
+"""Keyed state: key groups, the state-backend contract and its `memory` and `rocksdb` backends.
+
+The runtime opens one backend per keyed subtask and task with `open_backend`, reads and writes
+the epoch's state in bulk, and commits it atomically with the epoch number and outputs (see
+`streamer.state.base` for the contract and `streamer.state.keygroups` for partitioning).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from streamer.state.base import (
+    BackendOptions,
+    BackendStatus,
+    KeyedStateBackend,
+    KeyGroupEntry,
+    StateDescriptor,
+    StateEntry,
+    StateKind,
+    SubtaskLocation,
+    TimeDomain,
+    Timer,
+)
+from streamer.state.exceptions import StateError
+from streamer.state.keygroups import (
+    DEFAULT_MAX_PARALLELISM,
+    assign_subtask,
+    key_group_range,
+    key_group_sql,
+)
+
+#: The backend names `open_backend` accepts.
+BACKENDS = ("memory", "rocksdb")
+
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_MAX_PARALLELISM",
+    "BackendOptions",
+    "BackendStatus",
+    "KeyGroupEntry",
+    "KeyedStateBackend",
+    "StateDescriptor",
+    "StateEntry",
+    "StateError",
+    "StateKind",
+    "SubtaskLocation",
+    "TimeDomain",
+    "Timer",
+    "assign_subtask",
+    "key_group_range",
+    "key_group_sql",
+    "open_backend",
+]
+
+
+def open_backend(kind: str, root_dir: str, job: str, uid: str, subtask: int,
+                 key_groups: range, *, states: Iterable[StateDescriptor] = (),
+                 options: BackendOptions | None = None) -> KeyedStateBackend:
+    """Open the state of subtask `subtask` of keyed operator `uid` of `job`, kept under
+    `<root_dir>/<job>/<uid>/subtask-<n>/`, owning `key_groups`; declare `states`. Close it (or use
+    it as a context manager) when the task is done: it holds the subtask's lock while open.
+    """
+    location = SubtaskLocation(str(root_dir), job, uid, subtask)
+    if kind == "memory":
+        from streamer.state.memory import MemoryBackend
+
+        return MemoryBackend(location, key_groups, options, states)
+    if kind == "rocksdb":
+        from streamer.state.rocksdb import RocksDBBackend
+
+        return RocksDBBackend(location, key_groups, options, states)
+    msg = f"unknown state backend {kind!r}; use one of {', '.join(map(repr, BACKENDS))}"
+    raise StateError(msg)

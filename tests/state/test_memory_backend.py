@@ -1,0 +1,147 @@
+"""What is particular to the memory backend: the process cache, delta files and snapshots."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamer.state import BackendOptions, StateDescriptor, memory, open_backend
+from streamer.state.codec import encode_key
+from streamer.state.exceptions import CorruptStateError, StateError
+
+STATES = [StateDescriptor("acc", "aggregating"), StateDescriptor("seen", "map")]
+K = encode_key(("k",))
+
+
+@pytest.fixture
+def open_memory(tmp_path: Path) -> Any:
+    """A factory of memory backends of subtask 0 under tmp_path (the process cache is reset)."""
+    opened: list[Any] = []
+
+    def factory(**options: Any) -> memory.MemoryBackend:
+        backend = open_backend("memory", str(tmp_path), "job", "op", 0, range(4), states=STATES,
+                               options=BackendOptions(**{"lock_timeout_s": 0.05, **options}))
+        opened.append(backend)
+        assert isinstance(backend, memory.MemoryBackend)
+        return backend
+
+    memory.drop_process_cache()
+    yield factory
+    for backend in opened:
+        backend.close()
+    memory.drop_process_cache()
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the state files read from now on."""
+    seen: list[str] = []
+    original = memory._read_record
+
+    def spy(file: Path, kind: str) -> dict[str, Any]:
+        seen.append(file.name)
+        return original(file, kind)
+
+    monkeypatch.setattr(memory, "_read_record", spy)
+    return seen
+
+
+def files(tmp_path: Path) -> list[str]:
+    return sorted(f for f in os.listdir(tmp_path / "job" / "op" / "subtask-0") if f != "LOCK")
+
+
+def commit_epochs(open_memory: Any, first: int, count: int, size: int = 10) -> None:
+    for epoch in range(first, first + count):
+        with open_memory() as backend:
+            backend.put_many("acc", [(i % 4, encode_key((i,)), b"", epoch) for i in range(size)])
+            backend.commit(epoch, f"out-{epoch}".encode())
+
+
+def test_a_later_task_in_the_same_process_reuses_the_dicts(open_memory: Any,
+                                                           reads: list[str]) -> None:
+    commit_epochs(open_memory, 1, 3)
+    with open_memory() as backend:
+        assert backend.get("acc", 1, encode_key((5,))) == 3
+    assert reads == []  # no file was read: the cached copy was at the latest version
+
+
+def test_a_process_with_an_older_copy_applies_only_newer_deltas(open_memory: Any,
+                                                                reads: list[str]) -> None:
+    commit_epochs(open_memory, 1, 1)
+    stale = memory._PROCESS_CACHE.copy()  # this "process" saw version 1 ...
+    memory.drop_process_cache()
+    commit_epochs(open_memory, 2, 2)  # ... then "another process" committed 2 and 3
+    memory._PROCESS_CACHE.update(stale)
+    reads.clear()
+    with open_memory() as backend:
+        assert backend.version() == 3
+        assert backend.outputs(3) == b"out-3"
+        assert backend.get("acc", 1, encode_key((5,))) == 3
+    assert reads == ["delta-00000000000000000002.pkl", "delta-00000000000000000003.pkl"]
+
+
+def test_snapshots_are_written_once_deltas_outweigh_them(open_memory: Any, tmp_path: Path,
+                                                         reads: list[str]) -> None:
+    commit_epochs(open_memory, 1, 1, size=20_000)  # > 64 KiB: the first commit materializes
+    assert files(tmp_path) == ["snapshot-00000000000000000001.pkl"]
+    commit_epochs(open_memory, 2, 1, size=10)  # small: only a delta
+    assert files(tmp_path) == ["delta-00000000000000000002.pkl",
+                               "snapshot-00000000000000000001.pkl"]
+    memory.drop_process_cache()
+    reads.clear()
+    with open_memory() as backend:
+        assert backend.version() == 2
+        assert backend.get("acc", 3, encode_key((19_999,))) == 1
+        assert backend.get("acc", 3, encode_key((3,))) == 2
+    assert reads == ["snapshot-00000000000000000001.pkl", "delta-00000000000000000002.pkl"]
+
+
+def test_a_broken_delta_chain_is_reported(open_memory: Any, tmp_path: Path) -> None:
+    commit_epochs(open_memory, 1, 3)
+    (tmp_path / "job" / "op" / "subtask-0" / "delta-00000000000000000002.pkl").unlink()
+    memory.drop_process_cache()
+    with pytest.raises(CorruptStateError, match="does not follow version 1"):
+        open_memory()
+
+
+def test_a_corrupt_file_is_reported(open_memory: Any, tmp_path: Path) -> None:
+    commit_epochs(open_memory, 1, 2)
+    (tmp_path / "job" / "op" / "subtask-0" / "delta-00000000000000000002.pkl").write_bytes(b"x")
+    memory.drop_process_cache()
+    with pytest.raises(CorruptStateError, match="restore from a checkpoint"):
+        open_memory()
+    with pytest.raises(CorruptStateError):  # not StateLockedError: the failed open let go
+        open_memory(lock_timeout_s=0.0)
+
+
+def test_a_failed_commit_leaves_the_last_version(open_memory: Any,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    commit_epochs(open_memory, 1, 1)
+    backend = open_memory()
+    backend.put("acc", 0, K, b"", "lost")
+
+    def disk_full(*_: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(memory, "_write_atomic", disk_full)
+    with pytest.raises(StateError, match="No space left"):
+        backend.commit(2)
+    with pytest.raises(StateError, match="failed after an error"):
+        backend.get("acc", 0, K)
+    backend.close()
+    monkeypatch.undo()
+    with open_memory() as again:
+        assert again.version() == 1
+        assert again.get("acc", 0, K) is None
+
+
+def test_the_process_cache_can_be_turned_off(open_memory: Any, reads: list[str]) -> None:
+    commit_epochs(open_memory, 1, 2)
+    memory.drop_process_cache()
+    for _ in range(2):
+        with open_memory(process_cache=False) as backend:
+            assert backend.version() == 2
+    assert len(reads) == 4
