@@ -79,6 +79,7 @@ def output_schema(spark: Any, op: Any, input_schema: Any) -> Any:
 
         fn = load_function_class(op.process, "", op.id)
         declared = StructType.fromDDL(fn.output_schema)
+        assert isinstance(declared, StructType)
         return StructType([*fields, StructField("__side", StringType()), *declared.fields,
                            StructField("__ts", TimestampType())])
     if kind == "dedupe":

@@ -162,7 +162,9 @@ class Analyzer:
 
                 base = os.path.dirname(os.path.abspath(self.spec.file))
                 fn = load_function_class(o.process, base, o.id)
-                self.schemas[o.id] = StructType.fromDDL(fn.output_schema)
+                declared = StructType.fromDDL(fn.output_schema)
+                assert isinstance(declared, StructType)
+                self.schemas[o.id] = declared
                 for ddl in fn.side_output_schemas.values():
                     StructType.fromDDL(ddl)
                 declared = {name for name, _ in o.side_outputs}

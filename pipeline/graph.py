@@ -153,7 +153,8 @@ def compile_dataflow(spec: PipelineSpec) -> Dataflow:
                            detail=_source_detail(s), side_outputs=side)
     for o in spec.operators:
         kind = o.kind
-        side = (("late", o.window.late),) if o.window and o.window.late else ()
+        side: tuple[tuple[str, str], ...] = (
+            (("late", o.window.late),) if o.window and o.window.late else ())
         side += tuple((f"side {name}", sink) for name, sink in o.side_outputs)
         shuffle = f"key group by {', '.join(o.key_by)}" if o.kind == "keyed" else None
         by_id[o.id] = Node(o.id, "operator", kind, o.inputs, o,

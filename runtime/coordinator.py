@@ -40,12 +40,6 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 
-class UnsupportedOperatorError(StreamerError):
-    """Raised when a pipeline uses an operator this version cannot run yet; `validate` and
-    `plan` accept it, `run` does not. Remove the operator or upgrade streamer.
-    """
-
-
 @dataclass
 class RunOptions:
     """How to run a job (the CLI builds this from its options)."""
@@ -156,10 +150,17 @@ class JobRunner:
 
         base = os.path.dirname(os.path.abspath(self.spec.file)) if os.path.exists(
             self.spec.file) else os.getcwd()
+        from streamer.operators.process import ProcessFunctionError
+        from streamer.pipeline.exceptions import PipelineError, Problem
+
         for op in self.spec.operators:
             if not op.process:
                 continue
-            load_function_class(op.process, base, op.id)
+            try:
+                load_function_class(op.process, base, op.id)
+            except ProcessFunctionError as exc:
+                where = self.spec.where((*op.path, "process"))
+                raise PipelineError([Problem(where, str(exc))]) from exc
             path = module_file(op.process)
             if path and os.path.isfile(path):
                 self.spark.sparkContext.addPyFile(path)

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from streamer.connectors.exceptions import DecodeError
+from streamer.pipeline.exceptions import PipelineError
 from streamer.pipeline.validate import load_pipeline_text
-from streamer.runtime.coordinator import JobRunner, RunOptions, UnsupportedOperatorError
+from streamer.runtime.coordinator import JobRunner, RunOptions
 
 pytestmark = pytest.mark.spark
 
@@ -252,8 +253,9 @@ def test_max_epochs_stops_a_smoke_run(spark, tmp_path: Path) -> None:
     assert len(list((tmp_path / "o").glob("part-*.parquet"))) >= 3
 
 
-def test_process_functions_are_refused_with_location(spark, tmp_path: Path) -> None:
-    with pytest.raises(UnsupportedOperatorError, match=r"<string>:\d+:\d+: operator 'fraud'"):
+def test_a_missing_process_class_is_reported_at_its_line(spark, tmp_path: Path) -> None:
+    with pytest.raises(PipelineError, match=r"<string>:12:14: operator 'fraud': cannot import "
+                       r"module 'no_such_module_here'"):
         run(spark, f"""
             name: t
             sources:
@@ -265,7 +267,7 @@ def test_process_functions_are_refused_with_location(spark, tmp_path: Path) -> N
               - id: fraud
                 input: gen
                 key_by: [k]
-                process: "fraud:Rule"
+                process: "no_such_module_here:Rule"
             sinks:
               - id: out
                 type: files
