@@ -167,8 +167,8 @@ class Analyzer:
                 self.schemas[o.id] = declared
                 for ddl in fn.side_output_schemas.values():
                     StructType.fromDDL(ddl)
-                declared = {name for name, _ in o.side_outputs}
-                unknown = declared - set(fn.side_output_schemas)
+                mapped = {name for name, _ in o.side_outputs}
+                unknown = mapped - set(fn.side_output_schemas)
                 if unknown:
                     self.report((*o.path, "side_outputs"), f"{owner} maps side outputs "
                                 f"{sorted(unknown)}, which {o.process} does not declare in "

@@ -147,14 +147,14 @@ def _operator_detail(o: OperatorSpec) -> str:
 def compile_dataflow(spec: PipelineSpec) -> Dataflow:
     """Build the dataflow of a validated spec (inputs resolved, order topological)."""
     by_id: dict[str, Node] = {}
+    side: tuple[tuple[str, str], ...]
     for s in spec.sources:
         side = (("on_error", s.on_error),) if s.on_error else ()
         by_id[s.id] = Node(s.id, "source", s.type, (), s, uid=s.uid,
                            detail=_source_detail(s), side_outputs=side)
     for o in spec.operators:
         kind = o.kind
-        side: tuple[tuple[str, str], ...] = (
-            (("late", o.window.late),) if o.window and o.window.late else ())
+        side = (("late", o.window.late),) if o.window and o.window.late else ()
         side += tuple((f"side {name}", sink) for name, sink in o.side_outputs)
         shuffle = f"key group by {', '.join(o.key_by)}" if o.kind == "keyed" else None
         by_id[o.id] = Node(o.id, "operator", kind, o.inputs, o,
