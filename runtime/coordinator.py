@@ -440,7 +440,9 @@ class JobRunner:
             dead_letters=sum(n for k, n in records_out.items()
                              if k in self.spec.dead_letter_sinks),
             lag={sid: src.lag(self.offsets[sid], now) for sid, src in self.sources.items()},
-            plan_ms=plan_ms, run_ms=run_ms, commit_ms=commit_ms)
+            plan_ms=plan_ms, run_ms=run_ms, commit_ms=commit_ms,
+            watermark=(self.watermarks.current if any(s.event_time for s in self.spec.sources)
+                       else None))
 
     def _guarded(self, epoch: int, what: str, action: Callable[[], Any]) -> Any:
         """Run a Spark action; turn Spark failures into errors that say what happened."""

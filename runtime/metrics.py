@@ -28,6 +28,8 @@ class EpochMetrics:
     plan_ms: float = 0.0
     run_ms: float = 0.0
     commit_ms: float = 0.0
+    #: The job's event-time watermark after the epoch (epoch ms), None without event time.
+    watermark: int | None = None
 
     @property
     def total_in(self) -> int:
@@ -115,6 +117,17 @@ def _num(n: float) -> str:
     return f"{n:,.0f}"
 
 
+def _time(ms: int | None) -> str:
+    """A watermark for people: ISO UTC, or -/+inf at the ends."""
+    import datetime as dt
+
+    if ms is None or ms <= -(2**61):
+        return "-"
+    if ms >= 2**61:
+        return "+inf"
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
 class LiveReporter:
     """A live table of recent epochs with totals, redrawn in place (the default display)."""
 
@@ -130,12 +143,14 @@ class LiveReporter:
 
     def _render(self) -> Group:
         table = Table(title=None, expand=False, box=None, header_style="bold")
-        for col in ("epoch", "in", "out", "dead letters", "rate/s", "epoch ms", "lag"):
+        for col in ("epoch", "in", "out", "dead letters", "rate/s", "epoch ms", "lag",
+                    "watermark"):
             table.add_column(col, justify="right")
         for m in self.recent[-self.KEEP:]:
             lag = ", ".join(f"{k}={v:,}" for k, v in m.lag.items() if v is not None) or "-"
             table.add_row(str(m.epoch), _num(m.total_in), _num(m.total_out),
-                          _num(m.dead_letters), _num(m.rate), _num(m.duration_ms), lag)
+                          _num(m.dead_letters), _num(m.rate), _num(m.duration_ms), lag,
+                          _time(m.watermark))
         elapsed = time.monotonic() - self.started_at
         t = self.totals
         footer = Text(f"{t['epochs']} epochs · {t['in']:,} in · {t['out']:,} out · "
