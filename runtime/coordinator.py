@@ -334,6 +334,7 @@ class JobRunner:
         t0 = time.monotonic()
         frames: dict[str, DataFrame | None] = {}
         dead: dict[str, list[DataFrame]] = {}
+        keyed_metas: dict[str, Any] = {}
         seen_in: dict[str, Observation] = {}
         cached: list[DataFrame] = []
         for node in self.flow.nodes:
@@ -374,11 +375,7 @@ class JobRunner:
                     result = self._guarded(epoch, f"operator {node.id!r}", partial(
                         stage.run, union(present) if present else None, epoch, now,
                         watermark if flush is None else flush, fire))
-                    self.next_timers[node.id] = {
-                        "event": min((m["next_event"] for m in result.metas
-                                      if m["next_event"] is not None), default=None),
-                        "processing": min((m["next_processing"] for m in result.metas
-                                           if m["next_processing"] is not None), default=None)}
+                    keyed_metas[node.id] = result.metas
                     frames[node.id] = result.output
                     late_sink = node.spec.window.late if node.spec.window else None  # type: ignore
                     if result.late is not None and late_sink:
@@ -424,6 +421,16 @@ class JobRunner:
             for df in cached:
                 df.unpersist()
         commit_ms = (time.monotonic() - t1) * 1000
+        for node_id, metas in keyed_metas.items():  # complete now that the jobs have run
+            found = list(metas)
+            if len(found) != self.keyed[node_id].parallelism:
+                msg = (f"epoch {epoch}: operator {node_id!r} reported {len(found)} of "
+                       f"{self.keyed[node_id].parallelism} subtasks; its output was not read")
+                raise JobFailedError(msg)
+            self.next_timers[node_id] = {
+                domain: min((m[f"next_{domain}"] for m in found
+                             if m[f"next_{domain}"] is not None), default=None)
+                for domain in ("event", "processing")}
         for sid, piece in slices.items():
             self.offsets[sid] = dict(piece.end)
             if self.sources[sid].spec.event_time:

@@ -17,6 +17,8 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from pyspark.accumulators import AccumulatorParam
+
 from streamer.operators.aggregates import accumulator
 from streamer.operators.keyed import META, OUT, KeyedConfig, output_schema, run_task
 from streamer.pipeline.spec import JobSpec, OperatorSpec
@@ -50,13 +52,42 @@ def visible(df: DataFrame) -> DataFrame:
     return df.drop(*hidden) if hidden else df
 
 
+class _ListParam(AccumulatorParam):  # type: ignore[type-arg]
+    """Accumulates task metadata lists."""
+
+    def zero(self, value: list[Any]) -> list[Any]:
+        return []
+
+    def addInPlace(self, a: list[Any], b: list[Any]) -> list[Any]:  # Spark's method name
+        a.extend(b)
+        return a
+
+
+class _Metas:
+    """Per-subtask metadata of an epoch's keyed stage, read once its job has run; a subtask
+    evaluated twice (a replay) reports the same metadata, so the last one per subtask wins."""
+
+    def __init__(self, accumulator: Any) -> None:
+        self.accumulator = accumulator
+
+    def __iter__(self) -> Any:
+        import json
+
+        by_subtask = {}
+        for text in self.accumulator.value:
+            meta = json.loads(text)
+            by_subtask[meta["subtask"]] = meta
+        return iter(by_subtask.values())
+
+
 @dataclass
 class KeyedResult:
     """What a keyed operator produced in an epoch."""
 
     output: DataFrame
     late: DataFrame | None
-    metas: list[dict[str, Any]]
+    #: Per-subtask metadata (next timers, rows out); complete after the epoch's jobs ran.
+    metas: Any
     #: process only: side output name -> its rows.
     sides: dict[str, DataFrame] = field(default_factory=dict)
 
@@ -203,23 +234,28 @@ class KeyedStage:
                              F.col("__subtask") + 1)
         rows = rows.withColumn("__route", route).repartition(self.parallelism, "__route")
         cfg = replace(self.base_config, epoch=epoch, fire_up_to=fire_up_to, now_ms=now_ms)
+        metas = self.spark.sparkContext.accumulator([], _ListParam())
 
         def task(batches: Any) -> Any:
             ctx = TaskContext.get()
             assert ctx is not None
-            return run_task(cfg, batches, ctx.partitionId())
+            for batch in run_task(cfg, batches, ctx.partitionId()):
+                kinds = batch.column(0).to_pylist()
+                for i, kind in enumerate(kinds):
+                    if kind == META:
+                        metas.add([batch.column(1)[i].as_py()])
+                yield batch
 
-        result = rows.mapInArrow(task, self.out_schema).localCheckpoint(eager=True)
-        import json
-
-        metas = [json.loads(r["__meta"]) for r in
-                 result.filter(F.col("__kind") == META).select("__meta").collect()]
+        # No eager materialization: the stage runs inside whichever job first reads it
+        # (usually the sink's). A second evaluation is safe: every task finds its epoch
+        # already committed and replays the stored output instead of applying it again.
+        result = rows.mapInArrow(task, self.out_schema)
         output = result.filter(F.col("__kind") == OUT).drop("__kind", "__meta", "__side")
         sides = {}
         for name, ddl in self.side_schemas.items():
             rows_of = result.filter((F.col("__kind") == "side") & (F.col("__side") == name))
             sides[name] = rows_of.select(F.from_json("__meta", ddl).alias("r")).select("r.*")
-        return KeyedResult(output, late, metas, sides)
+        return KeyedResult(output, late, _Metas(metas), sides)
 
 
 def default_state_root(local_dir: str | None, job: str, run_id: str) -> str:

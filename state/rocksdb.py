@@ -16,13 +16,21 @@ RocksDB's write-ahead log, with no partial epoch visible after a crash.
 the next epoch of a subtask may run in another worker process; an Rdict cached open in a worker
 then holds RocksDB's LOCK and the other process fails (the measured trap in ARCHITECTURE.md §4:
 82 of 160 tasks). Exclusivity cannot be proven from inside a worker, so the backend opens the DB
-for each task and closes it at the end. Measured on the 2-core CI machine kind
-(bench/state_backends.py, 1 M keys): open of an existing DB ~6-9 ms, close ~0.2 ms. What does
-cost is the write-ahead-log replay: a DB closed right after a 100 k-entry commit took ~70 ms to
-reopen (replay + flush), so `close()` flushes the column families written in the task first
-(~20 ms for 100 k entries, paid once, and the next open is back to ~6-9 ms). A second opener
-of a DB that is still open gets RocksDB's lock error; it is retried with back-off for
-`lock_timeout_s` and then raised as `StateLockedError`.
+for each task and closes it at the end. Measured on the 2-core CI machine kind: opening an
+existing DB costs ~7-10 ms for a small DB and ~16-24 ms with 1 M keys (bench/state_backends.py),
+an empty epoch (open, commit, close) ~20 ms, against ~0.3 ms for the memory backend's cached
+dicts; for a 100 k-key epoch (~420 ms in all) the open is about 5 %. What must not be paid at open
+is a write-ahead-log replay: a DB closed right after a 100 k-entry commit without a flush took
+~70 ms to reopen (replay + flush of the recovered memtable). So `close()` flushes the column
+families written in the task (~20-70 ms for 100 k entries; rocksdict also flushes a column
+family when its handle is dropped), and the next open, in whichever process, is back to the
+plain open cost. A second opener of a DB that is still open gets RocksDB's lock error ("lock
+hold by current process" in the same process, "While lock file ... Resource temporarily
+unavailable" from another); it is retried with exponential back-off for `lock_timeout_s` and then
+raised as `StateLockedError`.
+
+Iteration never keeps a RocksDB iterator across a `yield` (scans read bounded chunks into
+lists): a live iterator would keep the DB, and its LOCK, alive after `close()`.
 """
 
 from __future__ import annotations
