@@ -218,17 +218,15 @@ def _key_bytes(key: Sequence[Any]) -> bytes:
 
 def _fire_time_windows(cfg: KeyedConfig, backend: Any, accs: list[tuple[Any, int]],
                        out: _Emitter) -> None:
-    due = backend.due_timers(cfg.domain, cfg.fire_up_to)
+    due = backend.due_timers(cfg.domain, cfg.fire_up_to, remove=True)
     if not due:
         return
-    values = backend.get_many("acc", [(t.key_group, t.key, t.namespace) for t in due])
-    for value in values:
+    cells = [(t.key_group, t.key, t.namespace) for t in due]
+    for value in backend.get_many("acc", cells):
         if value is not None:
             key, start, end, state = value
             out.window(key, start, end, _finals(accs, state))
-    backend.delete_many("acc", [(t.key_group, t.key, t.namespace) for t in due])
-    for t in due:
-        backend.delete_timer(cfg.domain, t.key_group, t.time_ms, t.key, t.namespace)
+    backend.delete_many("acc", cells)
 
 
 def _time_windows(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]],
@@ -275,10 +273,8 @@ def _sessions(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]],
     """Session windows: the epoch's sessions (from Spark's session_window) are merged with
     the key's stored sessions; each session has a timer at end - 1 + lateness."""
     accs = _partials(cfg)
-    due = backend.due_timers(cfg.domain, cfg.fire_up_to)
+    due = backend.due_timers(cfg.domain, cfg.fire_up_to, remove=True)
     fired_keys = {(t.key_group, t.key) for t in due}
-    for t in due:
-        backend.delete_timer(cfg.domain, t.key_group, t.time_ms, t.key, t.namespace)
     by_key: dict[tuple[int, bytes], list[dict[str, Any]]] = {}
     for row in rows:
         by_key.setdefault((row["__kg"], _key_bytes([row[k] for k in cfg.keys])), []).append(row)
@@ -369,11 +365,9 @@ def _count_windows(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]],
 
 def _dedupe(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]], out: _Emitter) -> None:
     """Forward the first record per key; forget the key `within` after that record."""
-    due = backend.due_timers(cfg.domain, cfg.fire_up_to)
+    due = backend.due_timers(cfg.domain, cfg.fire_up_to, remove=True)
     if due:
         backend.delete_many("acc", [(t.key_group, t.key, NS_ROLLING) for t in due])
-        for t in due:
-            backend.delete_timer(cfg.domain, t.key_group, t.time_ms, t.key, t.namespace)
     if not rows:
         return
     cells = [(r["__kg"], _key_bytes([r[k] for k in cfg.keys]), NS_ROLLING) for r in rows]

@@ -283,11 +283,9 @@ def run_process(fn_class: type[KeyedProcessFunction], keys: tuple[str, ...],
                 yield {"__kind": "side", "__side": name, "__meta": json.dumps(row, default=str)}
             items.clear()
 
-    timers = sorted([*backend.due_timers("event", fire_event_up_to),
-                     *backend.due_timers("processing", now_ms)])
+    timers = sorted([*backend.due_timers("event", fire_event_up_to, remove=True),
+                     *backend.due_timers("processing", now_ms, remove=True)])
     for timer in timers:
-        backend.delete_timer(timer.domain, timer.key_group, timer.time_ms, timer.key,
-                             timer.namespace)
         ctx.key_group, ctx.key_bytes = timer.key_group, timer.key
         ctx.key, ctx.timestamp = decode_key(timer.key), timer.time_ms
         yield from emit(fn.on_timer(timer.time_ms, ctx), timer.time_ms)
