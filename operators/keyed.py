@@ -239,18 +239,19 @@ def _time_windows(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]],
     cells = [(r["__kg"], _key_bytes([r[k] for k in cfg.keys]), ns_of(r["__start"]))
              for r in rows]
     stored = backend.get_many("acc", cells)
-    updates = []
+    updates, timers = [], []
     for row, cell, old in zip(rows, cells, stored, strict=True):
         key = tuple(row[k] for k in cfg.keys)
         start = row["__start"]
         merged = _merge(accs, old[3] if old else None, _lift(accs, row))
         updates.append((*cell, (key, start, start + size, merged)))
         if old is None:
-            backend.add_timer(cfg.domain, cell[0], start + size - 1 + cfg.lateness_ms,
-                              cell[1], cell[2])
+            timers.append((cell[0], start + size - 1 + cfg.lateness_ms, cell[1], cell[2]))
         if cfg.emit == "updates":
             out.window(key, start, start + size, _finals(accs, merged))
     backend.put_many("acc", updates)
+    if timers:
+        backend.add_timers(cfg.domain, timers)
 
 
 def _rolling(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]], out: _Emitter) -> None:
@@ -283,6 +284,8 @@ def _sessions(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]],
         return
     stored = backend.get_many("acc", [(kg, kb, NS_ROLLING) for kg, kb in cells])
     puts, deletes = [], []
+    stale: list[tuple[int, int, bytes, bytes]] = []
+    fresh: list[tuple[int, int, bytes, bytes]] = []
     for (kg, kb), value in zip(cells, stored, strict=True):
         key = value[0] if value else None
         # The watermark arrives before the epoch's records: due sessions fire first.
@@ -299,18 +302,20 @@ def _sessions(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]],
         sessions.sort(key=lambda s: (s[0], s[1]))
         merged: list[list[Any]] = []
         for s in sessions:
-            if merged and s[0] < merged[-1][1]:
+            # Sessions that touch merge (an event exactly `gap` after the last one belongs to
+            # the same session), as in Spark's session_window and Flink's TimeWindow.
+            if merged and s[0] <= merged[-1][1]:
                 last = merged[-1]
                 last[1] = max(last[1], s[1])
                 last[2] = _merge(accs, last[2], s[2])
             else:
                 merged.append([s[0], s[1], s[2]])
         after = {(s[0], s[1]) for s in merged}
-        for start, end in before - after:
-            backend.delete_timer(cfg.domain, kg, end - 1 + cfg.lateness_ms, kb, ns_of(start))
+        stale.extend((kg, end - 1 + cfg.lateness_ms, kb, ns_of(start))
+                     for start, end in before - after)
         for start, end, state in merged:
             if (start, end) not in before:
-                backend.add_timer(cfg.domain, kg, end - 1 + cfg.lateness_ms, kb, ns_of(start))
+                fresh.append((kg, end - 1 + cfg.lateness_ms, kb, ns_of(start)))
             if cfg.emit == "updates" and (kg, kb) in by_key:
                 out.window(key or (), start, end, _finals(accs, state))
         if merged:
@@ -318,6 +323,10 @@ def _sessions(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]],
                                               [tuple(m) for m in merged])))
         else:
             deletes.append((kg, kb, NS_ROLLING))
+    if stale:
+        backend.delete_timers(cfg.domain, stale)
+    if fresh:
+        backend.add_timers(cfg.domain, fresh)
     if puts:
         backend.put_many("acc", puts)
     if deletes:
@@ -372,7 +381,7 @@ def _dedupe(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]], out: _Em
         return
     cells = [(r["__kg"], _key_bytes([r[k] for k in cfg.keys]), NS_ROLLING) for r in rows]
     seen = backend.get_many("acc", cells)
-    puts = []
+    puts, timers = [], []
     for row, cell, old in zip(rows, cells, seen, strict=True):
         if old is not None:
             continue
@@ -380,6 +389,7 @@ def _dedupe(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]], out: _Em
         out.record(record)
         expiry = row["__ts_ms"] + (cfg.dedupe_ms or 0)
         puts.append((*cell, (None, None, None, expiry)))
-        backend.add_timer(cfg.domain, cell[0], expiry, cell[1], NS_ROLLING)
+        timers.append((cell[0], expiry, cell[1], NS_ROLLING))
     if puts:
         backend.put_many("acc", puts)
+        backend.add_timers(cfg.domain, timers)
