@@ -221,11 +221,14 @@ def _fire_time_windows(cfg: KeyedConfig, backend: Any, accs: list[tuple[Any, int
     due = backend.due_timers(cfg.domain, cfg.fire_up_to, remove=True)
     if not due:
         return
+    from streamer.state.codec import decode_key
+
+    size = cfg.size_ms or 0
     cells = [(t.key_group, t.key, t.namespace) for t in due]
-    for value in backend.get_many("acc", cells):
-        if value is not None:
-            key, start, end, state = value
-            out.window(key, start, end, _finals(accs, state))
+    for (_, key_bytes, ns), state in zip(cells, backend.get_many("acc", cells), strict=True):
+        if state is not None:
+            start = _I64.unpack(ns)[0]
+            out.window(decode_key(key_bytes), start, start + size, _finals(accs, state))
     backend.delete_many("acc", cells)
 
 
@@ -241,14 +244,15 @@ def _time_windows(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]],
     stored = backend.get_many("acc", cells)
     updates, timers = [], []
     for row, cell, old in zip(rows, cells, stored, strict=True):
-        key = tuple(row[k] for k in cfg.keys)
         start = row["__start"]
-        merged = _merge(accs, old[3] if old else None, _lift(accs, row))
-        updates.append((*cell, (key, start, start + size, merged)))
+        # The stored value is just the accumulators: key and window are in the state key.
+        merged = _merge(accs, old, _lift(accs, row))
+        updates.append((*cell, merged))
         if old is None:
             timers.append((cell[0], start + size - 1 + cfg.lateness_ms, cell[1], cell[2]))
         if cfg.emit == "updates":
-            out.window(key, start, start + size, _finals(accs, merged))
+            out.window(tuple(row[k] for k in cfg.keys), start, start + size,
+                       _finals(accs, merged))
     backend.put_many("acc", updates)
     if timers:
         backend.add_timers(cfg.domain, timers)
@@ -262,10 +266,9 @@ def _rolling(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]], out: _E
     stored = backend.get_many("acc", cells)
     updates = []
     for row, cell, old in zip(rows, cells, stored, strict=True):
-        key = tuple(row[k] for k in cfg.keys)
-        merged = _merge(accs, old[3] if old else None, _lift(accs, row))
-        updates.append((*cell, (key, None, None, merged)))
-        out.rolling(key, _finals(accs, merged))
+        merged = _merge(accs, old, _lift(accs, row))
+        updates.append((*cell, merged))
+        out.rolling(tuple(row[k] for k in cfg.keys), _finals(accs, merged))
     backend.put_many("acc", updates)
 
 
