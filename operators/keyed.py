@@ -292,16 +292,16 @@ def _sessions(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]],
     for (kg, kb), value in zip(cells, stored, strict=True):
         key = value[0] if value else None
         # The watermark arrives before the epoch's records: due sessions fire first.
-        sessions: list[list[Any]] = []
+        sessions: list[list[Any]] = []  # [start, end, accumulators, touched this epoch]
         for start, end, state in (value[3] if value else []):
             if end - 1 + cfg.lateness_ms <= cfg.fire_up_to:
                 out.window(key or (), start, end, _finals(accs, state))
             else:
-                sessions.append([start, end, state])
+                sessions.append([start, end, state, False])
         before = {(s[0], s[1]) for s in sessions}
         for row in by_key.get((kg, kb), []):
             key = tuple(row[k] for k in cfg.keys)
-            sessions.append([row["__start"], row["__end"], _lift(accs, row)])
+            sessions.append([row["__start"], row["__end"], _lift(accs, row), True])
         sessions.sort(key=lambda s: (s[0], s[1]))
         merged: list[list[Any]] = []
         for s in sessions:
@@ -311,19 +311,20 @@ def _sessions(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]],
                 last = merged[-1]
                 last[1] = max(last[1], s[1])
                 last[2] = _merge(accs, last[2], s[2])
+                last[3] = last[3] or s[3]
             else:
-                merged.append([s[0], s[1], s[2]])
+                merged.append(list(s))
         after = {(s[0], s[1]) for s in merged}
         stale.extend((kg, end - 1 + cfg.lateness_ms, kb, ns_of(start))
                      for start, end in before - after)
-        for start, end, state in merged:
+        for start, end, state, touched in merged:
             if (start, end) not in before:
                 fresh.append((kg, end - 1 + cfg.lateness_ms, kb, ns_of(start)))
-            if cfg.emit == "updates" and (kg, kb) in by_key:
+            if touched and cfg.emit == "updates":
                 out.window(key or (), start, end, _finals(accs, state))
         if merged:
             puts.append((kg, kb, NS_ROLLING, (key, None, None,
-                                              [tuple(m) for m in merged])))
+                                              [tuple(m[:3]) for m in merged])))
         else:
             deletes.append((kg, kb, NS_ROLLING))
     if stale:

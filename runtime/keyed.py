@@ -186,7 +186,10 @@ class KeyedStage:
             df = df.filter(~is_late)
         if window and window.kind in ("tumbling", "sliding"):
             size, slide = window.size_ms or 0, window.slide_ms or window.size_ms or 0
-            starts = F.expr(f"sequence(__ts_ms - pmod(__ts_ms, {slide}) - {size - slide}, "
+            # Window starts are multiples of the slide: the last one at or before ts, back to
+            # the first whose window still contains ts (filtered below when size % slide).
+            back = ((size - 1) // slide) * slide
+            starts = F.expr(f"sequence(__ts_ms - pmod(__ts_ms, {slide}) - {back}, "
                             f"__ts_ms - pmod(__ts_ms, {slide}), {slide})")
             df = df.withColumn("__start", F.explode(starts)).filter(
                 F.col("__start") + F.lit(size) > F.col("__ts_ms"))
