@@ -52,7 +52,7 @@ def visible(df: DataFrame) -> DataFrame:
     return df.drop(*hidden) if hidden else df
 
 
-class _ListParam(AccumulatorParam):  # type: ignore[type-arg]
+class _ListParam(AccumulatorParam[list[Any]]):
     """Accumulates task metadata lists."""
 
     def zero(self, value: list[Any]) -> list[Any]:
