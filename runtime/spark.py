@@ -34,6 +34,11 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.sql.shuffle.partitions": "4",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.adaptive.enabled": "true",
+    # Adaptive execution would replace a stage whose input turns out empty (e.g. a filter
+    # dropped every record) and with it the source's observe node, whose per-split event
+    # times the watermark needs even when no record reaches a keyed operator.
+    "spark.sql.adaptive.optimizer.excludedRules":
+        "org.apache.spark.sql.execution.adaptive.AQEPropagateEmptyRelation",
     "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{_LOG4J}",
     "spark.executor.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{_LOG4J}",
 }
