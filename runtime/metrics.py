@@ -186,6 +186,8 @@ class LiveReporter:
         if self.live:
             self.live.update(self._render())
             self.live.stop()
+            if not self.console.is_terminal:  # a redirected Live leaves no final newline
+                self.console.line()
         style = "green" if summary.get("status") in ("finished", "stopped") else "red"
         self.console.print(Text(f"{summary.get('status')}: {summary.get('reason', '')}",
                                 style=style))
