@@ -17,6 +17,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from streamer.connectors.base import ConnectorContext, Sink, Source, SourceRead, SourceSlice
+from streamer.connectors.formats import json_value
 from streamer.exceptions import StreamerError
 from streamer.pipeline.spec import PipelineSpec, SinkSpec, SourceSpec, TestCase
 from streamer.runtime.coordinator import JobRunner, RunOptions
@@ -24,26 +25,6 @@ from streamer.runtime.coordinator import JobRunner, RunOptions
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
-
-
-def _iso(value: dt.datetime | dt.date) -> str:
-    if isinstance(value, dt.datetime):
-        if value.tzinfo is not None:
-            value = value.astimezone(dt.UTC).replace(tzinfo=None)
-        text = value.isoformat(timespec="microseconds").rstrip("0").rstrip(".")
-        return text + "Z"
-    return value.isoformat()
-
-
-def _json_value(value: Any) -> Any:
-    """A value as it travels in JSON (YAML timestamps become ISO strings)."""
-    if isinstance(value, dt.datetime | dt.date):
-        return _iso(value)
-    if isinstance(value, dict):
-        return {k: _json_value(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_value(v) for v in value]
-    return value
 
 
 def canonical(value: Any) -> Any:
@@ -58,7 +39,7 @@ def canonical(value: Any) -> Any:
             return int(number)
         return float(f"{number:.9g}")
     if isinstance(value, dt.datetime | dt.date):
-        return _iso(value)
+        return json_value(value)
     if isinstance(value, dict):
         return {str(k): canonical(v) for k, v in sorted(value.items())}
     if isinstance(value, list | tuple):
@@ -78,7 +59,7 @@ class InlineSource(Source):
     def __init__(self, spec: SourceSpec, ctx: ConnectorContext, rows: list[dict[str, Any]],
                  schema: StructType) -> None:
         super().__init__(spec, ctx)
-        self.rows = [json.dumps(_json_value(r)) for r in rows]
+        self.rows = [json.dumps(json_value(r)) for r in rows]
         self._schema = schema
 
     @property
@@ -155,7 +136,7 @@ def run_case(spec: PipelineSpec, case: TestCase, spark: SparkSession) -> CaseRes
             if not rows or s.schema:
                 raise
             schema = spark.read.json(spark.sparkContext.parallelize(
-                [json.dumps(_json_value(r)) for r in rows])).schema
+                [json.dumps(json_value(r)) for r in rows])).schema
         return InlineSource(s, ctx, rows, schema)
 
     def sink_factory(k: SinkSpec, ctx: ConnectorContext) -> Sink:
