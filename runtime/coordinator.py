@@ -78,19 +78,6 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _observed(observation: Any) -> dict[str, Any]:
-    """An Observation's metrics, or {} when Spark dropped the observed node: adaptive
-    execution replaces a stage whose input turned out empty (e.g. every record of the epoch
-    was late) and its metrics are then never collected. Such an epoch counted no rows that
-    reached a sink and cannot move the watermark (late records are behind it)."""
-    from py4j.protocol import Py4JJavaError
-
-    try:
-        return dict(observation.get)
-    except Py4JJavaError:
-        return {}
-
-
 class JobRunner:
     """Runs one pipeline: sources, operators and sinks wired per the dataflow."""
 
@@ -447,15 +434,15 @@ class JobRunner:
         for sid, piece in slices.items():
             self.offsets[sid] = dict(piece.end)
             if self.sources[sid].spec.event_time:
-                got = _observed(seen_in[sid])
+                got = seen_in[sid].get
                 self.watermarks.observe(sid, {str(split): got.get(f"ts{i}")
                                               for i, split in enumerate(piece.end)}, now)
         self.watermarks.advance(_now_ms())
         now = _now_ms()
-        records_out = {k: int(_observed(o).get("n") or 0) for k, o in seen_out.items()}
+        records_out = {k: int(o.get.get("n") or 0) for k, o in seen_out.items()}
         return EpochMetrics(
             epoch=epoch, started_at=started, duration_ms=(time.monotonic() - t0) * 1000 + plan_ms,
-            records_in={k: int(_observed(o).get("n") or 0) for k, o in seen_in.items()},
+            records_in={k: int(o.get.get("n") or 0) for k, o in seen_in.items()},
             records_out=records_out,
             dead_letters=sum(n for k, n in records_out.items()
                              if k in self.spec.dead_letter_sinks),
