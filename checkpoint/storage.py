@@ -1,0 +1,349 @@
+"""Checkpoint storage: the files of checkpoints under one fsspec URL.
+
+`Storage(url)` works on any URL fsspec knows (`file://`, a plain local path, `memory://`, `s3://`,
+`hdfs://`, ... and `faulty://` from `streamer.checkpoint.faults` in tests). It is cheap to build,
+so a Spark task rebuilds it from the URL string it was given (fsspec caches file-system objects
+per process).
+
+**Nothing at a final name is ever partial.** A local write goes to a temporary file in the same
+directory, is fsynced and renamed into place (then the directory is fsynced); any other file
+system gets exactly one `pipe_file` (a single PUT, atomic on object stores) or, for files above
+`SINGLE_PUT_LIMIT`, the store's own `put_file` (multipart uploads only become visible when they
+complete). Downloads land in a temporary name next to the target and are renamed into place only
+after their size and sha256 have been verified.
+
+Errors: every failure of the underlying file system is raised as `StorageError` (naming the URL
+and file, chained to the cause); a missing file as `MissingFileError`; a download whose size or
+checksum does not match as `CorruptFileError`. They live here, next to the only code that raises
+them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import posixpath
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import IO
+
+import fsspec
+from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
+
+from streamer.exceptions import StreamerError
+
+#: Read and write in chunks of this many bytes.
+CHUNK = 1 << 20
+#: Files up to this size are uploaded to non-local stores as one PUT from memory (hashed while
+#: read once); larger ones are hashed, then handed to the store's `put_file`.
+SINGLE_PUT_LIMIT = 64 << 20
+
+
+class StorageError(StreamerError):
+    """Raised when checkpoint storage cannot be read or written (the message names the URL and
+    file, the cause is chained); check that the storage URL is reachable and writable.
+    """
+
+
+class MissingFileError(StorageError):
+    """Raised when a file that should be in checkpoint storage is not there; the checkpoint that
+    references it cannot be used: restore from another one.
+    """
+
+
+class CorruptFileError(StorageError):
+    """Raised when a downloaded file does not have the size or sha256 recorded for it (storage
+    damage, or a file overwritten by something other than streamer). The message names the file
+    and what differs; restore from another checkpoint.
+    """
+
+
+@dataclass(frozen=True)
+class FileRef:
+    """A file in storage: its storage-relative path, size in bytes and sha256 (hex). `written`
+    says whether `put_file` transferred it (False when an identical file was already there).
+    """
+
+    path: str
+    size: int
+    sha256: str
+    written: bool = True
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """The sha256 (hex) of a local file, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _temp_name(path: str) -> str:
+    """A temporary name in the directory of `path`, never equal to a final name (dot-prefixed,
+    `.tmp`-suffixed).
+    """
+    head, tail = os.path.split(path)
+    return os.path.join(head, f".{tail}.{uuid.uuid4().hex[:12]}.tmp")
+
+
+def _copy_hashing(source: IO[bytes], target: IO[bytes]) -> tuple[int, str]:
+    digest = hashlib.sha256()
+    size = 0
+    while chunk := source.read(CHUNK):
+        digest.update(chunk)
+        target.write(chunk)
+        size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def _is_missing(exc: BaseException) -> bool:
+    return isinstance(exc, FileNotFoundError)
+
+
+class Storage:
+    """Checkpoint storage under one fsspec URL: atomic writes, verified downloads, listings.
+    Paths given to the methods are relative to the URL (`/`-separated).
+    """
+
+    def __init__(self, url: str | os.PathLike[str]) -> None:
+        text = os.fspath(url)
+        if "://" not in text:  # a plain local path; tasks may run elsewhere: make it absolute
+            text = "file://" + os.path.abspath(text)
+        if text.startswith("faulty://"):
+            # Registers the `faulty` protocol in this process too (Spark workers import lazily).
+            import streamer.checkpoint.faults  # noqa: F401
+
+        try:
+            fs, root = url_to_fs(text)
+        except Exception as exc:
+            msg = f"cannot use checkpoint storage {text!r}: {exc}"
+            raise StorageError(msg) from exc
+        self.fs: fsspec.AbstractFileSystem = fs
+        self.root: str = root.rstrip("/") or "/"
+        self._local = type(fs) is LocalFileSystem
+        if self._local:
+            self.root = os.path.abspath(self.root)
+        #: The URL that rebuilds this storage in any process (absolute for local paths).
+        self.url: str = text if "::" in text else fs.unstrip_protocol(self.root)
+
+    def __repr__(self) -> str:
+        return f"Storage({self.url!r})"
+
+    # ------------------------------------------------------------------ paths
+    def path(self, *parts: str) -> str:
+        """The file-system path of `parts` joined under the root."""
+        rel = posixpath.join(*parts) if parts else ""
+        rel = rel.strip("/")
+        if any(part == ".." for part in rel.split("/")):
+            msg = f"storage path {rel!r} leaves the storage root {self.url!r}"
+            raise StorageError(msg)
+        return f"{self.root.rstrip('/')}/{rel}" if rel else self.root
+
+    def child(self, *parts: str) -> Storage:
+        """The storage rooted at `parts` under this one (e.g. a job's checkpoint directory)."""
+        rel = posixpath.join(*parts).strip("/")
+        return Storage(f"{self.url.rstrip('/')}/{rel}")
+
+    def _describe(self, rel: str) -> str:
+        return f"{self.url.rstrip('/')}/{rel.strip('/')}"
+
+    @contextlib.contextmanager
+    def _errors(self, action: str, rel: str) -> Iterator[None]:
+        """Turn file-system failures into `StorageError` / `MissingFileError`."""
+        try:
+            yield
+        except StreamerError:
+            raise
+        except Exception as exc:
+            cls = MissingFileError if _is_missing(exc) else StorageError
+            msg = f"cannot {action} {self._describe(rel)!r}: {type(exc).__name__}: {exc}"
+            raise cls(msg) from exc
+
+    # ------------------------------------------------------------------ small files
+    def write_atomic(self, rel: str, data: bytes) -> None:
+        """Write `data` as the file `rel`, all or nothing (replacing an existing file)."""
+        path = self.path(rel)
+        with self._errors("write", rel):
+            if self._local:
+                parent = os.path.dirname(path)
+                os.makedirs(parent, exist_ok=True)
+                tmp = _temp_name(path)
+                try:
+                    with open(tmp, "wb") as fh:
+                        fh.write(data)
+                        fh.flush()
+                        os.fsync(fh.fileno())
+                    os.replace(tmp, path)
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+                    raise
+                _fsync_dir(parent)
+            else:
+                self.fs.makedirs(self.fs._parent(path), exist_ok=True)
+                self.fs.pipe_file(path, data)
+
+    def read_bytes(self, rel: str) -> bytes:
+        """The content of the file `rel` (`MissingFileError` if absent)."""
+        with self._errors("read", rel):
+            data = self.fs.cat_file(self.path(rel))
+        return bytes(data)
+
+    def exists(self, rel: str) -> bool:
+        """Whether `rel` exists (a file or a directory)."""
+        path = self.path(rel)
+        with self._errors("look up", rel):
+            self.fs.invalidate_cache(path)
+            return bool(self.fs.exists(path))
+
+    def info(self, rel: str) -> int | None:
+        """The size in bytes of the file `rel`, or None when it does not exist."""
+        path = self.path(rel)
+        with self._errors("look up", rel):
+            self.fs.invalidate_cache(path)
+            try:
+                info = self.fs.info(path)
+            except FileNotFoundError:
+                return None
+        size = info.get("size")
+        return None if size is None else int(size)
+
+    def ls(self, rel: str = "") -> list[str]:
+        """The names (not paths) of the entries of directory `rel`, sorted; [] when missing."""
+        path = self.path(rel)
+        with self._errors("list", rel):
+            self.fs.invalidate_cache(path)
+            try:
+                entries = self.fs.ls(path, detail=False)
+            except FileNotFoundError:
+                return []
+        names = {posixpath.basename(str(entry).rstrip("/")) for entry in entries}
+        names.discard("")
+        if len(entries) == 1 and str(entries[0]).rstrip("/") == path.rstrip("/"):
+            return []  # `rel` is a file, not a directory
+        return sorted(names)
+
+    def rm(self, rel: str, recursive: bool = False) -> None:
+        """Delete the file (or, with `recursive`, the directory) `rel`; missing is fine."""
+        path = self.path(rel)
+        with self._errors("delete", rel):
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm(path, recursive=recursive)
+            self.fs.invalidate_cache(path)
+
+    # ------------------------------------------------------------------ large files
+    def put_file(self, local_path: str | os.PathLike[str], rel: str, *,
+                 name_from_hash: Callable[[str], str] | None = None,
+                 overwrite: bool = True) -> FileRef:
+        """Upload a local file as `rel` and return its `FileRef` (size and sha256 of the bytes
+        sent, computed while reading the file once). With `name_from_hash`, `rel` is the
+        directory and the file is named `name_from_hash(sha256)` (content-named files). With
+        `overwrite=False` an existing file of the same size at the final path is kept
+        (`written=False`): use that only for content-named files.
+        """
+        label = rel if name_from_hash is None else f"{rel}/<{os.path.basename(local_path)}>"
+        with self._errors("upload to", label):
+            if self._local:
+                return self._put_local(os.fspath(local_path), rel, name_from_hash, overwrite)
+            return self._put_remote(os.fspath(local_path), rel, name_from_hash, overwrite)
+
+    def _put_local(self, local_path: str, rel: str, name_from_hash: Callable[[str], str] | None,
+                   overwrite: bool) -> FileRef:
+        directory = rel if name_from_hash is not None else posixpath.dirname(rel)
+        parent = self.path(directory)
+        os.makedirs(parent, exist_ok=True)
+        tmp = _temp_name(os.path.join(parent, os.path.basename(local_path)))
+        try:
+            with open(local_path, "rb") as source, open(tmp, "wb") as target:
+                size, digest = _copy_hashing(source, target)
+                target.flush()
+                os.fsync(target.fileno())
+            final_rel = rel if name_from_hash is None \
+                else posixpath.join(directory, name_from_hash(digest))
+            final = self.path(final_rel)
+            if not overwrite and os.path.isfile(final) and os.path.getsize(final) == size:
+                os.unlink(tmp)
+                return FileRef(final_rel, size, digest, written=False)
+            os.replace(tmp, final)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        _fsync_dir(parent)
+        return FileRef(final_rel, size, digest)
+
+    def _put_remote(self, local_path: str, rel: str,
+                    name_from_hash: Callable[[str], str] | None, overwrite: bool) -> FileRef:
+        size = os.path.getsize(local_path)
+        data: bytes | None = None
+        if size <= SINGLE_PUT_LIMIT:
+            with open(local_path, "rb") as fh:
+                data = fh.read()
+            size, digest = len(data), hashlib.sha256(data).hexdigest()
+        else:
+            digest = sha256_file(local_path)
+        final_rel = rel if name_from_hash is None else posixpath.join(rel, name_from_hash(digest))
+        final = self.path(final_rel)
+        if not overwrite:
+            self.fs.invalidate_cache(final)
+            with contextlib.suppress(FileNotFoundError):
+                if int(self.fs.info(final).get("size", -1)) == size:
+                    return FileRef(final_rel, size, digest, written=False)
+        self.fs.makedirs(self.fs._parent(final), exist_ok=True)
+        if data is not None:
+            self.fs.pipe_file(final, data)
+        else:
+            self.fs.put_file(local_path, final)
+            if sha256_file(local_path) != digest:
+                msg = f"{local_path!r} changed while it was uploaded"
+                raise StorageError(msg)
+        return FileRef(final_rel, size, digest)
+
+    def get_file(self, ref_or_rel: FileRef | str, local_path: str | os.PathLike[str], *,
+                 size: int | None = None, sha256: str | None = None) -> None:
+        """Download a file to `local_path`, verifying its size and sha256 (from the `FileRef`,
+        or given for a path) before renaming it into place; `CorruptFileError` on a mismatch.
+        """
+        if isinstance(ref_or_rel, FileRef):
+            rel = ref_or_rel.path
+            size = ref_or_rel.size if size is None else size
+            sha256 = ref_or_rel.sha256 if sha256 is None else sha256
+        else:
+            rel = ref_or_rel
+        if size is None or sha256 is None:
+            msg = f"downloading {rel!r} needs its expected size and sha256"
+            raise TypeError(msg)
+        target = os.fspath(local_path)
+        tmp = _temp_name(target)
+        try:
+            with self._errors("download", rel):
+                os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+                with self.fs.open(self.path(rel), "rb") as source, open(tmp, "wb") as sink:
+                    got_size, got_sha = _copy_hashing(source, sink)
+            if got_size != size or got_sha != sha256:
+                what = (f"size {got_size} instead of {size}" if got_size != size
+                        else f"sha256 {got_sha} instead of {sha256}")
+                msg = f"{self._describe(rel)!r} is corrupt: {what}"
+                raise CorruptFileError(msg)
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+
+def storage_of(url: str | os.PathLike[str] | Storage) -> Storage:
+    """`url` as a `Storage` (a `Storage` is returned as is)."""
+    return url if isinstance(url, Storage) else Storage(url)
