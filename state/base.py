@@ -501,6 +501,28 @@ class KeyedStateBackend(ABC):
         """Remove one timer."""
         self.delete_timers(domain, [(key_group, time_ms, key, namespace)])
 
+    # ------------------------------------------------------------------ snapshots
+    @abstractmethod
+    def local_checkpoint(self, directory: Path) -> list[Path]:
+        """Write a consistent copy of the committed state (never the buffered writes) into
+        `directory`, which must not exist yet, and return the files written. A backend opened on
+        a directory holding just these files sees the same version, state, timers and outputs.
+        Checkpoints (`streamer.state.snapshot`) upload these files.
+        """
+
+    @abstractmethod
+    def key_counts(self) -> dict[str, int]:
+        """The number of committed entries per state (a map counts one per user key), for
+        checkpoint statistics; a backend may estimate (rocksdb does).
+        """
+
+    @classmethod
+    def immutable_file(cls, name: str) -> bool:
+        """Whether a file of `local_checkpoint` named `name` never changes once written, so
+        successive checkpoints may share one uploaded copy of it (rocksdb's SST files).
+        """
+        return False
+
     # ------------------------------------------------------------------ epochs
     @abstractmethod
     def version(self) -> int | None:

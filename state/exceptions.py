@@ -61,3 +61,24 @@ class CorruptStateError(StateError):
     """Raised when local state files cannot be read (truncated, foreign format, unknown format
     version); delete the subtask directory named in the message and restore from a checkpoint.
     """
+
+
+class SnapshotError(StateError):
+    """Raised when a subtask's state cannot be snapshotted to checkpoint storage or restored
+    from it (an upload or download failed, a handle is malformed or does not fit the backend);
+    the cause is chained. A failed snapshot declines that checkpoint only: the working state is
+    untouched and earlier checkpoints stay restorable.
+    """
+
+
+class SnapshotTimeoutError(SnapshotError):
+    """Raised when a snapshot's uploads run past the deadline the coordinator gave; the
+    checkpoint is declined. Give checkpoints more time (or checkpoint less state per subtask).
+    """
+
+
+class CorruptSnapshotError(SnapshotError):
+    """Raised when a file of a checkpoint in storage is missing or does not match the size and
+    sha256 its handle records; the message names the checkpoint, operator, subtask and file.
+    Restore from an earlier checkpoint (or a savepoint).
+    """

@@ -159,6 +159,8 @@ class _Committed:
     snapshot_bytes: int = 0
     delta_bytes: int = 0
     delta_count: int = 0
+    #: The token in the LOCK file of the directory this copy came from (see `_lock_token`).
+    token: str = ""
 
 
 @dataclass
@@ -176,9 +178,27 @@ class _Changes:
 _PROCESS_CACHE: dict[str, _Committed] = {}
 
 
-def drop_process_cache() -> None:
-    """Forget every cached subtask of this process (the files stay; the next open reloads)."""
-    _PROCESS_CACHE.clear()
+def drop_process_cache(path: str | os.PathLike[str] | None = None) -> None:
+    """Forget the cached copy of the subtask directory `path`, or of every subtask (the files
+    stay; the next open reloads).
+    """
+    if path is None:
+        _PROCESS_CACHE.clear()
+    else:
+        _PROCESS_CACHE.pop(os.path.abspath(path), None)
+
+
+def _lock_token(fd: int) -> str:
+    """A random token stored in the LOCK file when the directory is first opened. A directory
+    that was deleted and created anew (a restore from a checkpoint, in any process) has a new
+    token, so a process-cached copy of the old one is never mistaken for it, even at the same
+    version. Called with the lock held.
+    """
+    token = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+    if not token:
+        token = uuid.uuid4().hex
+        os.pwrite(fd, token.encode("ascii"), 0)
+    return token
 
 
 # ------------------------------------------------------------------------------ files
@@ -340,6 +360,14 @@ def _replay(path: Path, data: _Committed, listing: _Listing, versions: list[int]
     return data
 
 
+def _snapshot_payload(data: _Committed) -> bytes:
+    """The bytes of a `snapshot-<version>.pkl` file holding all of `data`."""
+    record = {"format": _FORMAT, "format_version": _FORMAT_VERSION, "kind": "snapshot",
+              "version": data.version, "states": data.states, "values": data.values,
+              "timers": data.timers, "outputs": data.outputs}
+    return pickle.dumps(record, protocol=PICKLE_PROTOCOL)
+
+
 # ------------------------------------------------------------------------------ backend
 class MemoryBackend(KeyedStateBackend):
     """Keyed state in Python dicts, persisted as snapshot + per-commit delta files."""
@@ -360,8 +388,12 @@ class MemoryBackend(KeyedStateBackend):
         self._release = weakref.finalize(self, os.close, self._lock_fd)
         self._cache_key = os.path.abspath(path)
         try:
+            token = _lock_token(self._lock_fd)
             cached = _PROCESS_CACHE.pop(self._cache_key, None)
+            if cached is not None and cached.token != token:
+                cached = None  # a copy of a directory that has since been replaced
             self._data = _load(path, cached, self.options.keep_outputs)
+            self._data.token = token
         except BaseException:
             self._release()
             raise
@@ -720,6 +752,38 @@ class MemoryBackend(KeyedStateBackend):
                     return time_ms
         return best
 
+    # ------------------------------------------------------------------ snapshots
+    def local_checkpoint(self, directory: Path) -> list[Path]:
+        """The committed state as one full `snapshot-<version>.pkl` in `directory` (must not
+        exist), the file format the backend loads.
+        """
+        self._check_open()
+        data = self._data
+        if data.version is None:
+            msg = (f"the state of {str(self.path)!r} has no committed version to checkpoint; "
+                   "commit an epoch first")
+            raise StateError(msg)
+        try:
+            directory.mkdir(parents=True)
+            target = _snapshot_path(directory, data.version)
+            _write_atomic(target, _snapshot_payload(data), self.options.sync)
+        except OSError as exc:
+            msg = f"cannot write a snapshot of {str(self.path)!r} to {str(directory)!r}: {exc}"
+            raise StateError(msg) from exc
+        return [target]
+
+    def key_counts(self) -> dict[str, int]:
+        """The exact number of committed entries per state (a map: one per user key)."""
+        self._check_open()
+        counts: dict[str, int] = {}
+        for state, kind in sorted(self._data.states.items()):
+            groups = self._data.values.get(state, {}).values()
+            if kind is StateKind.MAP:
+                counts[state] = sum(len(entries) for group in groups for entries in group.values())
+            else:
+                counts[state] = sum(len(group) for group in groups)
+        return counts
+
     # ------------------------------------------------------------------ epochs
     def version(self) -> int | None:
         """The last committed version (epoch), or None before the first commit."""
@@ -772,10 +836,7 @@ class MemoryBackend(KeyedStateBackend):
     def _materialize(self) -> None:
         data = self._data
         assert data.version is not None
-        record = {"format": _FORMAT, "format_version": _FORMAT_VERSION, "kind": "snapshot",
-                  "version": data.version, "states": data.states, "values": data.values,
-                  "timers": data.timers, "outputs": data.outputs}
-        payload = pickle.dumps(record, protocol=PICKLE_PROTOCOL)
+        payload = _snapshot_payload(data)
         _write_atomic(_snapshot_path(self.path, data.version), payload, self.options.sync)
         data.snapshot_bytes, data.delta_bytes, data.delta_count = len(payload), 0, 0
         listing = _list_dir(self.path)
