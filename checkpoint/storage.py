@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import os
 import posixpath
 import uuid
@@ -108,10 +109,6 @@ def _copy_hashing(source: IO[bytes], target: IO[bytes]) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def _is_missing(exc: BaseException) -> bool:
-    return isinstance(exc, FileNotFoundError)
-
-
 class Storage:
     """Checkpoint storage under one fsspec URL: atomic writes, verified downloads, listings.
     Paths given to the methods are relative to the URL (`/`-separated).
@@ -123,7 +120,7 @@ class Storage:
             text = "file://" + os.path.abspath(text)
         if text.startswith("faulty://"):
             # Registers the `faulty` protocol in this process too (Spark workers import lazily).
-            import streamer.checkpoint.faults  # noqa: F401
+            importlib.import_module("streamer.checkpoint.faults")
 
         try:
             fs, root = url_to_fs(text)
@@ -167,7 +164,7 @@ class Storage:
         except StreamerError:
             raise
         except Exception as exc:
-            cls = MissingFileError if _is_missing(exc) else StorageError
+            cls = MissingFileError if isinstance(exc, FileNotFoundError) else StorageError
             msg = f"cannot {action} {self._describe(rel)!r}: {type(exc).__name__}: {exc}"
             raise cls(msg) from exc
 
