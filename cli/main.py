@@ -137,9 +137,26 @@ def run(
         help="Stop after this many epochs that read data (smoke runs).", min=1)] = None,
     no_ui: Annotated[bool, typer.Option("--no-ui", help="Do not start Spark's web UI.")
                      ] = False,
+    from_checkpoint: Annotated[str | None, typer.Option(
+        "--from-checkpoint", help="Resume from this checkpoint (its number, or its chk-<n> "
+        "path) instead of the latest.")] = None,
+    fresh: Annotated[bool, typer.Option(
+        "--fresh", help="Delete the job's checkpoints and start from the sources' beginning "
+        "with empty state.")] = False,
+    no_checkpoints: Annotated[bool, typer.Option(
+        "--no-checkpoints", help="Take no checkpoints and resume from none (sinks commit "
+        "every epoch; a failure is not recovered).")] = False,
+    storage: Annotated[str | None, typer.Option(
+        help="Storage URL for checkpoints (default: the file's storage:, "
+        "$STREAMER_STORAGE, ./.streamer).")] = None,
 ) -> None:
     """Run a pipeline. Bounded sources end the job (exit 0); unbounded ones run until Ctrl-C,
-    which stops cleanly at the next epoch boundary.
+    which stops cleanly at the next epoch boundary (after a final checkpoint).
+
+    A job that has completed checkpoints resumes from the latest one: its sources continue
+    from the checkpoint's offsets, its keyed state and watermark are restored, and output the
+    checkpoint covered is committed (again, idempotently) — so a killed run is finished by
+    running the same command again.
     """
     from streamer.pipeline.validate import load_pipeline
     from streamer.runtime.coordinator import JobRunner, RunOptions
@@ -166,8 +183,15 @@ def run(
         reporter = JsonReporter()
     else:
         reporter = LiveReporter(Console(stderr=True, highlight=False))
+    if fresh and from_checkpoint:
+        from streamer.exceptions import ConfigError
+
+        msg = "--fresh and --from-checkpoint contradict each other; give one of them"
+        raise ConfigError(msg)
     options = RunOptions(master=master, spark_conf=extra, ui=not no_ui, max_epochs=max_epochs,
-                         console=None if json_lines or quiet else console)
+                         console=None if json_lines or quiet else console,
+                         checkpoints=not no_checkpoints, from_checkpoint=from_checkpoint,
+                         fresh=fresh, storage=storage)
     JobRunner(spec, options, reporter=reporter).run()
 
 
@@ -228,6 +252,11 @@ def schema(
         err_console().print(f"wrote {output}")
     else:
         sys.stdout.write(text)
+
+
+from streamer.cli.checkpoints import checkpoint_app  # noqa: E402 - after the app exists
+
+app.add_typer(checkpoint_app, name="checkpoint")
 
 
 def main() -> None:

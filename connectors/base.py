@@ -137,5 +137,10 @@ class Sink(ABC):
     def abort(self, epoch: int, handle: Any) -> None:  # noqa: B027 - optional hook
         """Discard staged rows of an epoch that will not commit."""
 
+    def recover(self, committed_epoch: int) -> None:  # noqa: B027 - optional hook
+        """After a restart: every epoch up to `committed_epoch` is committed (the pending
+        ones were committed again from the checkpoint); discard anything a dead run staged
+        for later epochs, which will be written again."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources."""

@@ -145,6 +145,13 @@ class FilesSink(Sink):
         if self.fs.exists(staging):
             self.fs.rm(staging, recursive=True)
 
+    def recover(self, committed_epoch: int) -> None:
+        """Remove what a dead run staged: every epoch up to `committed_epoch` is committed, so
+        all of `_staging/` is left over (later epochs will be written again)."""
+        staging = f"{self.root.rstrip('/')}/{STAGING}"
+        if self.fs.exists(staging):
+            self.fs.rm(staging, recursive=True)
+
     def abort(self, epoch: int, handle: Any) -> None:
         """Discard the epoch's staged files."""
         staging = self.staging_dir(epoch)

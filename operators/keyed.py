@@ -62,6 +62,8 @@ class KeyedConfig:
     fn_class: Any = None
     now_ms: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Checkpoint restore/snapshot instructions (`checkpoint.task.TaskCheckpointing`).
+    checkpointing: Any = None
 
 
 def output_schema(spark: Any, op: Any, input_schema: Any) -> Any:
@@ -171,6 +173,10 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
                 msg = (f"keyed stage of {cfg.uid!r}: rows for subtask {row['__subtask']} "
                        f"reached Spark partition {subtask}; key-group routing is broken")
                 raise RuntimeError(msg)
+    from streamer.checkpoint import task as checkpointing
+    from streamer.runtime import failpoints
+
+    restored = checkpointing.prepare(cfg, subtask)
     backend = open_backend(cfg.backend, cfg.state_root, cfg.job, cfg.uid, subtask,
                            key_group_range(subtask, cfg.parallelism, cfg.max_parallelism),
                            states=[StateDescriptor("acc", StateKind.AGGREGATING)])
@@ -183,7 +189,11 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
                        f"{cfg.epoch} was asked and its output is no longer kept")
                 raise RuntimeError(msg)
             yield pickle.loads(stored)
+            extra = checkpointing.snapshot_batch(cfg, backend, subtask, restored)
+            if extra is not None:
+                yield extra
             return
+        checkpointing.check_version(cfg, subtask, done)
         out = _Emitter(cfg)
         if cfg.kind == "process":
             from streamer.operators.process import run_process
@@ -204,8 +214,12 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
                 "next_event": backend.next_timer("event"),
                 "next_processing": backend.next_timer("processing")}
         batch = out.batch(meta)
+        failpoints.reached("in-task", cfg.epoch)
         backend.commit(cfg.epoch, pickle.dumps(batch, protocol=5))
         yield batch
+        extra = checkpointing.snapshot_batch(cfg, backend, subtask, restored)
+        if extra is not None:
+            yield extra
     finally:
         backend.close()
 

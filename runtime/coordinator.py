@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Observation, SparkSession
     from rich.console import Console
 
+    from streamer.checkpoint.metadata import CheckpointMetadata, CheckpointStore
+
 
 @dataclass
 class RunOptions:
@@ -52,6 +54,14 @@ class RunOptions:
     console: Console | None = None
     #: Keep the keyed subtasks' working state after the run (for inspection and tests).
     keep_state: bool = False
+    #: Take checkpoints and resume from them (`streamer run`); off for in-process test runs.
+    checkpoints: bool = False
+    #: Resume from this checkpoint (its number or chk-<n> path) instead of the latest.
+    from_checkpoint: str | None = None
+    #: Delete the job's checkpoints and start from the sources' beginning.
+    fresh: bool = False
+    #: Storage URL for checkpoints (default: the pipeline's `storage:`).
+    storage: str | None = None
 
 
 @dataclass
@@ -66,12 +76,17 @@ class JobResult:
     reason: str
     offsets: dict[str, Any] = field(default_factory=dict)
     metrics: list[EpochMetrics] = field(default_factory=list)
+    #: Checkpoints completed by this run, the one it resumed from, restarts it made.
+    checkpoints: list[int] = field(default_factory=list)
+    restored_from: int | None = None
+    restarts: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able summary."""
         return {"status": self.status, "epochs": self.epochs, "records_in": self.records_in,
                 "records_out": self.records_out, "dead_letters": self.dead_letters,
-                "reason": self.reason}
+                "reason": self.reason, "checkpoints": len(self.checkpoints),
+                "restored_from": self.restored_from, "restarts": self.restarts}
 
 
 def _now_ms() -> int:
@@ -102,6 +117,24 @@ class JobRunner:
         self.event_time: dict[str, bool] = {}
         self.state_root = ""
         self.next_timers: dict[str, dict[str, int | None]] = {}
+        self.epoch = 0
+        self.history: list[EpochMetrics] = []
+        # Checkpoints (see _recover and _complete_checkpoint).
+        self.store: CheckpointStore | None = None
+        self.last_checkpoint: CheckpointMetadata | None = None
+        self.last_checkpoint_at = 0.0
+        self.last_handles: dict[str, dict[int, dict[str, Any]]] = {}
+        #: sink id -> [[epoch, handle], ...] staged, waiting for the covering checkpoint
+        self.pending: dict[str, list[list[Any]]] = {}
+        self.completed: list[int] = []
+        self.restored_from: int | None = None
+        self.result_restored_from: int | None = None
+        self.bad_checkpoints: set[int] = set()
+        self.state_roots: list[str] = []
+        #: Per restore: operator, subtasks restored locally / remotely, slowest (ms).
+        self.restore_report: list[dict[str, Any]] = []
+        self.first_epoch = 1
+        self.storage_url = self.options.storage or spec.storage
 
     # ------------------------------------------------------------------------ control
     def request_stop(self) -> None:
@@ -204,10 +237,21 @@ class JobRunner:
 
     # ------------------------------------------------------------------------ the loop
     def run(self) -> JobResult:
-        """Run epochs until the bounded sources are exhausted or a stop is requested."""
+        """Run epochs until the bounded sources are exhausted or a stop is requested.
+
+        With checkpoints on, the run first resumes from the job's latest checkpoint (if any),
+        and a failed epoch restarts the job in-process from the latest checkpoint, up to
+        `job.restart.attempts` times (a subtask whose state was lost is restored without
+        counting as an attempt).
+        """
+        from streamer.runtime import failpoints
+
         def restore() -> object:
             return None
+        restarts = 0
         try:
+            if failpoints.ENV in os.environ:
+                os.environ[failpoints.DRIVER_PID_ENV] = str(os.getpid())
             # After the session exists: PySpark installs its own SIGINT handler (cancel all
             # jobs, raise KeyboardInterrupt) when the SparkContext starts.
             self.spark  # noqa: B018
@@ -217,7 +261,22 @@ class JobRunner:
             self.reporter.started({"job": self.spec.name, "master": self.spark.sparkContext.master,
                                    "ui": ui, "sources": list(self.sources),
                                    "sinks": list(self.sinks)})
-            result = self._loop()
+            free = 0  # restarts that do not count as attempts (lost state, bad checkpoint)
+            while True:
+                try:
+                    self._recover(first=restarts + free == 0)
+                    result = self._loop()
+                    break
+                except JobFailedError as exc:
+                    if not self._may_restart(exc, restarts, free):
+                        raise
+                    if self._free_restart(exc):
+                        free += 1
+                    else:
+                        restarts += 1
+                    self._abort_pending()
+                    if self._stop.is_set():
+                        raise
         except BaseException as exc:
             if isinstance(exc, StreamerError):
                 self.reporter.finished({"status": "failed", "reason": str(exc)})
@@ -229,13 +288,179 @@ class JobRunner:
             for sink in self.sinks.values():
                 sink.close()
             if self.keyed and not self.options.keep_state:
-                # Until checkpoints exist nothing can resume from this state: remove it.
+                # Working state is rebuilt from checkpoints (local recovery copies stay).
                 import shutil
 
-                shutil.rmtree(self.state_root, ignore_errors=True)
+                for root in self.state_roots:
+                    shutil.rmtree(root, ignore_errors=True)
+        result.restarts = restarts
         self.reporter.finished(result.to_json())
         return result
 
+    # ------------------------------------------------------------------------ restarts
+    def _may_restart(self, exc: JobFailedError, restarts: int, free: int) -> bool:
+        """Whether a failed epoch restarts the job from its latest checkpoint."""
+        from streamer.checkpoint.task import STATE_BEHIND
+
+        if not self.options.checkpoints or self._stop.is_set():
+            return False
+        if self._free_restart(exc):
+            if free >= 10:
+                return False
+            text = str(exc)
+            if STATE_BEHIND in text:
+                self.reporter.message("a keyed subtask lost its state since the last "
+                                      "checkpoint; restarting from the last checkpoint")
+            else:
+                assert self.restored_from is not None
+                self.bad_checkpoints.add(self.restored_from)
+                self.reporter.message(
+                    f"checkpoint {self.restored_from} is corrupt ({_first_line(text)}); "
+                    "using the previous one")
+            return True
+        attempts = self.spec.job.restart_attempts
+        if restarts >= attempts:
+            return False
+        delay = self.spec.job.restart_delay_ms / 1000
+        self.reporter.message(f"{exc}\nrestarting from the last checkpoint in {delay:g}s "
+                              f"(attempt {restarts + 1} of {attempts})")
+        return not self._stop.wait(delay)
+
+    def _free_restart(self, exc: JobFailedError) -> bool:
+        """A restart for lost local state or a checkpoint found corrupt while restoring."""
+        from streamer.checkpoint.task import STATE_BEHIND
+
+        text = str(exc)
+        if STATE_BEHIND in text:
+            return True
+        return (self.restored_from is not None and self.epoch <= self.first_epoch
+                and "corrupt" in text.lower())
+
+    def _abort_pending(self) -> None:
+        """Drop what sinks staged since the last checkpoint (a restart writes it again)."""
+        for sink_id, items in self.pending.items():
+            for epoch, handle in items:
+                with contextlib.suppress(Exception):
+                    self.sinks[sink_id].abort(epoch, handle)
+        self.pending = {}
+
+    # ------------------------------------------------------------------------ recovery
+    def _recover(self, *, first: bool) -> None:
+        """Start a run attempt: fresh working state, then either the sources' beginning or
+        the latest (or chosen) checkpoint: offsets, watermark, keyed state, and the sink
+        commits it covers (done again, idempotently)."""
+        from dataclasses import replace
+
+        from streamer.runtime.keyed import default_state_root
+        from streamer.runtime.watermarks import WatermarkTracker
+
+        if not first:
+            self.run_id = f"{int(time.time() * 1000):x}-{os.getpid()}"
+        self.state_root = default_state_root(self.spec.job.state_local_dir, self.spec.name,
+                                             self.run_id)
+        self.state_roots.append(self.state_root)
+        for stage in self.keyed.values():
+            stage.base_config = replace(stage.base_config, state_root=self.state_root)
+        self.watermarks = WatermarkTracker({s.id: s for s in self.spec.sources})
+        self.offsets = {sid: dict(src.initial_offsets()) for sid, src in self.sources.items()}
+        self.epoch = 0
+        self.next_timers = {}
+        self.pending = {}
+        self.last_handles = {}
+        self.last_checkpoint = None
+        self.restored_from = None
+        self.first_epoch = 1
+        self.last_checkpoint_at = time.monotonic()
+        if not self.options.checkpoints:
+            return
+        from streamer.checkpoint.metadata import CheckpointStore
+        from streamer.runtime.keyed import cleanup_stale_runs
+
+        self.store = CheckpointStore(self.storage_url, self.spec.name)
+        if first:
+            cleanup_stale_runs(self.spec.job.state_local_dir, self.spec.name, self.run_id)
+        meta = None
+        if first and self.options.fresh:
+            self.store.delete_all()
+            self.reporter.message(f"--fresh: deleted the checkpoints of job "
+                                  f"{self.spec.name!r}; starting from the beginning")
+        elif first and self.options.from_checkpoint:
+            meta = self.store.resolve(self.options.from_checkpoint)
+            newer = [c for c in self.store.ids() if c > meta.checkpoint_id]
+            if newer:
+                self.reporter.message(
+                    f"checkpoints {', '.join(map(str, newer))} are newer than "
+                    f"{meta.checkpoint_id}: sinks already hold their output, which this run "
+                    "produces again")
+        else:
+            from streamer.checkpoint.metadata import Listed
+
+            skipped: list[Listed] = []
+            meta = self.store.latest(skipped=skipped, exclude=self.bad_checkpoints)
+            for item in skipped:
+                self.reporter.message(f"checkpoint {item.checkpoint_id} cannot be used "
+                                      f"({item.problem}); using an earlier one")
+        if meta is not None:
+            self._restore(meta)
+        self.first_epoch = self.epoch + 1
+
+    def _restore(self, meta: CheckpointMetadata) -> None:
+        from streamer.checkpoint.metadata import CheckpointError
+
+        problems = []
+        stages = {stage.op.uid: (node_id, stage) for node_id, stage in self.keyed.items()}
+        for uid, state in meta.operators.items():
+            if uid not in stages:
+                problems.append(f"it holds state of operator uid {uid!r}, which the pipeline "
+                                "no longer has")
+                continue
+            node_id, stage = stages[uid]
+            was = (state.parallelism, state.max_parallelism, state.backend)
+            now = (stage.parallelism, stage.max_parallelism, stage.base_config.backend)
+            if was != now:
+                problems.append(
+                    f"operator {node_id!r} (uid {uid!r}) ran with parallelism {was[0]}, "
+                    f"max_parallelism {was[1]}, backend {was[2]}; the pipeline now says "
+                    f"{now[0]}, {now[1]}, {now[2]}")
+        if problems:
+            msg = (f"cannot resume job {self.spec.name!r} from checkpoint {meta.checkpoint_id}: "
+                   + "; ".join(problems) + ". Keep the pipeline as it was, or start over with "
+                   "`streamer run --fresh` (savepoints carry state across such changes)")
+            raise CheckpointError(msg)
+        ids_of = {s.uid: s.id for s in self.spec.sources}
+        for source in self.spec.sources:
+            if source.uid in meta.offsets:
+                self.offsets[source.id] = dict(meta.offsets[source.uid])
+        watermark = dict(meta.watermark)
+        watermark["finished"] = [ids_of[u] for u in watermark.get("finished", []) if u in ids_of]
+        watermark["splits"] = [[ids_of[u], *rest] for u, *rest in watermark.get("splits", [])
+                               if u in ids_of]
+        self.watermarks.restore(watermark, _now_ms())
+        self.epoch = meta.epoch
+        for uid, (node_id, _) in stages.items():
+            if uid in meta.next_timers:
+                self.next_timers[node_id] = dict(meta.next_timers[uid])
+            if uid in meta.operators:
+                self.last_handles[node_id] = {int(h["subtask"]): h
+                                              for h in meta.operators[uid].subtasks}
+        for sink_id, items in meta.sinks.items():
+            if sink_id in self.sinks:
+                for epoch, handle in items:
+                    self._guarded(epoch, f"committing sink {sink_id!r} again", partial(
+                        self.sinks[sink_id].commit, epoch, handle))
+        for sink in self.sinks.values():
+            sink.recover(meta.epoch)
+        self.last_checkpoint = meta
+        self.restored_from = meta.checkpoint_id
+        if not self.completed:  # the checkpoint this run resumed from (after any fallback)
+            self.result_restored_from = meta.checkpoint_id
+        import datetime as dt
+
+        taken = dt.datetime.fromtimestamp(meta.created_at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+        self.reporter.message(f"resuming from checkpoint {meta.checkpoint_id} (epoch "
+                              f"{meta.epoch}, taken {taken} UTC; {_offsets_summary(meta)})")
+
+    # ------------------------------------------------------------------------ the loop
     def _install_sigint(self) -> Callable[[], object]:
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
@@ -261,17 +486,43 @@ class JobRunner:
                 return True
         return False
 
-    def _loop(self) -> JobResult:
-        from streamer.runtime.watermarks import MAX_WATERMARK, WatermarkTracker
+    def _checkpoint_due(self) -> bool:
+        return self.options.checkpoints and (
+            time.monotonic() - self.last_checkpoint_at
+            >= self.spec.job.checkpoint.interval_ms / 1000)
 
-        self.watermarks = WatermarkTracker({s.id: s for s in self.spec.sources})
-        history: list[EpochMetrics] = []
-        epoch = 0
+    def _unsaved(self) -> bool:
+        """Whether epochs ran (or sink output waits) since the last checkpoint."""
+        done = self.last_checkpoint.epoch if self.last_checkpoint else 0
+        return self.options.checkpoints and (self.epoch > done or any(self.pending.values()))
+
+    def _final_checkpoint(self, flush: int | None) -> None:
+        """A checkpoint at the end of the run (no new data), so every staged output commits
+        and a restart has nothing to redo; retried a few times, then the run fails."""
+        for _ in range(3):
+            self.epoch += 1
+            metrics = self._run_epoch(self.epoch, {}, 0.0, flush=flush, checkpoint=True)
+            self.history.append(metrics)
+            self.reporter.epoch(metrics)
+            if not self._unsaved():
+                return
+        msg = (f"the final checkpoint of job {self.spec.name!r} failed 3 times; output since "
+               "checkpoint "
+               f"{self.last_checkpoint.checkpoint_id if self.last_checkpoint else '(none)'} "
+               "is staged but not committed; run the job again to finish it")
+        raise JobFailedError(msg)
+
+    def _loop(self) -> JobResult:
+        from streamer.runtime.watermarks import MAX_WATERMARK
+
         reason = ""
         status = "finished"
+        ran = 0
         while True:
             if self._stop.is_set():
-                status, reason = "stopped", f"stopped at the boundary after epoch {epoch}"
+                if self._unsaved():
+                    self._final_checkpoint(None)
+                status, reason = "stopped", f"stopped at the boundary after epoch {self.epoch}"
                 break
             tick = time.monotonic()
             now = _now_ms()
@@ -282,13 +533,16 @@ class JobRunner:
                 else:
                     live[sid] = src
             if not live:
-                if self._timers_due(MAX_WATERMARK, MAX_WATERMARK):
+                if self._timers_due(MAX_WATERMARK, MAX_WATERMARK) or self._unsaved():
                     # End of input: the watermark goes to +inf and every timer fires.
-                    epoch += 1
-                    final = self._run_epoch(epoch, {}, 0.0, flush=MAX_WATERMARK)
-                    history.append(final)
-                    self.reporter.epoch(final)
-                reason = f"all sources are exhausted after {epoch} epochs"
+                    if self.options.checkpoints:
+                        self._final_checkpoint(MAX_WATERMARK)
+                    else:
+                        self.epoch += 1
+                        final = self._run_epoch(self.epoch, {}, 0.0, flush=MAX_WATERMARK)
+                        self.history.append(final)
+                        self.reporter.epoch(final)
+                reason = f"all sources are exhausted after {self.epoch} epochs"
                 break
             slices = {}
             for sid, src in live.items():
@@ -297,12 +551,16 @@ class JobRunner:
                     slices[sid] = piece
             plan_ms = (time.monotonic() - tick) * 1000
             if slices or self._timers_due(self.watermarks.current, now):
-                epoch += 1
-                metrics = self._run_epoch(epoch, slices, plan_ms)
-                history.append(metrics)
+                self.epoch += 1
+                ran += 1
+                metrics = self._run_epoch(self.epoch, slices, plan_ms,
+                                          checkpoint=self._checkpoint_due())
+                self.history.append(metrics)
                 self.reporter.epoch(metrics)
-                if self.options.max_epochs is not None and epoch >= self.options.max_epochs:
-                    status, reason = "stopped", f"reached --max-epochs {epoch}"
+                if self.options.max_epochs is not None and ran >= self.options.max_epochs:
+                    if self._unsaved():
+                        self._final_checkpoint(None)
+                    status, reason = "stopped", f"reached --max-epochs {ran}"
                     break
             # Bounded sources without a rate limit run back to back; anything else waits for
             # the next epoch tick (an interruptible sleep, so a stop is taken at once).
@@ -312,22 +570,31 @@ class JobRunner:
                 remaining = self.spec.job.epoch_ms / 1000 - (time.monotonic() - tick)
                 if remaining > 0:
                     self._stop.wait(remaining)
+        history = self.history
         return JobResult(
-            status=status, epochs=epoch,
+            status=status, epochs=self.epoch,
             records_in=sum(m.total_in for m in history),
             records_out=sum(m.total_out for m in history),
             dead_letters=sum(m.dead_letters for m in history),
             reason=reason, offsets={k: dict(v) for k, v in self.offsets.items()},
-            metrics=history)
+            metrics=history, checkpoints=list(self.completed),
+            restored_from=self.result_restored_from)
 
     # ------------------------------------------------------------------------ one epoch
     def _run_epoch(self, epoch: int, slices: Mapping[str, SourceSlice],
-                   plan_ms: float, flush: int | None = None) -> EpochMetrics:
+                   plan_ms: float, flush: int | None = None,
+                   checkpoint: bool = False) -> EpochMetrics:
+        """Run one epoch; with `checkpoint`, the epoch's end is also a checkpoint: keyed
+        subtasks snapshot their state after committing it, and `_complete_checkpoint` writes
+        `_metadata` and commits the sinks' staged output."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
+        from streamer.runtime import failpoints
         from streamer.runtime.keyed import visible
 
+        failpoints.reached("epoch-start", epoch)
+        checkpoint_id = self._begin_checkpoint() if checkpoint else None
         now = _now_ms()
         watermark = self.watermarks.current
         started = time.time()
@@ -374,7 +641,8 @@ class JobRunner:
                         now if stage.domain == "processing" else watermark)
                     result = self._guarded(epoch, f"operator {node.id!r}", partial(
                         stage.run, union(present) if present else None, epoch, now,
-                        watermark if flush is None else flush, fire))
+                        watermark if flush is None else flush, fire,
+                        self._task_checkpointing(node.id, checkpoint_id)))
                     keyed_metas[node.id] = result.metas
                     frames[node.id] = result.output
                     late_sink = node.spec.window.late if node.spec.window else None  # type: ignore
@@ -409,9 +677,14 @@ class JobRunner:
                                                  partial(sink.write, epoch, df))
             run_ms = (time.monotonic() - t0) * 1000
             t1 = time.monotonic()
-            for sink_id, handle in handles.items():
-                self._guarded(epoch, f"committing sink {sink_id!r}",
-                              partial(self.sinks[sink_id].commit, epoch, handle))
+            if self.options.checkpoints and self.spec.job.checkpoint.mode == "exactly_once":
+                # Phase two waits for the checkpoint that covers this epoch.
+                for sink_id, handle in handles.items():
+                    self.pending.setdefault(sink_id, []).append([epoch, handle])
+            else:
+                for sink_id, handle in handles.items():
+                    self._guarded(epoch, f"committing sink {sink_id!r}",
+                                  partial(self.sinks[sink_id].commit, epoch, handle))
         except BaseException:
             for sink_id, handle in handles.items():
                 with contextlib.suppress(Exception):
@@ -420,13 +693,23 @@ class JobRunner:
         finally:
             for df in cached:
                 df.unpersist()
-        commit_ms = (time.monotonic() - t1) * 1000
         for node_id, metas in keyed_metas.items():  # complete now that the jobs have run
             found = list(metas)
             if len(found) != self.keyed[node_id].parallelism:
                 msg = (f"epoch {epoch}: operator {node_id!r} reported {len(found)} of "
                        f"{self.keyed[node_id].parallelism} subtasks; its output was not read")
                 raise JobFailedError(msg)
+            restored = [m for m in found if m.get("restored")]
+            if restored:
+                local = sum(1 for m in restored if m["restored"] == "local")
+                slowest = max(float(m.get("restore_ms", 0)) for m in restored)
+                self.restore_report.append({"operator": node_id, "local": local,
+                                            "remote": len(restored) - local,
+                                            "ms": slowest})
+                self.reporter.message(
+                    f"operator {node_id!r}: restored {local} subtasks from local copies and "
+                    f"{len(restored) - local} from checkpoint storage (slowest "
+                    f"{slowest:,.0f} ms)")
             self.next_timers[node_id] = {
                 domain: min((m[f"next_{domain}"] for m in found
                              if m[f"next_{domain}"] is not None), default=None)
@@ -438,6 +721,12 @@ class JobRunner:
                 self.watermarks.observe(sid, {str(split): got.get(f"ts{i}")
                                               for i, split in enumerate(piece.end)}, now)
         self.watermarks.advance(_now_ms())
+        checkpoint_ms = None
+        if checkpoint_id is not None:
+            t2 = time.monotonic()
+            self._complete_checkpoint(checkpoint_id, epoch, keyed_metas, t1)
+            checkpoint_ms = (time.monotonic() - t2) * 1000
+        commit_ms = (time.monotonic() - t1) * 1000
         now = _now_ms()
         records_out = {k: int(o.get.get("n") or 0) for k, o in seen_out.items()}
         return EpochMetrics(
@@ -449,7 +738,123 @@ class JobRunner:
             lag={sid: src.lag(self.offsets[sid], now) for sid, src in self.sources.items()},
             plan_ms=plan_ms, run_ms=run_ms, commit_ms=commit_ms,
             watermark=(self.watermarks.current if any(s.event_time for s in self.spec.sources)
-                       else None))
+                       else None),
+            checkpoint_id=checkpoint_id if checkpoint_id in self.completed else None,
+            checkpoint_ms=checkpoint_ms)
+
+    # ------------------------------------------------------------------------ checkpoints
+    def _begin_checkpoint(self) -> int | None:
+        """The id of the checkpoint this epoch ends (above every existing `chk-<n>`)."""
+        if self.store is None:
+            return None
+        try:
+            return self.store.next_id()
+        except Exception as exc:  # storage unreachable: this checkpoint fails, the job goes on
+            self._decline(None, self.epoch, f"cannot list the checkpoint storage: {exc}")
+            return None
+
+    def _task_checkpointing(self, node_id: str, checkpoint_id: int | None) -> Any:
+        """What the keyed subtasks of `node_id` need: restore source, snapshot target."""
+        if self.store is None:
+            return None
+        from streamer.checkpoint.task import TaskCheckpointing
+        from streamer.runtime.keyed import local_recovery_root
+
+        job = self.spec.job.checkpoint
+        keep = [*self.completed[-job.retain:], *(
+            [self.restored_from] if self.restored_from is not None else [])]
+        return TaskCheckpointing(
+            url=self.store.url, local_copy_root=local_recovery_root(self.spec.job.state_local_dir),
+            first_epoch=self.first_epoch, last=dict(self.last_handles.get(node_id, {})),
+            snapshot_id=checkpoint_id,
+            deadline=(time.time() + job.timeout_ms / 1000) if checkpoint_id is not None else None,
+            keep_local=tuple(keep))
+
+    def _decline(self, checkpoint_id: int | None, epoch: int, reason: str) -> None:
+        self.last_checkpoint_at = time.monotonic()  # try again after an interval
+        self.reporter.checkpoint({"status": "failed", "id": checkpoint_id, "epoch": epoch,
+                                  "reason": reason})
+
+    def _complete_checkpoint(self, checkpoint_id: int, epoch: int, keyed_metas: dict[str, Any],
+                             started: float) -> None:
+        """Every subtask reported its snapshot: write `_metadata` (the checkpoint exists from
+        then on), commit the sinks' staged output, prune old checkpoints. A missing snapshot,
+        a timeout or a storage error declines the checkpoint instead (reported; the previous
+        ones are untouched and the job goes on)."""
+        from streamer.checkpoint.metadata import CheckpointMetadata, OperatorState, now
+        from streamer.runtime import failpoints
+
+        assert self.store is not None
+        job = self.spec.job
+        errors: list[str] = []
+        operators: dict[str, OperatorState] = {}
+        snapshot_ms = 0.0
+        for node_id, metas in keyed_metas.items():
+            stage = self.keyed[node_id]
+            handles = []
+            for meta in sorted(metas, key=lambda m: int(m["subtask"])):
+                if "snapshot" in meta:
+                    handles.append(meta["snapshot"])
+                    snapshot_ms = max(snapshot_ms, float(meta["snapshot"].get("duration_ms", 0)))
+                else:
+                    errors.append(f"operator {node_id!r} subtask {meta['subtask']}: "
+                                  f"{meta.get('snapshot_error', 'no snapshot reported')}")
+            operators[stage.op.uid] = OperatorState(
+                node=node_id, backend=stage.base_config.backend, parallelism=stage.parallelism,
+                max_parallelism=stage.max_parallelism, subtasks=handles)
+        failpoints.reached("after-snapshot", checkpoint_id)
+        elapsed_ms = (time.monotonic() - started) * 1000 + snapshot_ms
+        if not errors and elapsed_ms > job.checkpoint.timeout_ms:
+            errors.append(f"it took {elapsed_ms:,.0f} ms, over the timeout of "
+                          f"{job.checkpoint.timeout_ms:,} ms")
+        if errors:
+            self._decline(checkpoint_id, epoch, "; ".join(errors))
+            return
+        uid_of = {s.id: s.uid for s in self.spec.sources}
+        watermark = self.watermarks.to_json()
+        watermark["finished"] = [uid_of[s] for s in watermark["finished"]]
+        watermark["splits"] = [[uid_of[s], *rest] for s, *rest in watermark["splits"]]
+        meta = CheckpointMetadata(
+            checkpoint_id=checkpoint_id, job=self.spec.name, run_id=self.run_id, epoch=epoch,
+            created_at=now(), mode=job.checkpoint.mode,
+            offsets={uid_of[sid]: dict(o) for sid, o in self.offsets.items()},
+            watermark=watermark, operators=operators,
+            sinks={k: [list(i) for i in v] for k, v in self.pending.items() if v},
+            next_timers={self.keyed[n].op.uid: dict(t) for n, t in self.next_timers.items()
+                         if n in self.keyed},
+            uids={"sources": dict(uid_of),
+                  "operators": {n: s.op.uid for n, s in self.keyed.items()}},
+            duration_ms=round(elapsed_ms, 1))
+        try:
+            self.store.write(meta)
+        except Exception as exc:
+            self._decline(checkpoint_id, epoch, f"cannot write its _metadata: {exc}")
+            return
+        failpoints.reached("after-metadata", checkpoint_id)
+        for n, (sink_id, items) in enumerate(self.pending.items()):
+            for sink_epoch, handle in items:
+                self._guarded(sink_epoch, f"committing sink {sink_id!r}",
+                              partial(self.sinks[sink_id].commit, sink_epoch, handle))
+            if n == 0:
+                failpoints.reached("mid-commit", checkpoint_id)
+        self.pending = {}
+        self.last_checkpoint = meta
+        self.last_checkpoint_at = time.monotonic()
+        self.completed.append(checkpoint_id)
+        self.last_handles = {op.node: {int(h["subtask"]): h for h in op.subtasks}
+                             for op in operators.values()}
+        deleted: list[int] = []
+        try:
+            keep = [self.restored_from] if self.restored_from is not None else []
+            deleted = self.store.prune(job.checkpoint.retain, keep=keep)
+        except Exception as exc:  # the checkpoint stands; old files wait for the next prune
+            self.reporter.message(f"checkpoint {checkpoint_id}: cleaning up older "
+                                  f"checkpoints failed: {exc}")
+        self.reporter.checkpoint({
+            "status": "completed", "id": checkpoint_id, "epoch": epoch,
+            "duration_ms": round(elapsed_ms, 1), "state_size": meta.state_size,
+            "uploaded_bytes": meta.uploaded_bytes, "pruned": deleted,
+            "path": self.store.storage.path(self.store.dir_of(checkpoint_id))})
 
     def _guarded(self, epoch: int, what: str, action: Callable[[], Any]) -> Any:
         """Run a Spark action; turn Spark failures into errors that say what happened."""
@@ -472,6 +877,25 @@ class JobRunner:
                 raise DecodeError(msg) from exc
             msg = f"epoch {epoch} failed in {what}: {spark_error_message(exc)}"
             raise JobFailedError(msg) from exc
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text
+
+
+def _offsets_summary(meta: CheckpointMetadata) -> str:
+    """Per source uid, its offsets in a few words (files: how many read)."""
+    parts = []
+    for uid, offsets in sorted(meta.offsets.items()):
+        items = []
+        for split, value in sorted(offsets.items()):
+            if isinstance(value, list):
+                items.append(f"{len(value)} files")
+            else:
+                items.append(f"{split}={value}")
+        text = ", ".join(items[:4]) + (f", ... ({len(items)} splits)" if len(items) > 4 else "")
+        parts.append(f"{uid}: {text}")
+    return "; ".join(parts) or "no sources"
 
 
 __all__ = ["DEAD_LETTER_DDL", "JobResult", "JobRunner", "RunOptions"]

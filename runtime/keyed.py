@@ -73,10 +73,10 @@ class _Metas:
     def __iter__(self) -> Any:
         import json
 
-        by_subtask = {}
+        by_subtask: dict[int, dict[str, Any]] = {}
         for text in self.accumulator.value:
             meta = json.loads(text)
-            by_subtask[meta["subtask"]] = meta
+            by_subtask.setdefault(meta["subtask"], {}).update(meta)
         return iter(by_subtask.values())
 
 
@@ -218,7 +218,7 @@ class KeyedStage:
         return rows, late
 
     def run(self, df: DataFrame | None, epoch: int, now_ms: int, watermark: int,
-            fire_up_to: int) -> KeyedResult:
+            fire_up_to: int, checkpointing: Any = None) -> KeyedResult:
         """Run the keyed stage for one epoch (one Spark job); `watermark` decides lateness,
         `fire_up_to` which timers fire (the watermark, or wall clock for processing time)."""
         from pyspark import TaskContext
@@ -236,7 +236,8 @@ class KeyedStage:
         route = F.element_at(F.array(*[F.lit(r).cast("bigint") for r in self.routes]),
                              F.col("__subtask") + 1)
         rows = rows.withColumn("__route", route).repartition(self.parallelism, "__route")
-        cfg = replace(self.base_config, epoch=epoch, fire_up_to=fire_up_to, now_ms=now_ms)
+        cfg = replace(self.base_config, epoch=epoch, fire_up_to=fire_up_to, now_ms=now_ms,
+                      checkpointing=checkpointing)
         metas = self.spark.sparkContext.accumulator([], _ListParam())
 
         def task(batches: Any) -> Any:
@@ -261,8 +262,46 @@ class KeyedStage:
         return KeyedResult(output, late, _Metas(metas), sides)
 
 
-def default_state_root(local_dir: str | None, job: str, run_id: str) -> str:
-    """Where subtasks keep working state: `<local_dir>/<job>/<run id>`."""
+def local_state_base(local_dir: str | None) -> str:
+    """The local state directory: `job.state.local_dir`, `$STREAMER_STATE_DIR`, or
+    `<tmp>/streamer-state`."""
     base = local_dir or os.environ.get("STREAMER_STATE_DIR") or os.path.join(
         tempfile.gettempdir(), "streamer-state")
-    return os.path.join(os.path.abspath(base), job, run_id)
+    return os.path.abspath(base)
+
+
+def default_state_root(local_dir: str | None, job: str, run_id: str) -> str:
+    """Where subtasks keep working state: `<local_dir>/<job>/<run id>`."""
+    return os.path.join(local_state_base(local_dir), job, run_id)
+
+
+def local_recovery_root(local_dir: str | None) -> str:
+    """Where subtasks keep local copies of their checkpoint snapshots (local recovery)."""
+    return os.path.join(local_state_base(local_dir), ".local-recovery")
+
+
+def cleanup_stale_runs(local_dir: str | None, job: str, current_run: str) -> list[str]:
+    """Remove the working state of earlier runs of `job` whose process is gone (a killed
+    run leaves it behind; resuming restores from checkpoints, never from it)."""
+    import re
+    import shutil
+
+    root = os.path.join(local_state_base(local_dir), job)
+    removed: list[str] = []
+    if not os.path.isdir(root):
+        return removed
+    for name in os.listdir(root):
+        match = re.fullmatch(r"[0-9a-f]+-(\d+)", name)
+        if not match or name == current_run:
+            continue
+        pid = int(match.group(1))
+        try:
+            os.kill(pid, 0)
+            continue  # that run is alive (or the pid was reused: leave it)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        removed.append(name)
+    return removed

@@ -30,6 +30,9 @@ class EpochMetrics:
     commit_ms: float = 0.0
     #: The job's event-time watermark after the epoch (epoch ms), None without event time.
     watermark: int | None = None
+    #: The checkpoint this epoch completed, and how long completing it took (ms).
+    checkpoint_id: int | None = None
+    checkpoint_ms: float | None = None
 
     @property
     def total_in(self) -> int:
@@ -66,6 +69,9 @@ class Reporter(Protocol):
     def message(self, text: str) -> None:
         """Something the user should know (stop requested, resumed, ...)."""
 
+    def checkpoint(self, info: dict[str, Any]) -> None:
+        """A checkpoint completed or failed (`status`: completed | failed)."""
+
     def finished(self, summary: dict[str, Any]) -> None:
         """The job ended (bounded input, stop, or failure)."""
 
@@ -80,6 +86,9 @@ class QuietReporter:
         """Nothing."""
 
     def message(self, text: str) -> None:
+        """Nothing."""
+
+    def checkpoint(self, info: dict[str, Any]) -> None:
         """Nothing."""
 
     def finished(self, summary: dict[str, Any]) -> None:
@@ -107,6 +116,10 @@ class JsonReporter:
     def message(self, text: str) -> None:
         """Emit a `message` event."""
         self._emit({"event": "message", "text": text})
+
+    def checkpoint(self, info: dict[str, Any]) -> None:
+        """Emit a `checkpoint` event."""
+        self._emit({"event": "checkpoint", **info})
 
     def finished(self, summary: dict[str, Any]) -> None:
         """Emit a `finished` event."""
@@ -140,6 +153,7 @@ class LiveReporter:
         self.started_at = time.monotonic()
         self.header = Text("")
         self.live: Live | None = None
+        self.last_checkpoint = ""
 
     def _render(self) -> Group:
         table = Table(title=None, expand=False, box=None, header_style="bold")
@@ -155,6 +169,8 @@ class LiveReporter:
         t = self.totals
         footer = Text(f"{t['epochs']} epochs · {t['in']:,} in · {t['out']:,} out · "
                       f"{t['dead']:,} dead letters · {elapsed:,.1f}s", style="dim")
+        if self.last_checkpoint:
+            return Group(self.header, table, footer, Text(self.last_checkpoint, style="dim"))
         return Group(self.header, table, footer)
 
     def started(self, info: dict[str, Any]) -> None:
@@ -180,6 +196,19 @@ class LiveReporter:
     def message(self, text: str) -> None:
         """Print a line above the live table."""
         self.console.print(text)
+
+    def checkpoint(self, info: dict[str, Any]) -> None:
+        """Show the latest checkpoint under the table; a failed one as a line above it."""
+        if info.get("status") == "completed":
+            self.last_checkpoint = (
+                f"checkpoint {info['id']} at epoch {info['epoch']} · "
+                f"{info['duration_ms']:,.0f} ms · {info['uploaded_bytes']:,} B uploaded of "
+                f"{info['state_size']:,} B state")
+            if self.live:
+                self.live.update(self._render())
+        else:
+            self.console.print(Text(f"checkpoint {info.get('id')} failed: "
+                                    f"{info.get('reason')}", style="yellow"))
 
     def finished(self, summary: dict[str, Any]) -> None:
         """Stop the live display and print how the job ended."""

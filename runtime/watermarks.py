@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from streamer.pipeline.spec import SourceSpec
 
@@ -65,3 +66,22 @@ class WatermarkTracker:
                                        if s.event_time):
             self.current = MAX_WATERMARK
         return self.current
+
+    # ------------------------------------------------------------------ checkpoints
+    def to_json(self) -> dict[str, Any]:
+        """The tracker's state for a checkpoint: per split its max event time and last
+        activity, the finished sources and the current watermark."""
+        return {"current": self.current, "finished": sorted(self.finished),
+                "splits": [[src, split, s.max_ts, s.last_active_ms]
+                           for (src, split), s in sorted(self.splits.items())]}
+
+    def restore(self, data: Mapping[str, Any], now_ms: int) -> None:
+        """Continue from a checkpoint's tracker state (sources by their current ids). An
+        idle clock restarts at `now_ms`: the downtime does not make a split idle."""
+        self.current = int(data.get("current", MIN_WATERMARK))
+        self.finished = {str(s) for s in data.get("finished", [])
+                         if s in self.sources}
+        self.splits = {}
+        for src, split, max_ts, _ in data.get("splits", []):
+            if src in self.sources:
+                self.splits[(src, split)] = _Split(max_ts=max_ts, last_active_ms=now_ms)

@@ -1,0 +1,125 @@
+"""The keyed subtask's side of checkpoints, run inside its Spark task (operators/keyed.py).
+
+Per task, around the epoch's work:
+1. `prepare`: a subtask whose working state is missing (a new run attempt, or a task that
+   landed where its state is not) restores it from the latest completed checkpoint: from the
+   local recovery copy when it is intact, else from checkpoint storage (checksums verified).
+2. `check_version`: the working state must be exactly at the previous epoch. If it is behind
+   (its state was lost after the last checkpoint), the task fails with `STATE_BEHIND`, and the
+   driver restarts the job from that checkpoint: sources rewind, every subtask restores.
+3. `snapshot_batch`: on a checkpoint epoch, after the state commit, the subtask snapshots its
+   state to checkpoint storage (incremental for rocksdb) and reports the handle in a meta row.
+   A failed or timed-out upload is reported in the meta row, not raised: the driver declines
+   that checkpoint and the job keeps running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+STATE_BEHIND = "STREAMER_STATE_BEHIND"
+
+
+@dataclass(frozen=True)
+class TaskCheckpointing:
+    """What a keyed task needs to know about checkpoints (picklable, shipped per epoch)."""
+
+    #: The job's checkpoint root (`<storage>/<job>/checkpoints`).
+    url: str
+    #: Where subtasks keep local recovery copies of their snapshots.
+    local_copy_root: str | None
+    #: The first epoch of this run attempt (state must be fresh or restored before it).
+    first_epoch: int
+    #: subtask -> state handle in the latest completed checkpoint (restore source, and the
+    #: base of incremental snapshots).
+    last: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: The checkpoint this epoch ends, or None.
+    snapshot_id: int | None = None
+    #: Wall-clock time (s) after which the snapshot gives up.
+    deadline: float | None = None
+    #: Checkpoint ids whose local copies to keep (besides the new one).
+    keep_local: tuple[int, ...] = ()
+
+
+def _handle_file(state_root: str, job: str, uid: str, subtask: int, cid: int) -> Path:
+    return Path(state_root) / job / uid / f"subtask-{subtask}.snapshots" / f"chk-{cid}.json"
+
+
+def prepare(cfg: Any, subtask: int) -> dict[str, Any]:
+    """Restore the subtask's working state if it has none and a checkpoint has it."""
+    chk: TaskCheckpointing | None = cfg.checkpointing
+    if chk is None:
+        return {}
+    from streamer.state import SubtaskLocation
+
+    location = SubtaskLocation(cfg.state_root, cfg.job, cfg.uid, subtask)
+    handle = chk.last.get(subtask)
+    if handle is None or (location.path.exists() and any(location.path.iterdir())):
+        return {}
+    from streamer.state.snapshot import restore_snapshot
+
+    started = time.monotonic()
+    how = restore_snapshot(handle, chk.url, location, local_copy_root=chk.local_copy_root)
+    return {"restored": how, "restore_ms": round((time.monotonic() - started) * 1000, 1),
+            "restored_from": handle.get("checkpoint_id")}
+
+
+def check_version(cfg: Any, subtask: int, done: int | None) -> None:
+    """Fail with STATE_BEHIND unless the working state is at the epoch before this one."""
+    chk: TaskCheckpointing | None = cfg.checkpointing
+    if chk is None:
+        return
+    expected: int | None = cfg.epoch - 1
+    if cfg.epoch == chk.first_epoch and subtask not in chk.last:
+        expected = None  # a fresh start
+    if done != expected and not (expected == 0 and done is None):
+        msg = (f"{STATE_BEHIND}: state of {cfg.uid!r} subtask {subtask} is at epoch {done}, "
+               f"epoch {cfg.epoch} needs it at {expected}; restart from the last checkpoint")
+        raise RuntimeError(msg)
+
+
+def snapshot_batch(cfg: Any, backend: Any, subtask: int, info: dict[str, Any]) -> Any:
+    """On a checkpoint epoch: snapshot the committed state, return a meta-only batch with
+    the handle (or the error); otherwise a meta batch only if there is restore info."""
+    chk: TaskCheckpointing | None = cfg.checkpointing
+    meta: dict[str, Any] = {"subtask": subtask, **info}
+    if chk is not None and chk.snapshot_id is not None:
+        cid = chk.snapshot_id
+        saved = _handle_file(cfg.state_root, cfg.job, cfg.uid, subtask, cid)
+        try:
+            if saved.exists():  # a second evaluation of the epoch: report the same handle
+                meta["snapshot"] = json.loads(saved.read_text())
+            elif backend.version() != cfg.epoch:
+                meta["snapshot_error"] = (f"state is at epoch {backend.version()}, not "
+                                          f"{cfg.epoch}")
+            else:
+                from streamer.state.snapshot import prune_local_copies, take_snapshot
+
+                deadline = None
+                if chk.deadline is not None:
+                    deadline = time.monotonic() + (chk.deadline - time.time())
+                handle = take_snapshot(backend, chk.url, cid, base=chk.last.get(subtask),
+                                       local_copy_root=chk.local_copy_root, deadline=deadline)
+                saved.parent.mkdir(parents=True, exist_ok=True)
+                tmp = saved.with_suffix(".tmp")
+                tmp.write_text(json.dumps(handle))
+                os.replace(tmp, saved)
+                meta["snapshot"] = handle
+                if chk.local_copy_root:
+                    prune_local_copies(chk.local_copy_root, cfg.job, cfg.uid, subtask,
+                                       {*chk.keep_local, cid})
+        except Exception as exc:  # reported; the driver declines the checkpoint
+            meta["snapshot_error"] = f"{type(exc).__name__}: {exc}"
+    if len(meta) == 1:
+        return None
+    import pyarrow as pa
+
+    from streamer.operators.keyed import META
+
+    return pa.RecordBatch.from_pylist([{"__kind": META, "__meta": json.dumps(meta)}],
+                                      schema=cfg.out_schema)

@@ -1,0 +1,45 @@
+"""Named crash points for the crash tests (like FoundationDB's and TiKV's fail points).
+
+`STREAMER_FAILPOINTS="after-metadata:3,mid-upload:2"` makes the run SIGKILL its driver process
+(`streamer run`, and with it Spark) the first time the named point is reached for checkpoint or
+epoch number >= the given one (any number when it is left out). Points:
+
+- `epoch-start:<epoch>`    driver, before the epoch's Spark job
+- `in-task:<epoch>`        a keyed subtask, after its work and before its state commit
+- `mid-upload:<chk>`       a keyed subtask, after uploading the first file of a snapshot
+- `after-snapshot:<chk>`   driver, snapshots uploaded, `_metadata` not yet written
+- `after-metadata:<chk>`   driver, `_metadata` written, sinks not yet committed
+- `mid-commit:<chk>`       driver, the first sink committed, others not
+
+Unset (always, outside tests), `reached` is one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+ENV = "STREAMER_FAILPOINTS"
+DRIVER_PID_ENV = "STREAMER_DRIVER_PID"
+
+
+def _armed() -> dict[str, int]:
+    spec = os.environ.get(ENV, "")
+    points: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, _, number = part.partition(":")
+        points[name] = int(number) if number else 0
+    return points
+
+
+def reached(name: str, number: int = 0) -> None:
+    """Kill the driver (SIGKILL: no cleanup) if fail point `name` is armed for `number`."""
+    if ENV not in os.environ:
+        return
+    at = _armed().get(name)
+    if at is None or number < at:
+        return
+    pid = int(os.environ.get(DRIVER_PID_ENV) or os.getpid())
+    os.kill(pid, signal.SIGKILL)
+    if pid != os.getpid():  # a Spark worker: wait to be torn down with the driver
+        os.kill(os.getpid(), signal.SIGKILL)

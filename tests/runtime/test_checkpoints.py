@@ -1,0 +1,250 @@
+"""Checkpoints end to end on real Spark, real RocksDB and real files: completion, resume,
+exactly-once sink commits, corrupt and incomplete checkpoints, incompatible changes, restarts.
+(SIGKILL crash tests are in test_crash.py.)"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from streamer.checkpoint.metadata import CheckpointError, CheckpointStore
+from streamer.pipeline.validate import load_pipeline_text
+from streamer.runtime.coordinator import JobRunner, RunOptions
+from streamer.runtime.metrics import JsonReporter
+
+pytestmark = pytest.mark.spark
+
+PIPELINE = """
+name: chk-test
+storage: {storage}
+job:
+  parallelism: {parallelism}
+  checkpoint: {{interval: {interval}, retain: 2}}
+  state: {{backend: {backend}, local_dir: {local}}}
+  restart: {{attempts: {attempts}, delay: 0s}}
+sources:
+  - id: clicks
+    type: datagen
+    splits: 2
+    limit: 3000
+    max_records_per_epoch: 1000
+    fields:
+      user: "concat('u', cast((offset * 7 + split) % 13 as string))"
+      amount: "cast(offset % 10 as double)"
+      ts: "timestamp_millis(1767225600000 + offset * 100)"
+    event_time: ts
+    watermark: {{max_out_of_orderness: 1s}}
+operators:
+  - id: per_window
+    input: clicks
+    key_by: [user]
+    window: {{tumbling: 10s}}
+    aggregate: {{n: count(), spent: sum(amount)}}
+sinks:
+  - id: out
+    type: files
+    input: per_window
+    path: {out}
+    format: jsonl
+"""
+
+
+def committed(directory: Path) -> Counter[str]:
+    """The committed rows as a multiset of canonical JSON lines."""
+    rows: Counter[str] = Counter()
+    for part in sorted(directory.glob("part-*.jsonl")):
+        for line in part.read_text().splitlines():
+            if line.strip():
+                rows[json.dumps(json.loads(line), sort_keys=True)] += 1
+    return rows
+
+
+class Job:
+    """One pipeline with its own storage, local state and output directories."""
+
+    def __init__(self, tmp: Path, backend: str = "rocksdb", interval: str = "1ms",
+                 parallelism: int = 2, attempts: int = 0) -> None:
+        self.tmp = tmp
+        self.storage = tmp / "storage"
+        self.out = tmp / "out"
+        self.local = tmp / "local"
+        self.backend, self.interval, self.parallelism = backend, interval, parallelism
+        self.attempts = attempts
+
+    def text(self, **changes: object) -> str:
+        values = {"storage": self.storage, "out": self.out, "local": self.local,
+                  "backend": self.backend, "interval": self.interval,
+                  "parallelism": self.parallelism, "attempts": self.attempts, **changes}
+        return PIPELINE.format(**values)
+
+    def run(self, spark: object, *, text: str | None = None, **options: object):
+        spec = load_pipeline_text(textwrap.dedent(text or self.text()))
+        lines: list[str] = []
+
+        class Capture:
+            def write(self, s: str) -> None:
+                lines.extend(x for x in s.splitlines() if x)
+
+            def flush(self) -> None:
+                pass
+
+        runner = JobRunner(spec, RunOptions(ui=False, checkpoints=True, **options),  # type: ignore[arg-type]
+                           spark=spark, reporter=JsonReporter(Capture()))  # type: ignore[arg-type]
+        result = runner.run()
+        events = [json.loads(x) for x in lines]
+        return result, events
+
+    @property
+    def store(self) -> CheckpointStore:
+        return CheckpointStore(str(self.storage), "chk-test")
+
+
+def messages(events: list[dict]) -> list[str]:
+    return [e["text"] for e in events if e["event"] == "message"]
+
+
+@pytest.fixture(scope="module")
+def expected(spark, tmp_path_factory) -> Counter[str]:
+    """The output of one uninterrupted run without checkpoints."""
+    job = Job(tmp_path_factory.mktemp("reference"))
+    spec = load_pipeline_text(textwrap.dedent(job.text()))
+    JobRunner(spec, RunOptions(ui=False), spark=spark).run()
+    rows = committed(job.out)
+    assert sum(rows.values()) > 50
+    return rows
+
+
+@pytest.mark.parametrize("backend", ["rocksdb", "memory"])
+def test_checkpoint_every_epoch_commits_exactly_the_reference_output(
+        spark, tmp_path: Path, expected: Counter[str], backend: str) -> None:
+    job = Job(tmp_path, backend=backend)
+    result, events = job.run(spark)
+    assert committed(job.out) == expected
+    done = [e for e in events if e["event"] == "checkpoint"]
+    assert [e["status"] for e in done] == ["completed"] * len(done)
+    assert result.epochs - 1 <= len(done) <= result.epochs  # every epoch after the first
+    assert result.epochs >= 4
+    listed = job.store.list()
+    assert [i.checkpoint_id for i in listed] == [done[-1]["id"], done[-2]["id"]]  # retain 2
+    assert all(i.complete for i in listed)
+    last = listed[0].meta
+    assert last is not None and last.epoch == result.epochs
+    assert last.sinks == {} or all(items for items in last.sinks.values())
+    op = last.operators["per_window"]
+    assert op.parallelism == 2 and len(op.subtasks) == 2
+    assert {h["subtask"] for h in op.subtasks} == {0, 1}
+    # Only files the retained checkpoints reference are left in shared/.
+    shared = {str(p.relative_to(job.storage / "chk-test" / "checkpoints"))
+              for p in (job.storage / "chk-test" / "checkpoints" / "shared").rglob("*")
+              if p.is_file()}
+    referenced = set().union(*(i.meta.referenced() for i in listed if i.meta))
+    assert shared <= referenced
+
+
+def test_stop_then_resume_gives_the_reference_output_once(
+        spark, tmp_path: Path, expected: Counter[str]) -> None:
+    job = Job(tmp_path, interval="1h")  # only the stop's and the end's checkpoints
+    first, events = job.run(spark, max_epochs=2)
+    assert first.status == "stopped"
+    assert len(first.checkpoints) == 1
+    partial = committed(job.out)
+    assert 0 < sum(partial.values()) < sum(expected.values())
+    second, events = job.run(spark)
+    assert second.restored_from == first.checkpoints[0]
+    assert any(m.startswith(f"resuming from checkpoint {first.checkpoints[0]}")
+               for m in messages(events))
+    assert committed(job.out) == expected
+    third, events = job.run(spark)  # a finished job resumes at its end: nothing to do
+    assert third.records_in == 0
+    assert committed(job.out) == expected
+
+
+def test_output_waits_for_the_covering_checkpoint(spark, tmp_path: Path) -> None:
+    job = Job(tmp_path, interval="1h")
+    _, events = job.run(spark)
+    ids = [e["id"] for e in events if e["event"] == "checkpoint"]
+    assert len(ids) == 1  # only the final one: every epoch's output waited for it
+    meta = job.store.read(ids[0])
+    staged_epochs = [e for e, _ in meta.sinks["out"]]
+    assert staged_epochs == sorted(staged_epochs) and len(staged_epochs) >= 3
+    assert not [p for p in (job.out / "_staging").rglob("*") if p.is_file()]
+
+
+def test_corrupt_metadata_is_reported_and_the_previous_checkpoint_used(
+        spark, tmp_path: Path, expected: Counter[str]) -> None:
+    job = Job(tmp_path, interval="1h")
+    first, _ = job.run(spark, max_epochs=1)
+    second, _ = job.run(spark, max_epochs=1)
+    assert second.restored_from == first.checkpoints[-1]
+    newest = second.checkpoints[-1]
+    meta_file = job.storage / "chk-test" / "checkpoints" / f"chk-{newest}" / "_metadata"
+    meta_file.write_text(meta_file.read_text().replace('"epoch"', '"epocj"', 1))
+    third, events = job.run(spark)
+    assert third.restored_from == first.checkpoints[-1]
+    assert any(f"checkpoint {newest} cannot be used" in m for m in messages(events))
+    # Epochs after the older checkpoint run again and commit under the same file names.
+    assert set(committed(job.out)) == set(expected)
+
+
+@pytest.mark.parametrize("backend", ["rocksdb", "memory"])
+def test_corrupt_state_file_falls_back_to_the_previous_checkpoint(
+        spark, tmp_path: Path, expected: Counter[str], backend: str) -> None:
+    job = Job(tmp_path, backend=backend, interval="1h")
+    job.run(spark, max_epochs=1)
+    second, _ = job.run(spark, max_epochs=1)
+    newest = job.store.read(second.checkpoints[-1])
+    victim = next(f for h in newest.operators["per_window"].subtasks for f in h["files"]
+                  if f["size"] > 64 and (backend == "memory" or f["name"].endswith(".sst")))
+    path = job.storage / "chk-test" / "checkpoints" / victim["path"]
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))  # same size: only its checksum tells
+    import shutil
+
+    shutil.rmtree(job.local / ".local-recovery")  # no intact local copy to fall back on
+    third, events = job.run(spark)
+    assert any(f"checkpoint {second.checkpoints[-1]} is corrupt" in m for m in messages(events))
+    assert third.restored_from == second.restored_from
+    assert set(committed(job.out)) == set(expected)
+
+
+def test_from_checkpoint_and_fresh(spark, tmp_path: Path, expected: Counter[str]) -> None:
+    job = Job(tmp_path, interval="1h")
+    first, _ = job.run(spark, max_epochs=1)
+    job.run(spark, max_epochs=1)
+    third, events = job.run(spark, from_checkpoint=str(first.checkpoints[-1]))
+    assert third.restored_from == first.checkpoints[-1]
+    assert any("newer than" in m for m in messages(events))
+    assert set(committed(job.out)) == set(expected)
+    with pytest.raises(CheckpointError, match="names no checkpoint"):
+        job.run(spark, from_checkpoint="latest-one")
+    fresh, events = job.run(spark, fresh=True)
+    assert fresh.restored_from is None and fresh.records_in == 6000
+    assert any("--fresh" in m for m in messages(events))
+
+
+def test_changed_parallelism_is_refused_with_a_clear_message(spark, tmp_path: Path) -> None:
+    job = Job(tmp_path, interval="1h")
+    job.run(spark, max_epochs=1)
+    with pytest.raises(CheckpointError, match=r"parallelism 2.*now says 3.*--fresh"):
+        job.run(spark, text=job.text(parallelism=3))
+
+
+def test_local_recovery_copy_is_used_when_intact(spark, tmp_path: Path,
+                                                 expected: Counter[str]) -> None:
+    job = Job(tmp_path, interval="1h")
+    job.run(spark, max_epochs=1)
+    _, events = job.run(spark, max_epochs=1)
+    assert any("restored 2 subtasks from local copies and 0 from checkpoint storage" in m
+               for m in messages(events))
+    import shutil
+
+    shutil.rmtree(job.local / ".local-recovery")
+    _, events = job.run(spark)
+    assert any("restored 0 subtasks from local copies and 2 from checkpoint storage" in m
+               for m in messages(events))
+    assert committed(job.out) == expected
