@@ -340,7 +340,3 @@ class Storage:
                 os.unlink(tmp)
             raise
 
-
-def storage_of(url: str | os.PathLike[str] | Storage) -> Storage:
-    """`url` as a `Storage` (a `Storage` is returned as is)."""
-    return url if isinstance(url, Storage) else Storage(url)
