@@ -877,6 +877,9 @@ class JobRunner:
                 raise DecodeError(msg) from exc
             msg = f"epoch {epoch} failed in {what}: {spark_error_message(exc)}"
             raise JobFailedError(msg) from exc
+        except OSError as exc:  # a sink's or the storage's file system failed
+            msg = f"epoch {epoch} failed in {what}: {type(exc).__name__}: {exc}"
+            raise JobFailedError(msg) from exc
 
 
 def _first_line(text: str) -> str:

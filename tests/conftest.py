@@ -7,6 +7,13 @@ from collections.abc import Iterator
 import pytest
 
 
+@pytest.fixture(autouse=True)
+def _job_storage(tmp_path_factory: pytest.TempPathFactory,
+                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test gets its own default job storage (checkpoints), never `./.streamer`."""
+    monkeypatch.setenv("STREAMER_STORAGE", str(tmp_path_factory.mktemp("storage")))
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
     """A real `local[2]` SparkSession, started once (Spark start-up takes seconds)."""
