@@ -81,13 +81,17 @@ class Job:
                   "parallelism": self.parallelism, "attempts": self.attempts, **changes}
         return PIPELINE.format(**values)
 
-    def run(self, spark: object, *, text: str | None = None, **options: object):
+    def run(self, spark: object, *, text: str | None = None, on_event=None, **options: object):
         spec = load_pipeline_text(textwrap.dedent(text or self.text()))
         lines: list[str] = []
 
         class Capture:
             def write(self, s: str) -> None:
-                lines.extend(x for x in s.splitlines() if x)
+                for x in s.splitlines():
+                    if x:
+                        lines.append(x)
+                        if on_event is not None:
+                            on_event(json.loads(x))
 
             def flush(self) -> None:
                 pass
@@ -281,3 +285,61 @@ def test_without_restart_attempts_a_failed_epoch_fails_the_run(
     with pytest.raises(JobFailedError, match="epoch 3 failed in writing sink 'out'"):
         job.run(spark, text=job.text(out=f"faulty://{job.out}"))
     assert job.store.latest() is not None  # epoch 2's checkpoint stands; a rerun resumes
+
+
+@pytest.mark.parametrize(("interval", "how"), [
+    ("1ms", "restored 1 subtasks from local copies"),
+    ("1h", "lost its state since the last checkpoint")])
+def test_a_subtask_that_lost_its_working_state_recovers(
+        spark, tmp_path: Path, expected: Counter[str], interval: str, how: str) -> None:
+    """As when Spark runs a subtask on an executor that does not have its state: with a
+    checkpoint at the previous epoch it restores and goes on, otherwise the job restarts
+    from the last checkpoint (sources rewind), which costs no restart attempt."""
+    import shutil
+
+    job = Job(tmp_path, interval=interval)
+
+    lost: list[int] = []
+
+    def lose_state(event: dict) -> None:
+        if event["event"] == "epoch" and event["epoch"] == 3 and not lost:
+            lost.append(3)
+            for subtask in (job.local / "chk-test").glob("*/chk-test/per_window/subtask-0"):
+                shutil.rmtree(subtask)
+
+    result, events = job.run(spark, on_event=lose_state)
+    assert any(how in m for m in messages(events)), messages(events)
+    assert result.restarts == 0
+    assert committed(job.out) == expected
+
+
+def test_a_checkpoint_over_its_timeout_is_declined_and_the_run_says_why(
+        spark, tmp_path: Path) -> None:
+    from streamer.runtime.exceptions import JobFailedError
+
+    job = Job(tmp_path, interval="1ms")
+    text = job.text().replace("retain: 2}", "retain: 2, timeout: 1ms}")
+    failed: list[dict] = []
+    with pytest.raises(JobFailedError, match="final checkpoint of job 'chk-test' failed 3 times"):
+        job.run(spark, text=text, on_event=lambda e: failed.append(e)
+                if e["event"] == "checkpoint" else None)
+    assert failed and all(e["status"] == "failed" for e in failed)
+    assert any("timeout" in e["reason"].lower() for e in failed), failed
+    assert job.store.latest() is None
+    assert not list(job.out.glob("part-*"))  # exactly-once: nothing committed without one
+
+
+def test_at_least_once_commits_every_epoch(spark, tmp_path: Path,
+                                           expected: Counter[str]) -> None:
+    job = Job(tmp_path, interval="1h")
+    text = job.text().replace("retain: 2}", "retain: 2, mode: at_least_once}")
+    seen: list[int] = []
+
+    def count_parts(event: dict) -> None:
+        if event["event"] == "epoch":
+            seen.append(len(list(job.out.glob("part-*"))))
+
+    job.run(spark, text=text, on_event=count_parts)
+    assert seen[1] > 0  # committed before any checkpoint
+    assert job.store.read(job.store.ids()[-1]).sinks == {}
+    assert committed(job.out) == expected
