@@ -51,6 +51,12 @@ def open_store(job: str, storage: str | None) -> CheckpointStore:
     return store
 
 
+def _console() -> Console:
+    """stdout; wide when not a terminal, so piped tables keep every column."""
+    return Console(highlight=False, soft_wrap=True,
+                   width=None if sys.stdout.isatty() else 220)
+
+
 def _when(seconds: float) -> str:
     return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
 
@@ -109,7 +115,7 @@ def list_cmd(job: JobArg, storage: StorageOpt = None, as_json: JsonOpt = False) 
         table.add_row(str(item.checkpoint_id), _when(meta.created_at), str(meta.epoch),
                       _size(meta.state_size), _size(meta.uploaded_bytes),
                       f"{meta.duration_ms:,.0f} ms", _offsets(meta), status)
-    console = Console(highlight=False, soft_wrap=True)
+    console = _console()
     console.print(f"job [bold]{job}[/bold]  {store.url}")
     console.print(table)
 
@@ -133,7 +139,7 @@ def inspect_cmd(job: JobArg, checkpoint: Annotated[str, typer.Argument(
         return
     from streamer.runtime.metrics import _time
 
-    console = Console(highlight=False, soft_wrap=True)
+    console = _console()
     console.print(f"checkpoint [bold]{meta.checkpoint_id}[/bold] of job [bold]{job}[/bold]  "
                   f"{store.storage.path(store.dir_of(meta.checkpoint_id))}")
     console.print(f"  taken {_when(meta.created_at)} UTC by run {meta.run_id}, epoch "
