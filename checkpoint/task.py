@@ -44,6 +44,10 @@ class TaskCheckpointing:
     deadline: float | None = None
     #: Checkpoint ids whose local copies to keep (besides the new one).
     keep_local: tuple[int, ...] = ()
+    #: This epoch also writes a savepoint here (canonical state per key group).
+    savepoint_url: str | None = None
+    #: Start from a savepoint: {"url": ..., "files": [...]} of this operator.
+    savepoint_restore: dict[str, Any] | None = None
 
 
 def _handle_file(state_root: str, job: str, uid: str, subtask: int, cid: int) -> Path:
@@ -58,8 +62,12 @@ def prepare(cfg: Any, subtask: int) -> dict[str, Any]:
     from streamer.state import SubtaskLocation
 
     location = SubtaskLocation(cfg.state_root, cfg.job, cfg.uid, subtask)
+    if location.path.exists() and any(location.path.iterdir()):
+        return {}
     handle = chk.last.get(subtask)
-    if handle is None or (location.path.exists() and any(location.path.iterdir())):
+    if handle is None and chk.savepoint_restore is not None:
+        return _restore_savepoint(cfg, chk, subtask)
+    if handle is None:
         return {}
     from streamer.state.snapshot import restore_snapshot
 
@@ -69,14 +77,32 @@ def prepare(cfg: Any, subtask: int) -> dict[str, Any]:
             "restored_from": handle.get("checkpoint_id")}
 
 
+def _restore_savepoint(cfg: Any, chk: TaskCheckpointing, subtask: int) -> dict[str, Any]:
+    """Fill the subtask's empty working state with its key groups from a savepoint (any
+    parallelism and backend wrote it) and commit it as the epoch before the first."""
+    from streamer.savepoint.format import restore_key_groups
+    from streamer.state import key_group_range, open_backend
+
+    assert chk.savepoint_restore is not None
+    started = time.monotonic()
+    groups = key_group_range(subtask, cfg.parallelism, cfg.max_parallelism)
+    with open_backend(cfg.backend, cfg.state_root, cfg.job, cfg.uid, subtask, groups) as backend:
+        counts = restore_key_groups(chk.savepoint_restore["url"], chk.savepoint_restore["files"],
+                                    backend, groups)
+        backend.commit(chk.first_epoch - 1)
+    return {"restored": "savepoint", "restore_ms": round((time.monotonic() - started) * 1000, 1),
+            "restored_entries": counts}
+
+
 def check_version(cfg: Any, subtask: int, done: int | None) -> None:
     """Fail with STATE_BEHIND unless the working state is at the epoch before this one."""
     chk: TaskCheckpointing | None = cfg.checkpointing
     if chk is None:
         return
     expected: int | None = cfg.epoch - 1
-    if cfg.epoch == chk.first_epoch and subtask not in chk.last:
-        expected = None  # a fresh start
+    if cfg.epoch == chk.first_epoch and subtask not in chk.last and (
+            chk.savepoint_restore is None):
+        expected = None  # a fresh start (or a new operator)
     if done != expected and not (expected == 0 and done is None):
         msg = (f"{STATE_BEHIND}: state of {cfg.uid!r} subtask {subtask} is at epoch {done}, "
                f"epoch {cfg.epoch} needs it at {expected}; restart from the last checkpoint")
@@ -115,6 +141,8 @@ def snapshot_batch(cfg: Any, backend: Any, subtask: int, info: dict[str, Any]) -
                                        {*chk.keep_local, cid})
         except Exception as exc:  # reported; the driver declines the checkpoint
             meta["snapshot_error"] = f"{type(exc).__name__}: {exc}"
+        if chk.savepoint_url is not None and "snapshot" in meta:
+            meta.update(_savepoint(cfg, chk, backend, subtask))
     if len(meta) == 1:
         return None
     import pyarrow as pa
@@ -123,3 +151,27 @@ def snapshot_batch(cfg: Any, backend: Any, subtask: int, info: dict[str, Any]) -
 
     return pa.RecordBatch.from_pylist([{"__kind": META, "__meta": json.dumps(meta)}],
                                       schema=cfg.out_schema)
+
+
+def _savepoint(cfg: Any, chk: TaskCheckpointing, backend: Any, subtask: int) -> dict[str, Any]:
+    """Write the subtask's key groups into the savepoint (once per savepoint and subtask)."""
+    import hashlib
+
+    assert chk.savepoint_url is not None
+    tag = hashlib.sha256(chk.savepoint_url.encode()).hexdigest()[:16]
+    saved = _handle_file(cfg.state_root, cfg.job, cfg.uid, subtask, 0).with_name(f"sp-{tag}.json")
+    try:
+        if saved.exists():
+            return {"savepoint": json.loads(saved.read_text())}
+        if backend.version() != cfg.epoch:
+            return {"savepoint_error": f"state is at epoch {backend.version()}, not {cfg.epoch}"}
+        from streamer.savepoint.format import write_key_groups
+
+        handle = write_key_groups(backend, chk.savepoint_url, cfg.uid, subtask)
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        tmp = saved.with_suffix(".tmp")
+        tmp.write_text(json.dumps(handle))
+        os.replace(tmp, saved)
+        return {"savepoint": handle}
+    except Exception as exc:
+        return {"savepoint_error": f"{type(exc).__name__}: {exc}"}

@@ -149,6 +149,12 @@ def run(
     storage: Annotated[str | None, typer.Option(
         help="Storage URL for checkpoints (default: the file's storage:, "
         "$STREAMER_STORAGE, ./.streamer).")] = None,
+    from_savepoint: Annotated[str | None, typer.Option(
+        "--from-savepoint", help="Start from this savepoint directory (same as "
+        "`streamer restore`).")] = None,
+    allow_non_restored_state: Annotated[bool, typer.Option(
+        "--allow-non-restored-state", help="With --from-savepoint: drop state whose operator "
+        "uid is no longer in the pipeline instead of refusing.")] = False,
 ) -> None:
     """Run a pipeline. Bounded sources end the job (exit 0); unbounded ones run until Ctrl-C,
     which stops cleanly at the next epoch boundary (after a final checkpoint).
@@ -159,10 +165,24 @@ def run(
     running the same command again.
     """
     from streamer.pipeline.validate import load_pipeline
+
+    spec = load_pipeline(str(file))
+    run_job(spec, quiet=quiet, json_lines=json_lines, master=master, conf=conf,
+            max_epochs=max_epochs, no_ui=no_ui, from_checkpoint=from_checkpoint, fresh=fresh,
+            no_checkpoints=no_checkpoints, storage=storage, from_savepoint=from_savepoint,
+            allow_non_restored_state=allow_non_restored_state)
+
+
+def run_job(spec: object, *, quiet: bool = False, json_lines: bool = False,
+            master: str | None = None, conf: list[str] | None = None,
+            max_epochs: int | None = None, no_ui: bool = False,
+            from_checkpoint: str | None = None, fresh: bool = False,
+            no_checkpoints: bool = False, storage: str | None = None,
+            from_savepoint: str | None = None, allow_non_restored_state: bool = False) -> None:
+    """Run a loaded pipeline with the CLI's reporters (shared by `run` and `restore`)."""
     from streamer.runtime.coordinator import JobRunner, RunOptions
     from streamer.runtime.metrics import JsonReporter, LiveReporter, QuietReporter, Reporter
 
-    spec = load_pipeline(str(file))
     extra = {}
     for item in conf or []:
         key, sep, value = item.partition("=")
@@ -183,16 +203,18 @@ def run(
         reporter = JsonReporter()
     else:
         reporter = LiveReporter(Console(stderr=True, highlight=False))
-    if fresh and from_checkpoint:
+    if sum(map(bool, (fresh, from_checkpoint, from_savepoint))) > 1:
         from streamer.exceptions import ConfigError
 
-        msg = "--fresh and --from-checkpoint contradict each other; give one of them"
+        msg = ("--fresh, --from-checkpoint and --from-savepoint contradict each other; give "
+               "one of them")
         raise ConfigError(msg)
     options = RunOptions(master=master, spark_conf=extra, ui=not no_ui, max_epochs=max_epochs,
                          console=None if json_lines or quiet else console,
                          checkpoints=not no_checkpoints, from_checkpoint=from_checkpoint,
-                         fresh=fresh, storage=storage)
-    JobRunner(spec, options, reporter=reporter).run()
+                         fresh=fresh, storage=storage, from_savepoint=from_savepoint,
+                         allow_non_restored_state=allow_non_restored_state)
+    JobRunner(spec, options, reporter=reporter).run()  # type: ignore[arg-type]
 
 
 @app.command("test")
@@ -255,8 +277,12 @@ def schema(
 
 
 from streamer.cli.checkpoints import checkpoint_app  # noqa: E402 - after the app exists
+from streamer.cli.jobs import register_job_commands  # noqa: E402
+from streamer.cli.savepoints import savepoint_app  # noqa: E402
 
 app.add_typer(checkpoint_app, name="checkpoint")
+app.add_typer(savepoint_app, name="savepoint")
+register_job_commands(app)
 
 
 def main() -> None:

@@ -62,13 +62,17 @@ class RunOptions:
     fresh: bool = False
     #: Storage URL for checkpoints (default: the pipeline's `storage:`).
     storage: str | None = None
+    #: Start from this savepoint (`streamer restore`, `run --from-savepoint`).
+    from_savepoint: str | None = None
+    #: Drop savepoint state whose operator uid is gone instead of refusing.
+    allow_non_restored_state: bool = False
 
 
 @dataclass
 class JobResult:
     """How a run ended."""
 
-    status: str  # finished | stopped
+    status: str  # finished | stopped | cancelled
     epochs: int
     records_in: int
     records_out: int
@@ -80,13 +84,15 @@ class JobResult:
     checkpoints: list[int] = field(default_factory=list)
     restored_from: int | None = None
     restarts: int = 0
+    savepoints: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able summary."""
         return {"status": self.status, "epochs": self.epochs, "records_in": self.records_in,
                 "records_out": self.records_out, "dead_letters": self.dead_letters,
                 "reason": self.reason, "checkpoints": len(self.checkpoints),
-                "restored_from": self.restored_from, "restarts": self.restarts}
+                "restored_from": self.restored_from, "restarts": self.restarts,
+                "savepoints": self.savepoints}
 
 
 def _now_ms() -> int:
@@ -135,6 +141,20 @@ class JobRunner:
         self.restore_report: list[dict[str, Any]] = []
         self.first_epoch = 1
         self.storage_url = self.options.storage or spec.storage
+        # Savepoints, the job registry and the control channel.
+        self.registry: Any = None
+        self.control: Any = None
+        self.savepoint_restore: dict[str, dict[str, Any]] = {}
+        self.savepoint_meta: Any = None
+        self.lineage_start = 0  # checkpoints at or below this id predate a savepoint restore
+        self.force_checkpoint = False
+        self.savepoints: list[str] = []
+        self.cancelled = False
+        self.stop_savepoint: str | None = None
+        self.stop_drain = False
+        self.seen_requests: set[str] = set()
+        #: savepoint url -> ids of the requests waiting for it
+        self.savepoint_waiters: dict[str, list[str]] = {}
 
     # ------------------------------------------------------------------------ control
     def request_stop(self) -> None:
@@ -257,6 +277,7 @@ class JobRunner:
             self.spark  # noqa: B018
             restore = self._install_sigint()
             self.prepare()
+            self._register()
             ui = self.spark.sparkContext.uiWebUrl if self.options.ui else None
             self.reporter.started({"job": self.spec.name, "master": self.spark.sparkContext.master,
                                    "ui": ui, "sources": list(self.sources),
@@ -278,10 +299,10 @@ class JobRunner:
                     if self._stop.is_set():
                         raise
         except BaseException as exc:
-            if isinstance(exc, StreamerError):
-                self.reporter.finished({"status": "failed", "reason": str(exc)})
-            else:
-                self.reporter.finished({"status": "failed", "reason": type(exc).__name__})
+            reason = str(exc) if isinstance(exc, StreamerError) else type(exc).__name__
+            if self.registry is not None:
+                self.registry.close("failed", reason, epoch=self.epoch)
+            self.reporter.finished({"status": "failed", "reason": reason})
             raise
         finally:
             restore()
@@ -294,8 +315,28 @@ class JobRunner:
                 for root in self.state_roots:
                     shutil.rmtree(root, ignore_errors=True)
         result.restarts = restarts
+        result.savepoints = list(self.savepoints)
+        if self.registry is not None:
+            self.registry.close(result.status, result.reason, epoch=self.epoch,
+                                records_in=result.records_in, records_out=result.records_out)
         self.reporter.finished(result.to_json())
         return result
+
+    def _register(self) -> None:
+        """Claim the job in its registry (refused if another run is alive) and start the
+        heartbeat; open the control channel."""
+        if not self.options.checkpoints:
+            return
+        from streamer.runtime.control import ControlChannel, JobRegistry
+
+        self.registry = JobRegistry(self.storage_url, self.spec.name)
+        note = self.registry.claim(self.run_id, {
+            "file": self.spec.file, "master": self.spark.sparkContext.master,
+            "parallelism": {n: s.parallelism for n, s in self.keyed.items()}})
+        if note:
+            self.reporter.message(note)
+        self.registry.start_heartbeat()
+        self.control = ControlChannel(self.storage_url, self.spec.name)
 
     # ------------------------------------------------------------------------ restarts
     def _may_restart(self, exc: JobFailedError, restarts: int, free: int) -> bool:
@@ -380,7 +421,9 @@ class JobRunner:
         if first:
             cleanup_stale_runs(self.spec.job.state_local_dir, self.spec.name, self.run_id)
         meta = None
-        if first and self.options.fresh:
+        if self.options.from_savepoint and (first or self._no_checkpoint_since_savepoint()):
+            self._restore_savepoint(self.options.from_savepoint, first=first)
+        elif first and self.options.fresh:
             self.store.delete_all()
             self.reporter.message(f"--fresh: deleted the checkpoints of job "
                                   f"{self.spec.name!r}; starting from the beginning")
@@ -396,13 +439,66 @@ class JobRunner:
             from streamer.checkpoint.metadata import Listed
 
             skipped: list[Listed] = []
-            meta = self.store.latest(skipped=skipped, exclude=self.bad_checkpoints)
+            meta = self.store.latest(skipped=skipped, exclude=self.bad_checkpoints | set(
+                range(self.lineage_start + 1)))
             for item in skipped:
                 self.reporter.message(f"checkpoint {item.checkpoint_id} cannot be used "
                                       f"({item.problem}); using an earlier one")
         if meta is not None:
             self._restore(meta)
         self.first_epoch = self.epoch + 1
+
+    def _no_checkpoint_since_savepoint(self) -> bool:
+        assert self.store is not None
+        return not any(c > self.lineage_start for c in self.store.ids()
+                       if c not in self.bad_checkpoints)
+
+    def _restore_savepoint(self, url: str, *, first: bool) -> None:
+        """Start from a savepoint: per operator uid restore, start empty, drop or refuse;
+        sources at its offsets (new ones at their start), its watermark and epoch."""
+        from streamer.savepoint.metadata import SavepointError, plan_restore, read_metadata
+
+        assert self.store is not None
+        meta = read_metadata(url)
+        decisions = plan_restore(meta, self.spec,
+                                 allow_non_restored=self.options.allow_non_restored_state)
+        refused = [d for d in decisions if d.action == "refuse"]
+        if refused:
+            msg = (f"cannot restore savepoint {url} into {self.spec.file}: " + "; ".join(
+                f"operator {d.operator!r} (uid {d.uid!r}): {d.reason}" for d in refused))
+            raise SavepointError(msg)
+        from streamer.checkpoint.storage import Storage
+
+        root = Storage(url).url
+        by_uid = {stage.op.uid: node for node, stage in self.keyed.items()}
+        self.savepoint_restore = {}
+        for d in decisions:
+            if d.action == "restore":
+                self.savepoint_restore[by_uid[d.uid]] = {
+                    "url": root, "files": meta.operators[d.uid].get("files", [])}
+        ids_of = {s.uid: s.id for s in self.spec.sources}
+        for source in self.spec.sources:
+            if source.uid in meta.offsets:
+                self.offsets[source.id] = dict(meta.offsets[source.uid])
+        watermark = dict(meta.watermark)
+        watermark["finished"] = [ids_of[u] for u in watermark.get("finished", []) if u in ids_of]
+        watermark["splits"] = [[ids_of[u], *rest] for u, *rest in watermark.get("splits", [])
+                               if u in ids_of]
+        self.watermarks.restore(watermark, _now_ms())
+        self.epoch = meta.epoch
+        self.next_timers = {}
+        for uid, node in by_uid.items():
+            saved = meta.operators.get(uid, {})
+            if "next_timers" in saved:
+                self.next_timers[node] = dict(saved["next_timers"])
+        for sink in self.sinks.values():
+            sink.recover(meta.epoch)
+        if first:
+            self.lineage_start = max(self.store.ids(), default=0)
+        self.savepoint_meta = meta
+        self.force_checkpoint = True  # the restored lineage gets its first checkpoint at once
+        summary = ", ".join(f"{d.operator}: {d.action}" for d in decisions) or "no keyed state"
+        self.reporter.message(f"restoring savepoint {root} (epoch {meta.epoch}; {summary})")
 
     def _restore(self, meta: CheckpointMetadata) -> None:
         from streamer.checkpoint.metadata import CheckpointError
@@ -496,15 +592,18 @@ class JobRunner:
         done = self.last_checkpoint.epoch if self.last_checkpoint else 0
         return self.options.checkpoints and (self.epoch > done or any(self.pending.values()))
 
-    def _final_checkpoint(self, flush: int | None) -> None:
+    def _final_checkpoint(self, flush: int | None, savepoint_url: str | None = None) -> None:
         """A checkpoint at the end of the run (no new data), so every staged output commits
-        and a restart has nothing to redo; retried a few times, then the run fails."""
+        and a restart has nothing to redo; retried a few times, then the run fails. With
+        `savepoint_url` it also writes a savepoint (stop-with-savepoint)."""
         for _ in range(3):
             self.epoch += 1
-            metrics = self._run_epoch(self.epoch, {}, 0.0, flush=flush, checkpoint=True)
+            metrics = self._run_epoch(self.epoch, {}, 0.0, flush=flush, checkpoint=True,
+                                      savepoint_url=savepoint_url)
             self.history.append(metrics)
             self.reporter.epoch(metrics)
-            if not self._unsaved():
+            if not self._unsaved() and (savepoint_url is None or self._savepoint_done(
+                    savepoint_url) or savepoint_url != self.stop_savepoint):
                 return
         msg = (f"the final checkpoint of job {self.spec.name!r} failed 3 times; output since "
                "checkpoint "
@@ -519,11 +618,20 @@ class JobRunner:
         status = "finished"
         ran = 0
         while True:
-            if self._stop.is_set():
-                if self._unsaved():
-                    self._final_checkpoint(None)
-                status, reason = "stopped", f"stopped at the boundary after epoch {self.epoch}"
+            savepoint_url = self._poll_control()
+            if self.cancelled:
+                status, reason = "cancelled", f"cancelled after epoch {self.epoch}"
                 break
+            if self._stop.is_set():
+                if self._unsaved() or self.stop_savepoint is not None:
+                    self._final_checkpoint(MAX_WATERMARK if self.stop_drain else None,
+                                           savepoint_url=self.stop_savepoint)
+                if self._stop.is_set():  # (a failed stop-with-savepoint keeps the job going)
+                    status, reason = "stopped", (
+                        f"stopped at the boundary after epoch {self.epoch}" + (
+                            f"; savepoint {self.stop_savepoint}" if self.stop_savepoint
+                            else ""))
+                    break
             tick = time.monotonic()
             now = _now_ms()
             live = {}
@@ -553,8 +661,9 @@ class JobRunner:
             if slices or self._timers_due(self.watermarks.current, now):
                 self.epoch += 1
                 ran += 1
-                metrics = self._run_epoch(self.epoch, slices, plan_ms,
-                                          checkpoint=self._checkpoint_due())
+                due = self._checkpoint_due() or self.force_checkpoint or bool(savepoint_url)
+                metrics = self._run_epoch(self.epoch, slices, plan_ms, checkpoint=due,
+                                          savepoint_url=savepoint_url)
                 self.history.append(metrics)
                 self.reporter.epoch(metrics)
                 if self.options.max_epochs is not None and ran >= self.options.max_epochs:
@@ -583,7 +692,7 @@ class JobRunner:
     # ------------------------------------------------------------------------ one epoch
     def _run_epoch(self, epoch: int, slices: Mapping[str, SourceSlice],
                    plan_ms: float, flush: int | None = None,
-                   checkpoint: bool = False) -> EpochMetrics:
+                   checkpoint: bool = False, savepoint_url: str | None = None) -> EpochMetrics:
         """Run one epoch; with `checkpoint`, the epoch's end is also a checkpoint: keyed
         subtasks snapshot their state after committing it, and `_complete_checkpoint` writes
         `_metadata` and commits the sinks' staged output."""
@@ -642,7 +751,7 @@ class JobRunner:
                     result = self._guarded(epoch, f"operator {node.id!r}", partial(
                         stage.run, union(present) if present else None, epoch, now,
                         watermark if flush is None else flush, fire,
-                        self._task_checkpointing(node.id, checkpoint_id)))
+                        self._task_checkpointing(node.id, checkpoint_id, savepoint_url)))
                     keyed_metas[node.id] = result.metas
                     frames[node.id] = result.output
                     late_sink = node.spec.window.late if node.spec.window else None  # type: ignore
@@ -724,8 +833,14 @@ class JobRunner:
         checkpoint_ms = None
         if checkpoint_id is not None:
             t2 = time.monotonic()
-            self._complete_checkpoint(checkpoint_id, epoch, keyed_metas, t1)
+            done = self._complete_checkpoint(checkpoint_id, epoch, keyed_metas, t1)
+            if done:
+                self.force_checkpoint = False
+            if savepoint_url is not None:
+                self._complete_savepoint(savepoint_url, epoch, keyed_metas, done)
             checkpoint_ms = (time.monotonic() - t2) * 1000
+        elif savepoint_url is not None:
+            self._complete_savepoint(savepoint_url, epoch, keyed_metas, False)
         commit_ms = (time.monotonic() - t1) * 1000
         now = _now_ms()
         records_out = {k: int(o.get.get("n") or 0) for k, o in seen_out.items()}
@@ -753,7 +868,8 @@ class JobRunner:
             self._decline(None, self.epoch, f"cannot list the checkpoint storage: {exc}")
             return None
 
-    def _task_checkpointing(self, node_id: str, checkpoint_id: int | None) -> Any:
+    def _task_checkpointing(self, node_id: str, checkpoint_id: int | None,
+                            savepoint_url: str | None = None) -> Any:
         """What the keyed subtasks of `node_id` need: restore source, snapshot target."""
         if self.store is None:
             return None
@@ -768,7 +884,9 @@ class JobRunner:
             first_epoch=self.first_epoch, last=dict(self.last_handles.get(node_id, {})),
             snapshot_id=checkpoint_id,
             deadline=(time.time() + job.timeout_ms / 1000) if checkpoint_id is not None else None,
-            keep_local=tuple(keep))
+            keep_local=tuple(keep),
+            savepoint_url=savepoint_url if checkpoint_id is not None else None,
+            savepoint_restore=self.savepoint_restore.get(node_id))
 
     def _decline(self, checkpoint_id: int | None, epoch: int, reason: str) -> None:
         self.last_checkpoint_at = time.monotonic()  # try again after an interval
@@ -776,7 +894,7 @@ class JobRunner:
                                   "reason": reason})
 
     def _complete_checkpoint(self, checkpoint_id: int, epoch: int, keyed_metas: dict[str, Any],
-                             started: float) -> None:
+                             started: float) -> bool:
         """Every subtask reported its snapshot: write `_metadata` (the checkpoint exists from
         then on), commit the sinks' staged output, prune old checkpoints. A missing snapshot,
         a timeout or a storage error declines the checkpoint instead (reported; the previous
@@ -809,7 +927,7 @@ class JobRunner:
                           f"{job.checkpoint.timeout_ms:,} ms")
         if errors:
             self._decline(checkpoint_id, epoch, "; ".join(errors))
-            return
+            return False
         uid_of = {s.id: s.uid for s in self.spec.sources}
         watermark = self.watermarks.to_json()
         watermark["finished"] = [uid_of[s] for s in watermark["finished"]]
@@ -829,7 +947,7 @@ class JobRunner:
             self.store.write(meta)
         except Exception as exc:
             self._decline(checkpoint_id, epoch, f"cannot write its _metadata: {exc}")
-            return
+            return False
         failpoints.reached("after-metadata", checkpoint_id)
         for n, (sink_id, items) in enumerate(self.pending.items()):
             for sink_epoch, handle in items:
@@ -855,6 +973,131 @@ class JobRunner:
             "duration_ms": round(elapsed_ms, 1), "state_size": meta.state_size,
             "uploaded_bytes": meta.uploaded_bytes, "pruned": deleted,
             "path": self.store.storage.path(self.store.dir_of(checkpoint_id))})
+        if self.registry is not None:
+            self.registry.update(epoch=epoch, last_checkpoint=checkpoint_id,
+                                 last_checkpoint_at=meta.created_at)
+        return True
+
+    # ------------------------------------------------------------------------ savepoints
+    def _poll_control(self) -> str | None:
+        """At an epoch boundary: beat, and take the control channel's requests. Returns the
+        savepoint URL the next epoch writes, if one was asked for."""
+        if self.control is None:
+            return None
+        from streamer.checkpoint.storage import StorageError
+        from streamer.savepoint.metadata import new_savepoint_url
+
+        self.registry.update(epoch=self.epoch, records_in=sum(m.total_in for m in self.history))
+        try:
+            requests = self.control.pending()
+        except StorageError as exc:
+            self.reporter.message(f"cannot read the control channel: {exc}")
+            return None
+        url = None
+        for req in requests:
+            rid, kind = req["id"], req["kind"]
+            if rid in self.seen_requests:
+                continue
+            if kind == "savepoint":
+                if url is not None:
+                    continue  # one savepoint per boundary; the next boundary takes it
+                url = new_savepoint_url(self.storage_url, self.spec.name, req.get("target"))
+                self.savepoint_waiters.setdefault(url, []).append(rid)
+                self.control.respond(rid, "accepted", path=url)
+                self.reporter.message(f"savepoint requested: writing {url}")
+            elif kind == "stop":
+                self._stop.set()
+                if req.get("savepoint"):
+                    self.stop_savepoint = self.stop_savepoint or new_savepoint_url(
+                        self.storage_url, self.spec.name, req.get("target"))
+                    self.stop_drain = self.stop_drain or bool(req.get("drain"))
+                    self.savepoint_waiters.setdefault(self.stop_savepoint, []).append(rid)
+                    self.control.respond(rid, "accepted", path=self.stop_savepoint)
+                else:
+                    self.control.respond(rid, "completed", status_after="stopped")
+                self.reporter.message("stop requested: stopping at this epoch boundary"
+                                      + (" with a savepoint" if req.get("savepoint") else ""))
+            elif kind == "cancel":
+                self.cancelled = True
+                self.control.respond(rid, "completed", status_after="cancelled")
+                self.reporter.message("cancel requested: cancelling now (no final checkpoint)")
+            self.seen_requests.add(rid)
+        return url
+
+    def _savepoint_done(self, url: str) -> bool:
+        return url in self.savepoints
+
+    def _complete_savepoint(self, url: str, epoch: int, keyed_metas: dict[str, Any],
+                            checkpointed: bool) -> None:
+        """After the savepoint epoch's checkpoint: write the savepoint's `_metadata` from the
+        subtasks' key-group files, answer whoever asked."""
+        from streamer import __version__
+        from streamer.savepoint.metadata import (
+            SavepointMetadata,
+            operator_definition,
+            pipeline_fingerprint,
+            write_metadata,
+        )
+
+        errors = [] if checkpointed else ["its checkpoint did not complete"]
+        operators: dict[str, dict[str, Any]] = {}
+        for node_id, metas in keyed_metas.items():
+            stage = self.keyed[node_id]
+            files: list[dict[str, Any]] = []
+            states: dict[str, str] = {}
+            keys: dict[str, int] = {}
+            size = 0
+            for meta in metas:
+                handle = meta.get("savepoint")
+                if handle is None:
+                    errors.append(f"operator {node_id!r} subtask {meta.get('subtask')}: "
+                                  f"{meta.get('savepoint_error', 'no savepoint files reported')}")
+                    continue
+                files += handle.get("files", [])
+                states.update(handle.get("states", {}))
+                for name, n in handle.get("keys", {}).items():
+                    keys[name] = keys.get(name, 0) + int(n)
+                size += int(handle.get("bytes", 0))
+            operators[stage.op.uid] = {
+                "node": node_id, "definition": operator_definition(stage.op),
+                "states": states, "parallelism": stage.parallelism,
+                "backend": stage.base_config.backend,
+                "files": sorted(files, key=lambda f: int(f.get("key_group", 0))),
+                "keys": keys, "bytes": size,
+                "next_timers": self.next_timers.get(node_id, {})}
+        waiters = self.savepoint_waiters.pop(url, [])
+        if not errors:
+            uid_of = {s.id: s.uid for s in self.spec.sources}
+            watermark = self.watermarks.to_json()
+            watermark["finished"] = [uid_of[s] for s in watermark["finished"]]
+            watermark["splits"] = [[uid_of[s], *rest] for s, *rest in watermark["splits"]]
+            meta = SavepointMetadata(
+                job=self.spec.name, created_at=time.time(), streamer_version=__version__,
+                pipeline_fingerprint=pipeline_fingerprint(self.spec), epoch=epoch,
+                max_parallelism=self.spec.job.max_parallelism,
+                offsets={uid_of[sid]: dict(o) for sid, o in self.offsets.items()},
+                watermark=watermark, operators=operators,
+                sources={s.uid: s.type for s in self.spec.sources}, run_id=self.run_id,
+                drained=self.stop_drain and url == self.stop_savepoint)
+            try:
+                write_metadata(url, meta)
+            except Exception as exc:
+                errors.append(f"cannot write its _metadata: {exc}")
+        if errors:
+            reason = "; ".join(errors)
+            self.reporter.message(f"savepoint {url} failed: {reason}")
+            for rid in waiters:
+                self.control.respond(rid, "failed", path=url, reason=reason)
+            if url == self.stop_savepoint:
+                msg = f"stop with savepoint failed: {reason}; the job was not stopped"
+                self._stop.clear()
+                self.stop_savepoint = None
+                self.reporter.message(msg)
+            return
+        self.savepoints.append(url)
+        self.reporter.message(f"savepoint written: {url}")
+        for rid in waiters:
+            self.control.respond(rid, "completed", path=url, epoch=epoch)
 
     def _guarded(self, epoch: int, what: str, action: Callable[[], Any]) -> Any:
         """Run a Spark action; turn Spark failures into errors that say what happened."""

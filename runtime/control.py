@@ -1,0 +1,198 @@
+"""The job registry and control channel, both on the job's storage, so they work wherever
+the job runs (locally, or the driver of a spark-submit on a cluster) as long as the storage is
+shared.
+
+    <storage>/<job>/job.json                      status, run id, host, pid, start time,
+                                                  heartbeat, epoch, last checkpoint, figures
+    <storage>/<job>/control/requests/<id>.json    savepoint | stop | cancel, from the CLI
+    <storage>/<job>/control/responses/<id>.json   the job's answer (path of a savepoint, ...)
+
+The running job writes `job.json` at every epoch boundary and from a heartbeat thread; a
+heartbeat older than `STALE_AFTER_S` means the job is dead (killed, machine lost), and a new run
+takes it over. The job polls `control/requests/` at every epoch boundary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+from streamer.checkpoint.storage import Storage, StorageError
+from streamer.exceptions import StreamerError
+
+HEARTBEAT_S = 5.0
+STALE_AFTER_S = 30.0
+KINDS = ("savepoint", "stop", "cancel")
+
+
+class JobControlError(StreamerError):
+    """A job cannot be started, found or controlled."""
+
+
+class JobAlreadyRunningError(JobControlError):
+    """Another run of the job has a live heartbeat."""
+
+
+def job_storage(storage_url: str, job: str) -> Storage:
+    """The job's directory on its storage."""
+    return Storage(f"{storage_url.rstrip('/')}/{job}")
+
+
+def _read_json(storage: Storage, rel: str) -> dict[str, Any] | None:
+    try:
+        raw = storage.read_bytes(rel)
+    except StorageError:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def state_of(record: dict[str, Any], now: float | None = None) -> str:
+    """Running | finished | stopped | failed | cancelled | dead (running, stale heartbeat)."""
+    status = str(record.get("status", "unknown"))
+    if status == "running":
+        age = (now or time.time()) - float(record.get("heartbeat_at", 0))
+        if age > STALE_AFTER_S:
+            return "dead"
+    return status
+
+
+class JobRegistry:
+    """`job.json` of one job: claimed by a run, kept fresh by heartbeats, closed at the end."""
+
+    def __init__(self, storage_url: str, job: str) -> None:
+        self.job = job
+        self.storage = job_storage(storage_url, job)
+        self.record: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def read(self) -> dict[str, Any] | None:
+        """The job's record, or None if it never ran with this storage."""
+        return _read_json(self.storage, "job.json")
+
+    def claim(self, run_id: str, info: dict[str, Any]) -> str | None:
+        """Register this run; refuse if another run is alive. Returns a note when a dead run
+        (stale heartbeat) was taken over."""
+        previous = self.read()
+        note = None
+        if previous and previous.get("status") == "running":
+            if state_of(previous) == "running" and previous.get("run_id") != run_id:
+                age = time.time() - float(previous.get("heartbeat_at", 0))
+                msg = (f"job {self.job!r} is already running (run {previous.get('run_id')} on "
+                       f"{previous.get('host')}, pid {previous.get('pid')}, heartbeat "
+                       f"{age:.0f} s ago); stop it first (`streamer stop {self.job}`), or wait "
+                       f"{STALE_AFTER_S:.0f} s after it died")
+                raise JobAlreadyRunningError(msg)
+            note = (f"taking over job {self.job!r} from run {previous.get('run_id')}, whose "
+                    "heartbeat stopped (it died without cleaning up)")
+        now = time.time()
+        self.record = {"job": self.job, "run_id": run_id, "status": "running",
+                       "host": socket.gethostname(), "pid": os.getpid(), "started_at": now,
+                       "heartbeat_at": now, **info}
+        self._write()
+        return note
+
+    def _write(self) -> None:
+        with self._lock:
+            self.storage.write_atomic("job.json", json.dumps(self.record, default=str).encode())
+
+    def update(self, **figures: Any) -> None:
+        """Record figures (epoch, last checkpoint, records) and beat."""
+        self.record.update(figures, heartbeat_at=time.time())
+        with contextlib.suppress(StorageError):  # a missed beat does not fail the job
+            self._write()
+
+    def start_heartbeat(self) -> None:
+        """Beat every HEARTBEAT_S seconds from a daemon thread until `close`."""
+        def beat() -> None:
+            while not self._stop.wait(HEARTBEAT_S):
+                self.update()
+        self._thread = threading.Thread(target=beat, name="streamer-heartbeat", daemon=True)
+        self._thread.start()
+
+    def close(self, status: str, reason: str = "", **figures: Any) -> None:
+        """The run ended: stop beating, record how."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+        self.record.update(figures, status=status, reason=reason, ended_at=time.time(),
+                           heartbeat_at=time.time())
+        with contextlib.suppress(StorageError):
+            self._write()
+
+
+def list_jobs(storage_url: str) -> list[dict[str, Any]]:
+    """Every job with a `job.json` under the storage, with its derived `state`."""
+    root = Storage(storage_url)
+    jobs = []
+    now = time.time()
+    for name in root.ls(""):
+        record = _read_json(root, f"{name}/job.json")
+        if record is not None:
+            jobs.append({**record, "state": state_of(record, now)})
+    return jobs
+
+
+class ControlChannel:
+    """Requests to a job and its responses, as files on the job's storage."""
+
+    def __init__(self, storage_url: str, job: str) -> None:
+        self.job = job
+        self.storage = job_storage(storage_url, job)
+
+    def request(self, kind: str, **params: Any) -> str:
+        """File a request; returns its id."""
+        if kind not in KINDS:
+            msg = f"unknown request {kind!r}; one of {', '.join(KINDS)}"
+            raise JobControlError(msg)
+        rid = f"{int(time.time() * 1000):013d}-{kind}-{uuid.uuid4().hex[:8]}"
+        body = {"id": rid, "kind": kind, "created_at": time.time(), **params}
+        self.storage.write_atomic(f"control/requests/{rid}.json", json.dumps(body).encode())
+        return rid
+
+    def pending(self) -> list[dict[str, Any]]:
+        """Requests without a response, oldest first."""
+        answered = {n.removesuffix(".json") for n in self.storage.ls("control/responses")}
+        out = []
+        for name in self.storage.ls("control/requests"):
+            rid = name.removesuffix(".json")
+            if name.endswith(".json") and rid not in answered:
+                body = _read_json(self.storage, f"control/requests/{name}")
+                if body is not None:
+                    out.append(body)
+        return out
+
+    def respond(self, rid: str, status: str, **result: Any) -> None:
+        """Answer request `rid` (status: completed | failed | accepted)."""
+        body = {"id": rid, "status": status, "at": time.time(), **result}
+        self.storage.write_atomic(f"control/responses/{rid}.json", json.dumps(body).encode())
+
+    def response(self, rid: str) -> dict[str, Any] | None:
+        """The answer to `rid`, if any."""
+        return _read_json(self.storage, f"control/responses/{rid}.json")
+
+    def find(self, rid: str) -> dict[str, Any] | None:
+        """The request `rid`, if it exists."""
+        return _read_json(self.storage, f"control/requests/{rid}.json")
+
+    def wait(self, rid: str, timeout_s: float, poll_s: float = 0.3) -> dict[str, Any] | None:
+        """Wait for the answer to `rid` (None on timeout)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = self.response(rid)
+            if found is not None and found.get("status") != "accepted":
+                return found
+            if time.monotonic() >= deadline:
+                return found
+            time.sleep(poll_s)
