@@ -23,6 +23,8 @@ from streamer.pipeline.spec import AggregateSpec
 META = "meta"
 OUT = "out"
 NS_ROLLING = b""
+#: Time windows: per key group, window and epoch, the keys that got the window that epoch.
+WINDOW_KEYS = "window_keys"
 _I64 = struct.Struct(">q")
 
 
@@ -109,11 +111,34 @@ def _partials(cfg: KeyedConfig) -> list[tuple[Any, int]]:
 
 
 class _Emitter:
-    """Collects output rows and turns them into one Arrow batch."""
+    """Collects output rows and turns them into one Arrow batch: row by row (`rows`, dicts)
+    or, for the columnar operators, a column chunk at a time (`columns`); the batch holds the
+    chunks, then the rows, then the meta row."""
 
     def __init__(self, cfg: KeyedConfig) -> None:
         self.cfg = cfg
         self.rows: list[dict[str, Any]] = []
+        self.chunks: list[tuple[int, dict[str, list[Any]]]] = []
+
+    def __len__(self) -> int:
+        return len(self.rows) + sum(n for n, _ in self.chunks)
+
+    def columns(self, keys: list[tuple[Any, ...]], values: list[list[Any]],
+                starts: list[int] | None = None, size: int = 0) -> None:
+        """Output rows of `keys` with the final `values` (one list per aggregate); with
+        `starts`, of the windows [start, start + size)."""
+        if not keys:
+            return
+        cols: dict[str, list[Any]] = {}
+        for i, name in enumerate(self.cfg.keys):
+            cols[name] = [k[i] for k in keys]
+        if starts is not None:
+            cols["window_start"] = [s * 1000 for s in starts]
+            cols["window_end"] = [(s + size) * 1000 for s in starts]
+            cols["__ts"] = [(s + size - 1) * 1000 for s in starts]
+        for agg, column in zip(self.cfg.aggregates, values, strict=True):
+            cols[agg.name] = column
+        self.chunks.append((len(keys), cols))
 
     def window(self, key: Sequence[Any], start: int, end: int, values: list[Any]) -> None:
         row: dict[str, Any] = {"__kind": OUT, "__meta": None}
@@ -125,25 +150,102 @@ class _Emitter:
             row[agg.name] = value
         self.rows.append(row)
 
-    def rolling(self, key: Sequence[Any], values: list[Any]) -> None:
-        row: dict[str, Any] = {"__kind": OUT, "__meta": None}
-        row.update(zip(self.cfg.keys, key, strict=True))
-        for agg, value in zip(self.cfg.aggregates, values, strict=True):
-            row[agg.name] = value
-        self.rows.append(row)
-
     def record(self, record: dict[str, Any]) -> None:
         self.rows.append({"__kind": OUT, "__meta": None, **record})
 
     def batch(self, meta: dict[str, Any]) -> Any:
         import pyarrow as pa
 
+        schema = self.cfg.out_schema
         rows = [*self.rows, {"__kind": META, "__meta": json.dumps(meta)}]
-        return pa.RecordBatch.from_pylist(rows, schema=self.cfg.out_schema)
+        last = pa.RecordBatch.from_pylist(rows, schema=schema)
+        if not self.chunks:
+            return last
+        parts = []
+        for n, cols in self.chunks:
+            arrays = []
+            for f in schema:
+                if f.name in cols:
+                    arrays.append(pa.array(cols[f.name], type=f.type))
+                elif f.name == "__kind":
+                    arrays.append(pa.array([OUT] * n, type=f.type))
+                else:
+                    arrays.append(pa.nulls(n, type=f.type))
+            parts.append(pa.RecordBatch.from_arrays(arrays, schema=schema))
+        return pa.concat_batches([*parts, last])
 
 
 def _finals(accs: list[tuple[Any, int]], state: list[Any]) -> list[Any]:
     return [acc.final(value) for (acc, _), value in zip(accs, state, strict=True)]
+
+
+def _final_columns(accs: list[tuple[Any, int]], states: list[list[Any]]) -> list[list[Any]]:
+    """The final values of many accumulator lists, one list per aggregate."""
+    return [acc.final_rows([state[i] for state in states]) for i, (acc, _) in enumerate(accs)]
+
+
+def _lift_columns(accs: list[tuple[Any, int]], rows: _Input) -> list[list[Any]]:
+    """The mergeable accumulators of every input row (a list per row, like `_lift`)."""
+    per_agg, i = [], 0
+    for acc, n in accs:
+        per_agg.append(acc.lift_rows([rows.column(f"__p{i + j}") for j in range(n)]))
+        i += n
+    return [list(values) for values in zip(*per_agg, strict=True)]
+
+
+class _Input:
+    """A subtask's input rows of an epoch (dummy rows removed) as an Arrow table, read into
+    Python a column at a time: the columnar operators never build a dict per row."""
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+        self._columns: dict[str, list[Any]] = {}
+
+    def __len__(self) -> int:
+        return int(self.table.num_rows)
+
+    def column(self, name: str) -> list[Any]:
+        """One column as a Python list."""
+        values = self._columns.get(name)
+        if values is None:
+            values = self._columns[name] = self.table.column(name).to_pylist()
+        return values
+
+    def keys(self, names: Sequence[str]) -> list[tuple[Any, ...]]:
+        """The key tuple of every row."""
+        if not names:
+            return [()] * len(self)
+        return list(zip(*(self.column(k) for k in names), strict=True))
+
+
+def _encode_keys(keys: list[tuple[Any, ...]]) -> list[bytes]:
+    """`encode_key` of every key, once per distinct key.
+
+    A cache by key is safe: equal keys of one column encode alike (a column has one type,
+    and encode_key maps -0.0 and 0.0 alike).
+    """
+    from streamer.state.codec import encode_key
+
+    cache: dict[tuple[Any, ...], bytes] = {}
+    out = []
+    for key in keys:
+        data = cache.get(key)
+        if data is None:
+            data = cache[key] = encode_key(key)
+        out.append(data)
+    return out
+
+
+def _namespaces(starts: list[int]) -> list[bytes]:
+    """`ns_of` of every window start, once per distinct start."""
+    cache: dict[int, bytes] = {}
+    out = []
+    for start in starts:
+        ns = cache.get(start)
+        if ns is None:
+            ns = cache[start] = ns_of(start)
+        out.append(ns)
+    return out
 
 
 def _lift(accs: list[tuple[Any, int]], row: dict[str, Any]) -> list[Any]:
@@ -164,15 +266,10 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
     """Process one subtask's rows of one epoch; yield the output batch (with a meta row)."""
     from streamer.state import StateDescriptor, StateKind, key_group_range, open_backend
 
-    rows: list[dict[str, Any]] = []
-    for batch in batches:
-        for row in batch.to_pylist():
-            if not row.get("__dummy"):
-                rows.append(row)
-            elif row["__subtask"] != subtask:
-                msg = (f"keyed stage of {cfg.uid!r}: rows for subtask {row['__subtask']} "
-                       f"reached Spark partition {subtask}; key-group routing is broken")
-                raise RuntimeError(msg)
+    rows: Any = _read_input(cfg, batches, subtask)
+    if not (cfg.kind == "aggregate" or (cfg.kind == "window"
+                                        and cfg.window_kind in ("tumbling", "sliding"))):
+        rows = rows.table.to_pylist()  # the operators that work row by row
     from streamer.checkpoint import task as checkpointing
     from streamer.runtime import failpoints
 
@@ -210,7 +307,7 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
             _count_windows(cfg, backend, rows, out)
         else:
             _time_windows(cfg, backend, rows, out)
-        meta = {"subtask": subtask, "out": len(out.rows),
+        meta = {"subtask": subtask, "out": len(out),
                 "next_event": backend.next_timer("event"),
                 "next_processing": backend.next_timer("processing")}
         batch = out.batch(meta)
@@ -222,6 +319,25 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
             yield extra
     finally:
         backend.close()
+
+
+def _read_input(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> _Input:
+    """The epoch's rows of this subtask, without the dummy row that makes every subtask run;
+    checks that the routing delivered them to the right Spark partition."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    received = list(batches)
+    if not received:
+        return _Input(pa.table({"__kg": pa.array([], pa.int32())}))
+    table = pa.Table.from_batches(received)
+    dummy = pc.fill_null(table.column("__dummy"), False)
+    routed = set(table.filter(dummy).column("__subtask").to_pylist())
+    if routed - {subtask}:
+        msg = (f"keyed stage of {cfg.uid!r}: rows for subtask {min(routed - {subtask})} "
+               f"reached Spark partition {subtask}; key-group routing is broken")
+        raise RuntimeError(msg)
+    return _Input(table.filter(pc.invert(dummy)))
 
 
 def _key_bytes(key: Sequence[Any]) -> bytes:
@@ -237,53 +353,85 @@ def _fire_time_windows(cfg: KeyedConfig, backend: Any, accs: list[tuple[Any, int
         return
     from streamer.state.codec import decode_key
 
-    size = cfg.size_ms or 0
-    cells = [(t.key_group, t.key, t.namespace) for t in due]
+    # A timer with a key is the timer of one (key, window), as state written before window
+    # key lists had; the others name a list of the keys a window got in one epoch.
+    cells = [(t.key_group, t.key, t.namespace) for t in due if t.key]
+    lists = [(t.key_group, t.key, t.namespace) for t in due if not t.key]
+    if lists:
+        for (kg, _, list_ns), members in zip(lists, backend.get_many(WINDOW_KEYS, lists),
+                                              strict=True):
+            ns = list_ns[:8]
+            cells.extend((kg, key_bytes, ns) for key_bytes in members or ())
+        backend.delete_many(WINDOW_KEYS, lists)
+    keys, starts, states = [], [], []
+    decoded: dict[bytes, tuple[Any, ...]] = {}
+    start_of: dict[bytes, int] = {}
     for (_, key_bytes, ns), state in zip(cells, backend.get_many("acc", cells), strict=True):
         if state is not None:
-            start = _I64.unpack(ns)[0]
-            out.window(decode_key(key_bytes), start, start + size, _finals(accs, state))
+            key = decoded.get(key_bytes)
+            if key is None:
+                key = decoded[key_bytes] = decode_key(key_bytes)
+            start = start_of.get(ns)
+            if start is None:
+                start = start_of[ns] = _I64.unpack(ns)[0]
+            keys.append(key)
+            starts.append(start)
+            states.append(state)
+    out.columns(keys, _final_columns(accs, states), starts, cfg.size_ms or 0)
     backend.delete_many("acc", cells)
 
 
-def _time_windows(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]],
-                  out: _Emitter) -> None:
+def _time_windows(cfg: KeyedConfig, backend: Any, rows: _Input, out: _Emitter) -> None:
+    """Tumbling and sliding windows. Each (key, window) has one accumulator entry; its
+    firing goes by window, not by key: per key group, window and epoch, one timer and one
+    list of the keys that window got in that epoch (`WINDOW_KEYS`), so a subtask registers
+    and scans hundreds of timers per epoch instead of one per (key, window)."""
+    from streamer.state import StateDescriptor, StateKind
+
+    backend.declare(StateDescriptor(WINDOW_KEYS, StateKind.VALUE))
     accs = _partials(cfg)
     _fire_time_windows(cfg, backend, accs, out)
-    if not rows:
+    if not len(rows):
         return
     size = cfg.size_ms or 0
-    cells = [(r["__kg"], _key_bytes([r[k] for k in cfg.keys]), ns_of(r["__start"]))
-             for r in rows]
+    keys = rows.keys(cfg.keys)
+    starts = rows.column("__start")
+    cells = list(zip(rows.column("__kg"), _encode_keys(keys), _namespaces(starts), strict=True))
     stored = backend.get_many("acc", cells)
-    updates, timers = [], []
-    for row, cell, old in zip(rows, cells, stored, strict=True):
-        start = row["__start"]
+    updates, merged_all = [], []
+    fresh: dict[tuple[int, bytes], list[bytes]] = {}
+    for cell, old, new in zip(cells, stored, _lift_columns(accs, rows), strict=True):
         # The stored value is just the accumulators: key and window are in the state key.
-        merged = _merge(accs, old, _lift(accs, row))
+        merged = _merge(accs, old, new)
         updates.append((*cell, merged))
+        merged_all.append(merged)
         if old is None:
-            timers.append((cell[0], start + size - 1 + cfg.lateness_ms, cell[1], cell[2]))
-        if cfg.emit == "updates":
-            out.window(tuple(row[k] for k in cfg.keys), start, start + size,
-                       _finals(accs, merged))
+            fresh.setdefault((cell[0], cell[2]), []).append(cell[1])
+    if cfg.emit == "updates":
+        out.columns(keys, _final_columns(accs, merged_all), starts, size)
     backend.put_many("acc", updates)
-    if timers:
-        backend.add_timers(cfg.domain, timers)
+    if fresh:
+        epoch = _I64.pack(cfg.epoch)
+        delay = size - 1 + cfg.lateness_ms
+        backend.put_many(WINDOW_KEYS, [(kg, b"", ns + epoch, members)
+                                       for (kg, ns), members in fresh.items()])
+        backend.add_timers(cfg.domain, [(kg, _I64.unpack(ns)[0] + delay, b"", ns + epoch)
+                                        for kg, ns in fresh])
 
 
-def _rolling(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]], out: _Emitter) -> None:
+def _rolling(cfg: KeyedConfig, backend: Any, rows: _Input, out: _Emitter) -> None:
     accs = _partials(cfg)
-    if not rows:
+    if not len(rows):
         return
-    cells = [(r["__kg"], _key_bytes([r[k] for k in cfg.keys]), NS_ROLLING) for r in rows]
+    keys = rows.keys(cfg.keys)
+    cells = [(kg, key, NS_ROLLING)
+             for kg, key in zip(rows.column("__kg"), _encode_keys(keys), strict=True)]
     stored = backend.get_many("acc", cells)
-    updates = []
-    for row, cell, old in zip(rows, cells, stored, strict=True):
-        merged = _merge(accs, old, _lift(accs, row))
-        updates.append((*cell, merged))
-        out.rolling(tuple(row[k] for k in cfg.keys), _finals(accs, merged))
-    backend.put_many("acc", updates)
+    merged_all = [_merge(accs, old, new)
+                  for old, new in zip(stored, _lift_columns(accs, rows), strict=True)]
+    out.columns(keys, _final_columns(accs, merged_all))
+    backend.put_many("acc", [(*cell, merged)
+                             for cell, merged in zip(cells, merged_all, strict=True)])
 
 
 def _sessions(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]],
