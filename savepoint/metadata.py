@@ -99,7 +99,8 @@ def new_savepoint_url(storage_url: str, job: str, target: str | None = None) -> 
     """A new savepoint directory: under `target` if given, else `<storage>/<job>/savepoints`."""
     base = target or f"{storage_url.rstrip('/')}/{job}/savepoints"
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    return Storage(f"{base.rstrip('/')}/savepoint-{stamp}-{uuid.uuid4().hex[:6]}").url
+    url = Storage(f"{base.rstrip('/')}/savepoint-{stamp}-{uuid.uuid4().hex[:6]}").url
+    return url.removeprefix("file://")  # a local savepoint is shown as a plain path
 
 
 def write_metadata(url: str, meta: SavepointMetadata) -> None:
