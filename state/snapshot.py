@@ -290,6 +290,9 @@ def take_snapshot(backend: KeyedStateBackend, storage_url: str, checkpoint_id: i
             uploaded_bytes += ref.size if ref.written else 0
             if after_upload is not None:
                 after_upload(entry)
+            from streamer.runtime import failpoints  # crash tests: die with a partial upload
+
+            failpoints.reached("mid-upload", checkpoint_id)
 
         # 4. Keep the local copy for local recovery (replacing one of an earlier attempt).
         if keep is not None:
