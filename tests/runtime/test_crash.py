@@ -1,0 +1,353 @@
+"""Exactly-once recovery under SIGKILL, end to end through the CLI.
+
+One bounded job (datagen -> event-time tumbling windows at parallelism 2 -> jsonl files,
+a checkpoint every epoch) is started with `streamer run` and killed with SIGKILL, every one of
+its processes at once as in a machine crash, then started again, until a run finishes. The
+kills land at fail points (`runtime/failpoints.py`: at the start of an epoch, inside a keyed
+task, in the middle of a snapshot upload, after the snapshots, between `_metadata` and the sink
+commit, between two sink commits) and at random moments after a few of the run's JSON events.
+The committed output must then equal an uninterrupted run's row for row (nothing lost, nothing
+duplicated), with nothing staged left behind. Both state backends run the same schedule shape.
+
+Kills per backend: `STREAMER_CRASH_KILLS` (default 10, so 20 in all; raise it for longer local
+runs). A job that finishes before its share of kills is run again from scratch (a new "lap")
+until they are all done. The kills are chosen by a seeded RNG: `STREAMER_CRASH_SEED` repeats
+the same choices (the moment of a random kill still depends on how fast epochs run). The seed
+and every run are printed, and repeated in every failure message.
+
+Each `streamer run` pays seconds of JVM start, so the reference run and the two backends'
+campaigns run side by side.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from streamer_process import FilesOutput, Run, diff, quick_jvm, run_streamer
+
+from streamer.checkpoint.metadata import CheckpointStore
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+KILLS = int(os.environ.get("STREAMER_CRASH_KILLS", "10"))
+SEED = int(os.environ.get("STREAMER_CRASH_SEED") or random.SystemRandom().randrange(2**32))
+JOB = "crash"
+#: records per split, and per epoch over both splits: 10 epochs of data, then the final one
+LIMIT, PER_EPOCH = 600, 120
+
+PIPELINE = """\
+name: {job}
+storage: {root}/storage
+job:
+  parallelism: 2
+  checkpoint: {{interval: 1ms, retain: 2}}
+  state: {{backend: {backend}, local_dir: {root}/local}}
+  restart: {{attempts: 0, delay: 0s}}
+sources:
+  - id: clicks
+    type: datagen
+    splits: 2
+    limit: {limit}
+    max_records_per_epoch: {per_epoch}
+    fields:
+      user: "concat('u', cast((offset * 7 + split) % 13 as string))"
+      amount: "cast(offset % 10 as double)"
+      ts: "timestamp_millis(1767225600000 + offset * 100)"
+    event_time: ts
+    watermark: {{max_out_of_orderness: 1s}}
+operators:
+  - id: per_window
+    input: clicks
+    key_by: [user]
+    window: {{tumbling: 5s}}
+    aggregate: {{n: count(), spent: sum(amount), first: min(ts), last: max(ts)}}
+sinks:
+  - id: out
+    type: files
+    input: per_window
+    path: {root}/out
+    format: jsonl
+""" + quick_jvm().replace("{", "{{").replace("}", "}}")
+
+
+def write_job(root: Path, backend: str) -> Path:
+    """The pipeline file of the job in `root` (its storage, state and output there too)."""
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "job.yaml"
+    path.write_text(PIPELINE.format(job=JOB, root=root, backend=backend, limit=LIMIT,
+                                    per_epoch=PER_EPOCH))
+    return path
+
+
+BACKENDS = ("rocksdb", "memory")
+#: Epochs of the job: its data, then the final one (end of input: every window fires).
+EPOCHS = 2 * LIMIT // PER_EPOCH + 1
+
+
+def reference_output(root: Path) -> Counter[str]:
+    """What one uninterrupted `streamer run --no-checkpoints` of the job commits."""
+    run = run_streamer(write_job(root, "rocksdb"), "--no-checkpoints")
+    assert run.returncode == 0 and run.finished, run.describe()
+    assert run.finished["epochs"] == EPOCHS, run.finished
+    rows = FilesOutput(root / "out").committed()
+    assert sum(rows.values()) > 100
+    return rows
+
+
+# ------------------------------------------------------------------------------ kill plans
+#: Fail point -> what its number counts, and how many checkpoints complete before it fires
+#: when armed for the run's first epoch or checkpoint.
+POINTS = {"epoch-start": ("epoch", 0), "in-task": ("epoch", 0), "mid-upload": ("chk", 0),
+          "after-snapshot": ("chk", 0), "after-metadata": ("chk", 1), "mid-commit": ("chk", 1)}
+
+
+@dataclass
+class Kill:
+    """Where one run is to die: at fail point `point` armed for `number`, or (`point` ==
+    "random") `delay` seconds after the run's `number`-th completed checkpoint (0: after its
+    `started` event), or at once should another checkpoint complete first."""
+
+    point: str
+    number: int
+    delay: float = 0.0
+    #: The epoch the run resumed from, and how the run ended (filled in afterwards).
+    resumed_at: int = 0
+    outcome: str = ""
+
+    def __str__(self) -> str:
+        what = (f"random {self.delay:.2f}s after checkpoint #{self.number} of the run"
+                if self.point == "random" else f"{self.point}:{self.number}")
+        return f"{what} (resumed at epoch {self.resumed_at}) -> {self.outcome}"
+
+    def env(self) -> dict[str, str]:
+        """The run's fail points."""
+        return {} if self.point == "random" else {
+            "STREAMER_FAILPOINTS": f"{self.point}:{self.number}"}
+
+
+class RandomCrash:
+    """The test's own kill: `delay` seconds after the `after`-th completed checkpoint (0: the
+    `started` event), or at once when the checkpoint after that completes."""
+
+    def __init__(self, after: int, delay: float) -> None:
+        self.after, self.delay = after, delay
+        self.seen = 0
+        self.armed_at: float | None = None
+
+    def __call__(self, event: dict[str, Any] | None, elapsed: float) -> bool:
+        if event is not None:
+            if event.get("event") == "started" and self.after == 0:
+                self.armed_at = elapsed
+            if event.get("event") == "checkpoint" and event.get("status") == "completed":
+                self.seen += 1
+                if self.seen == self.after:
+                    self.armed_at = elapsed
+                elif self.seen > self.after:
+                    return True
+        return self.armed_at is not None and elapsed >= self.armed_at + self.delay
+
+
+@dataclass
+class Timing:
+    """How long the first epoch of a run takes (a restore included) and its later ones, in
+    seconds, as measured so far: random kills are drawn within them."""
+
+    first: list[float] = field(default_factory=lambda: [8.0])
+    later: list[float] = field(default_factory=lambda: [2.5])
+
+    def learn(self, run: Run) -> None:
+        """Add the durations of the run's epochs."""
+        seconds = [e["duration_ms"] / 1000 for e in run.events if e.get("event") == "epoch"]
+        self.first += seconds[:1]
+        self.later += seconds[1:]
+
+    def window(self, after: int) -> float:
+        """How long the epoch that follows the `after`-th checkpoint of a run takes."""
+        return statistics.median(self.first if after == 0 else self.later)
+
+
+class Planner:
+    """Chooses the kills of a campaign. The kinds come from a shuffled deck (every fail point
+    once, random kills twice), so a backend's first eight kills cover every kind; each kill
+    lets about `remaining epochs / kills left` epochs complete, so the kills spread over the
+    whole job (its final checkpoint included), and the job never finishes while kills are
+    still due."""
+
+    KINDS = (*POINTS, "random", "random")
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.deck: list[str] = []
+        self.timing = Timing()
+
+    def next(self, remaining: int, kills_left: int, resumed_at: int, next_id: int) -> Kill:
+        """The kill of a run that resumes after epoch `resumed_at` with `remaining` epochs to
+        go, when checkpoint ids start at `next_id`."""
+        rng = self.rng
+        cap = remaining - 1 if kills_left > 1 else remaining  # epochs it may let complete
+        target = remaining / kills_left
+        progress = max(0, min(cap, int(target) + (rng.random() < target - int(target))))
+        if not self.deck:
+            self.deck = self.shuffled()
+        # The first kind of the deck that fits (else of a spare deck: with one epoch left and
+        # more kills due, only a kill that lets no checkpoint complete will do).
+        for index, kind in enumerate([*self.deck, *self.shuffled()]):
+            if kind == "random":
+                if cap < 1:  # it may let one more checkpoint complete than it waits for
+                    continue
+                after = max(0, min(progress, cap - 1) - rng.randint(0, 1))
+                kill = Kill(kind, after, rng.uniform(0.0, self.timing.window(after)), resumed_at)
+            else:
+                counts, base = POINTS[kind]
+                # A base-0 point fires in epoch `resumed_at + 1 + done`, which must exist; a
+                # base-1 point once its checkpoint (one more epoch) is complete.
+                done = min(max(progress, base), cap) - base
+                if done < 0 or resumed_at + 1 + done > EPOCHS:
+                    continue
+                first = resumed_at + 1 if counts == "epoch" else next_id
+                kill = Kill(kind, first + done, resumed_at=resumed_at)
+            if index < len(self.deck):
+                del self.deck[index]
+            return kill
+        msg = f"no kill fits: {remaining} epochs to go, {kills_left} kills due"
+        raise AssertionError(msg)
+
+    def shuffled(self) -> list[str]:
+        """A new deck."""
+        deck = list(self.KINDS)
+        self.rng.shuffle(deck)
+        return deck
+
+
+# ------------------------------------------------------------------------------ the runs
+@dataclass
+class Lap:
+    """The job run to completion from scratch in `root`, with its kills and what it
+    committed."""
+
+    root: Path
+    kills: list[Kill] = field(default_factory=list)
+    runs: int = 0
+    rows: Counter[str] = field(default_factory=Counter)
+    leftovers: list[str] = field(default_factory=list)
+    #: The epoch of the newest complete checkpoint at the end (all of them: a rerun is a no-op).
+    final_epoch: int | None = None
+
+
+@dataclass
+class Campaign:
+    """Every lap of one backend, and the log of its runs."""
+
+    backend: str
+    laps: list[Lap] = field(default_factory=list)
+    log: list[str] = field(default_factory=list)
+
+    @property
+    def kills(self) -> list[Kill]:
+        """Every kill of every lap."""
+        return [kill for lap in self.laps for kill in lap.kills]
+
+    def note(self, line: str) -> None:
+        self.log.append(f"{self.backend} {line}")
+        print(self.log[-1], flush=True)
+
+    @property
+    def schedule(self) -> str:
+        """The seed and every run, for failure messages."""
+        return "\n".join([f"seed {SEED} (STREAMER_CRASH_SEED={SEED} repeats the choices)",
+                          *self.log])
+
+
+def run_lap(campaign: Campaign, root: Path, kills_wanted: int, planner: Planner) -> Lap:
+    """Run the job in `root`, killing it up to `kills_wanted` times, until a run finishes."""
+    lap = Lap(root)
+    campaign.laps.append(lap)
+    pipeline = write_job(root, campaign.backend)
+    store = CheckpointStore(str(root / "storage"), JOB)
+    while True:
+        latest = store.latest()
+        resumed_at = latest.epoch if latest else 0
+        kills_left = kills_wanted - len(lap.kills)
+        kill = None
+        if kills_left > 0 and resumed_at < EPOCHS:
+            kill = planner.next(EPOCHS - resumed_at, kills_left, resumed_at, store.next_id())
+        watch = RandomCrash(kill.number, kill.delay) if kill and kill.point == "random" \
+            else None
+        run = run_streamer(pipeline, env=kill.env() if kill else {}, watch=watch,
+                           stderr_file=root / f"run-{lap.runs}.stderr")
+        lap.runs += 1
+        planner.timing.learn(run)
+        done = [e["id"] for e in run.checkpoints("completed")]
+        failed = [e["id"] for e in run.checkpoints("failed")]
+        outcome = (f"{'killed' if run.killed else f'exit {run.returncode}'} after "
+                   f"{run.seconds:.1f}s, checkpoints completed {done}"
+                   + (f", failed {failed}" if failed else ""))
+        if kill is not None:
+            kill.outcome = outcome
+            campaign.note(f"{root.name} kill {len(lap.kills) + 1}: {kill}")
+        else:
+            campaign.note(f"{root.name} last run: {outcome}")
+        if run.killed:
+            assert kill is not None, f"an unplanned SIGKILL\n{run.describe()}"
+            lap.kills.append(kill)
+            continue
+        assert run.returncode == 0 and run.finished is not None \
+            and run.finished["status"] == "finished", \
+            f"the run after kill {len(lap.kills)} failed: {run.describe()}"
+        output = FilesOutput(root / "out")
+        lap.rows, lap.leftovers = output.committed(), output.leftovers()
+        final = store.latest()
+        lap.final_epoch = final.epoch if final else None
+        return lap
+
+
+def crash_campaign(backend: str, root: Path) -> Campaign:
+    """Laps of the job on `backend` until `KILLS` kills are done."""
+    campaign = Campaign(backend)
+    planner = Planner(random.Random(f"{SEED}-{backend}"))
+    try:
+        while len(campaign.kills) < KILLS:
+            assert len(campaign.laps) < 2 * KILLS, "the kills do not take effect"
+            run_lap(campaign, root / f"lap-{len(campaign.laps) + 1}",
+                    KILLS - len(campaign.kills), planner)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{campaign.schedule}") from exc
+    return campaign
+
+
+@pytest.fixture(scope="module")
+def campaigns(tmp_path_factory: pytest.TempPathFactory
+              ) -> tuple[Future[Counter[str]], dict[str, Future[Campaign]]]:
+    """The reference run and both backends' kill campaigns, run side by side (each run pays
+    seconds of JVM start; together they share the machine better than one after another)."""
+    root = tmp_path_factory.mktemp("crash")
+    with ThreadPoolExecutor(max_workers=1 + len(BACKENDS)) as pool:
+        reference = pool.submit(reference_output, root / "reference")
+        runs = {backend: pool.submit(crash_campaign, backend, root / backend)
+                for backend in BACKENDS}
+    return reference, runs
+
+
+# ------------------------------------------------------------------------------ the tests
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sigkill_at_any_moment_then_restart_commits_exactly_the_reference_output(
+        campaigns: tuple[Future[Counter[str]], dict[str, Future[Campaign]]],
+        backend: str) -> None:
+    reference = campaigns[0].result()
+    campaign = campaigns[1][backend].result()
+    for lap in campaign.laps:
+        assert lap.rows == reference, f"{diff(lap.rows, reference)}\n{campaign.schedule}"
+        assert lap.leftovers == [], f"{lap.root.name}: {lap.leftovers}\n{campaign.schedule}"
+        assert lap.final_epoch == EPOCHS, campaign.schedule
+    points = Counter(kill.point for kill in campaign.kills)
+    print(f"{backend}: {len(campaign.kills)} kills in {len(campaign.laps)} lap(s): "
+          f"{dict(sorted(points.items()))}")
+    assert len(campaign.kills) >= KILLS, campaign.schedule
