@@ -272,12 +272,15 @@ class JobRunner:
         try:
             if failpoints.ENV in os.environ:
                 os.environ[failpoints.DRIVER_PID_ENV] = str(os.getpid())
+            self._register()  # before Spark starts: a second run is refused at once
             # After the session exists: PySpark installs its own SIGINT handler (cancel all
             # jobs, raise KeyboardInterrupt) when the SparkContext starts.
             self.spark  # noqa: B018
             restore = self._install_sigint()
             self.prepare()
-            self._register()
+            if self.registry is not None:
+                self.registry.update(master=self.spark.sparkContext.master, parallelism={
+                    n: s.parallelism for n, s in self.keyed.items()})
             ui = self.spark.sparkContext.uiWebUrl if self.options.ui else None
             self.reporter.started({"job": self.spec.name, "master": self.spark.sparkContext.master,
                                    "ui": ui, "sources": list(self.sources),
@@ -329,10 +332,9 @@ class JobRunner:
             return
         from streamer.runtime.control import ControlChannel, JobRegistry
 
-        self.registry = JobRegistry(self.storage_url, self.spec.name)
-        note = self.registry.claim(self.run_id, {
-            "file": self.spec.file, "master": self.spark.sparkContext.master,
-            "parallelism": {n: s.parallelism for n, s in self.keyed.items()}})
+        registry = JobRegistry(self.storage_url, self.spec.name)
+        note = registry.claim(self.run_id, {"file": self.spec.file})
+        self.registry = registry  # only now: a refused run must not touch the other's record
         if note:
             self.reporter.message(note)
         self.registry.start_heartbeat()

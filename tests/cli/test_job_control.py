@@ -1,0 +1,157 @@
+"""Job control across processes: a real `streamer run` subprocess is listed, refuses a second
+run, takes savepoints on request (waiting and detached), and stops with a savepoint; the
+savepoint commands and the restore dry run work on what it wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from streamer.cli.main import app
+from streamer.runtime.control import STALE_AFTER_S, JobAlreadyRunningError, JobRegistry
+
+runner = CliRunner()
+
+PIPELINE = """\
+    name: live-job
+    job:
+      parallelism: 2
+      epoch: 300ms
+      checkpoint: {interval: 1s}
+      state: {backend: rocksdb, local_dir: LOCAL}
+    sources:
+      - id: gen
+        type: datagen
+        rows_per_second: 400
+        fields:
+          user: "concat('u', cast(offset % 11 as string))"
+          ts: "timestamp_millis(1767225600000 + offset * 50)"
+        event_time: ts
+    operators:
+      - id: per_second
+        uid: per-second-v1
+        input: gen
+        key_by: [user]
+        window: {tumbling: 1s}
+        aggregate: {n: count()}
+    sinks:
+      - id: out
+        type: files
+        input: per_second
+        path: OUT
+        format: jsonl
+"""
+
+
+def wait_for(predicate: Any, timeout: float = 120, what: str = "") -> Any:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.slow
+def test_control_a_running_job_from_another_process(spark: Any, tmp_path: Path) -> None:
+    storage = tmp_path / "storage"
+    path = tmp_path / "p.yaml"
+    path.write_text(textwrap.dedent(PIPELINE).replace("LOCAL", str(tmp_path / "local"))
+                    .replace("OUT", str(tmp_path / "out")))
+    env = {**os.environ, "STREAMER_STORAGE": str(storage)}
+    proc = subprocess.Popen([sys.executable, "-m", "streamer.cli.main", "run", str(path),
+                             "--json", "--no-ui"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    try:
+        assert proc.stdout is not None
+        epochs = 0
+        deadline = time.time() + 180
+        while epochs < 2 and time.time() < deadline:
+            line = proc.stdout.readline()
+            epochs += '"event": "epoch"' in line
+        assert epochs == 2, proc.stderr.read() if proc.stderr else ""
+        common = ["--storage", str(storage)]
+
+        listed = json.loads(runner.invoke(app, ["list", *common, "--json"]).output)
+        assert [(j["job"], j["state"]) for j in listed] == [("live-job", "running")]
+
+        again = runner.invoke(app, ["run", str(path), "--storage", str(storage)])
+        assert again.exit_code == 1
+        assert "job 'live-job' is already running" in again.output
+
+        result = runner.invoke(app, ["savepoint", "trigger", "live-job", *common])
+        assert result.exit_code == 0, result.output
+        first = result.output.strip().splitlines()[-1]
+        assert (Path(first) / "_metadata").is_file()
+
+        result = runner.invoke(app, ["savepoint", "trigger", "live-job", "--detach", *common])
+        rid = result.output.strip()
+        status = wait_for(lambda: "completed" in (out := runner.invoke(
+            app, ["savepoint", "status", rid, *common]).output) and out, what="detached")
+        assert "savepoint-" in status
+
+        result = runner.invoke(app, ["stop", "live-job", "--savepoint", *common])
+        assert result.exit_code == 0, result.output
+        last = result.output.strip().splitlines()[-1]
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        finished = json.loads(out.strip().splitlines()[-1])
+        assert finished["status"] == "stopped" and last in finished["reason"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    listed = json.loads(runner.invoke(app, ["list", *common, "--json"]).output)
+    assert listed[0]["state"] == "stopped"
+
+    saved = json.loads(runner.invoke(app, ["savepoint", "list", "live-job", *common,
+                                           "--json"]).output)
+    assert len(saved) == 3 and all(s["ok"] for s in saved)
+    inspect = runner.invoke(app, ["savepoint", "inspect", last])
+    assert inspect.exit_code == 0 and "per-second-v1" in inspect.output
+    export = tmp_path / "state.jsonl"
+    result = runner.invoke(app, ["savepoint", "export", last, "--operator", "per-second-v1",
+                                 "-o", str(export)])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(x) for x in export.read_text().splitlines()]
+    entries = [r for r in rows if r["state"] == "acc"]
+    assert entries, rows[:5]
+    assert {tuple(r["key"]) for r in entries} <= {(f"u{i}",) for i in range(11)}, entries[:5]
+    assert all(r["window_start_ms"] is not None and r["value"] for r in entries)
+
+    dry = runner.invoke(app, ["restore", "--dry-run", last, str(path)])
+    assert dry.exit_code == 0, dry.output
+    assert "restore" in dry.output
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(path.read_text().replace("tumbling: 1s", "tumbling: 2s"))
+    dry = runner.invoke(app, ["restore", "--dry-run", last, str(changed)])
+    assert dry.exit_code == 1
+    assert "refuse" in dry.output and "the window changed" in dry.output
+
+    result = runner.invoke(app, ["savepoint", "dispose", first])
+    assert result.exit_code == 0 and not Path(first).exists()
+
+
+def test_a_stale_heartbeat_is_taken_over(tmp_path: Path) -> None:
+    registry = JobRegistry(str(tmp_path), "job")
+    registry.claim("run-a", {})
+    with pytest.raises(JobAlreadyRunningError, match="already running"):
+        JobRegistry(str(tmp_path), "job").claim("run-b", {})
+    record = registry.read()
+    assert record is not None
+    record["heartbeat_at"] = time.time() - STALE_AFTER_S - 1  # run-a died without cleanup
+    (tmp_path / "job" / "job.json").write_text(json.dumps(record))
+    listed = json.loads(runner.invoke(app, ["list", "--storage", str(tmp_path), "--json"]
+                                      ).output)
+    assert listed[0]["state"] == "dead"
+    note = JobRegistry(str(tmp_path), "job").claim("run-b", {})
+    assert note is not None and "taking over" in note and "run-a" in note
