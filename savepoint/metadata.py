@@ -23,15 +23,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from streamer.checkpoint.storage import MissingFileError, Storage, StorageError
-from streamer.exceptions import StreamerError
+from streamer.savepoint.exceptions import SavepointError
 from streamer.pipeline.spec import OperatorSpec, PipelineSpec
 
 FORMAT = 1
 METADATA = "_metadata"
 
-
-class SavepointError(StreamerError):
-    """A savepoint cannot be written, read, or restored into this pipeline."""
+__all__ = ["SavepointError", "SavepointMetadata", "plan_restore", "read_metadata"]
 
 
 def operator_definition(op: OperatorSpec) -> dict[str, Any]:
