@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from streamer.checkpoint.storage import MissingFileError, Storage, StorageError
-from streamer.savepoint.exceptions import SavepointError
 from streamer.pipeline.spec import OperatorSpec, PipelineSpec
+from streamer.savepoint.exceptions import SavepointError
 
 FORMAT = 1
 METADATA = "_metadata"
