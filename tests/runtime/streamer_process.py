@@ -118,7 +118,8 @@ def run_streamer(pipeline: Path, *args: str, env: Mapping[str, str] | None = Non
                  stderr_file: Path | None = None) -> Run:
     """Run `streamer run <pipeline> --json --no-ui <args>` in a session of its own and
     return how it ended. Whenever it ends, or `watch` says so, every process of its session
-    is killed, so no Spark task of a dead run outlives it."""
+    is killed, so no Spark task of a dead run outlives it. Its stderr and events are kept in
+    `stderr_file` and the `.jsonl` file next to it."""
     environment = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
     environment.update(env or {})
     err_path = stderr_file or pipeline.with_suffix(".stderr")
@@ -173,6 +174,7 @@ def run_streamer(pipeline: Path, *args: str, env: Mapping[str, str] | None = Non
             reader.join(timeout=30)
         err.seek(0)
         stderr = err.read()
+    err_path.with_suffix(".jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     return Run(proc.returncode, events, stderr, time.monotonic() - started, crashed)
 
 
