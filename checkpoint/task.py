@@ -88,7 +88,8 @@ def _restore_savepoint(cfg: Any, chk: TaskCheckpointing, subtask: int) -> dict[s
     groups = key_group_range(subtask, cfg.parallelism, cfg.max_parallelism)
     with open_backend(cfg.backend, cfg.state_root, cfg.job, cfg.uid, subtask, groups) as backend:
         counts = restore_key_groups(chk.savepoint_restore["url"], chk.savepoint_restore["files"],
-                                    backend, groups)
+                                    backend, groups,
+                                    states=chk.savepoint_restore.get("states") or None)
         backend.commit(chk.first_epoch - 1)
     return {"restored": "savepoint", "restore_ms": round((time.monotonic() - started) * 1000, 1),
             "restored_entries": counts}

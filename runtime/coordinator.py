@@ -477,7 +477,8 @@ class JobRunner:
         for d in decisions:
             if d.action == "restore":
                 self.savepoint_restore[by_uid[d.uid]] = {
-                    "url": root, "files": meta.operators[d.uid].get("files", [])}
+                    "url": root, "files": meta.operators[d.uid].get("files", []),
+                    "states": meta.operators[d.uid].get("states", {})}
         ids_of = {s.uid: s.id for s in self.spec.sources}
         for source in self.spec.sources:
             if source.uid in meta.offsets:
