@@ -189,9 +189,13 @@ class KeyedStage:
             # Window starts are multiples of the slide: the last one at or before ts, back to
             # the first whose window still contains ts (filtered below when size % slide).
             back = ((size - 1) // slide) * slide
-            starts = F.expr(f"sequence(__ts_ms - pmod(__ts_ms, {slide}) - {back}, "
-                            f"__ts_ms - pmod(__ts_ms, {slide}), {slide})")
-            df = df.withColumn("__start", F.explode(starts)).filter(
+            last = F.col("__ts_ms") - F.expr(f"pmod(__ts_ms, {slide})")
+            # One window per record (tumbling, or a slide not below the size) needs no
+            # array and explode per record.
+            starts = last if back == 0 else F.explode(F.expr(
+                f"sequence(__ts_ms - pmod(__ts_ms, {slide}) - {back}, "
+                f"__ts_ms - pmod(__ts_ms, {slide}), {slide})"))
+            df = df.withColumn("__start", starts).filter(
                 F.col("__start") + F.lit(size) > F.col("__ts_ms"))
             group.append(F.col("__start"))
             if self.domain == "event":
