@@ -398,21 +398,22 @@ def measure_state(kind: str, copies: Path, job: str, uid: str, keys: int) -> dic
 #: (label, function, caller or None): cumulative time of `function` (as called by `caller`).
 WORKER_PHASES: list[tuple[str, str, str | None]] = [
     ("wait for input batches (JVM -> Arrow)", "input_batches", None),
+    ("read input (Arrow table, dummy rows out)", "_read_input", "run_task"),
     ("open backend", "open_backend", "run_task"),
     ("fire due windows", "_fire_time_windows", None),
     ("  due_timers", "due_timers", "_fire_time_windows"),
-    ("  get_many", "get_many", "_fire_time_windows"),
-    ("  emit (_Emitter.window + _finals)", "window", "_fire_time_windows"),
+    ("  get_many (window key lists, accumulators)", "get_many", "_fire_time_windows"),
+    ("  final values (_final_columns)", "_final_columns", "_fire_time_windows"),
+    ("  emit (_Emitter.columns)", "columns", "_fire_time_windows"),
     ("  delete_many", "delete_many", "_fire_time_windows"),
-    ("  delete_timer", "delete_timer", "_fire_time_windows"),
     ("merge the epoch's partials (_time_windows minus firing)", "_time_windows", "-fire"),
-    ("  key bytes (_key_bytes)", "_key_bytes", None),
+    ("  input columns to Python lists (_Input.column)", "column", None),
+    ("  key bytes (_encode_keys)", "_encode_keys", "_time_windows"),
     ("  get_many", "get_many", "_time_windows"),
-    ("  _lift", "_lift", "_time_windows"),
-    ("  _merge", "_merge", "_time_windows"),
-    ("  add_timer", "add_timer", "_time_windows"),
-    ("  put_many", "put_many", "_time_windows"),
-    ("build output batch (from_pylist)", "batch", "run_task"),
+    ("  lift (_lift_columns)", "_lift_columns", "_time_windows"),
+    ("  put_many (accumulators, window key lists)", "put_many", "_time_windows"),
+    ("  add_timers", "add_timers", "_time_windows"),
+    ("build output batch (Arrow arrays)", "batch", "run_task"),
     ("pickle output batch for replay", "dumps", "run_task"),
     ("backend.commit", "commit", "run_task"),
     ("backend.close", "close", "run_task"),
@@ -508,8 +509,7 @@ def print_profiles(console: Console, prof: Profiles) -> None:
         table.add_row("run_task (all)", f"{total:.2f}", f"{total / per:.3f}")
         own = sum(v[2] for (_, _, f), v in prof.workers.stats.items()  # type: ignore
                   if f == "run_task")
-        table.add_row("run_task own time (Arrow to_pylist of the input: a Cython call "
-                      "cProfile does not see)", f"{own:.2f}", f"{own / per:.3f}")
+        table.add_row("run_task own time", f"{own:.2f}", f"{own / per:.3f}")
         for label, name, caller in WORKER_PHASES:
             seconds = phase_seconds(prof.workers, name, caller)
             if seconds is not None:
