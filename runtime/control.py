@@ -9,7 +9,8 @@ shared.
 
 The running job writes `job.json` at every epoch boundary and from a heartbeat thread; a
 heartbeat older than `STALE_AFTER_S` means the job is dead (killed, machine lost), and a new run
-takes it over. The job polls `control/requests/` at every epoch boundary.
+takes it over. A run on this machine is dead as soon as its process is gone, so a killed run
+can be restarted at once. The job polls `control/requests/` at every epoch boundary.
 """
 
 from __future__ import annotations
@@ -56,12 +57,40 @@ def _read_json(storage: Storage, rel: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def _pid_namespace() -> str | None:
+    """The PID namespace of this process (Linux): pids mean something only within one."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def _process_gone(record: dict[str, Any]) -> bool:
+    """Whether the run of `record` ran here (same host and PID namespace) and its process no
+    longer exists: it was killed or crashed, and need not be waited for until its heartbeat
+    goes stale. A reused pid keeps the run alive, so this errs on the side of waiting."""
+    if record.get("host") != socket.gethostname() \
+            or record.get("pid_namespace") != _pid_namespace():
+        return False
+    try:
+        pid = int(record["pid"])
+        if pid == os.getpid():
+            return False
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (KeyError, TypeError, ValueError, OSError):
+        return False
+    return False
+
+
 def state_of(record: dict[str, Any], now: float | None = None) -> str:
-    """Running | finished | stopped | failed | cancelled | dead (running, stale heartbeat)."""
+    """Running | finished | stopped | failed | cancelled | dead (running, but its heartbeat is
+    stale or its process on this machine is gone)."""
     status = str(record.get("status", "unknown"))
     if status == "running":
         age = (now or time.time()) - float(record.get("heartbeat_at", 0))
-        if age > STALE_AFTER_S:
+        if age > STALE_AFTER_S or _process_gone(record):
             return "dead"
     return status
 
@@ -94,11 +123,12 @@ class JobRegistry:
                        f"{age:.0f} s ago); stop it first (`streamer stop {self.job}`), or wait "
                        f"{STALE_AFTER_S:.0f} s after it died")
                 raise JobAlreadyRunningError(msg)
-            note = (f"taking over job {self.job!r} from run {previous.get('run_id')}, whose "
-                    "heartbeat stopped (it died without cleaning up)")
+            note = (f"taking over job {self.job!r} from run {previous.get('run_id')}, which "
+                    "died without cleaning up")
         now = time.time()
         self.record = {"job": self.job, "run_id": run_id, "status": "running",
-                       "host": socket.gethostname(), "pid": os.getpid(), "started_at": now,
+                       "host": socket.gethostname(), "pid": os.getpid(),
+                       "pid_namespace": _pid_namespace(), "started_at": now,
                        "heartbeat_at": now, **info}
         self._write()
         return note
