@@ -5,15 +5,16 @@ a checkpoint every epoch) is started with `streamer run` and killed with SIGKILL
 its processes at once as in a machine crash, then started again, until a run finishes. The
 kills land at fail points (`runtime/failpoints.py`: at the start of an epoch, inside a keyed
 task, in the middle of a snapshot upload, after the snapshots, between `_metadata` and the sink
-commit, between two sink commits) and at random moments after a few of the run's JSON events.
+commit, right after a sink commit) and at random moments after a few of the run's JSON events.
 The committed output must then equal an uninterrupted run's row for row (nothing lost, nothing
 duplicated), with nothing staged left behind. Both state backends run the same schedule shape.
 
 Kills per backend: `STREAMER_CRASH_KILLS` (default 10, so 20 in all; raise it for longer local
-runs). A job that finishes before its share of kills is run again from scratch (a new "lap")
-until they are all done. The kills are chosen by a seeded RNG: `STREAMER_CRASH_SEED` repeats
-the same choices (the moment of a random kill still depends on how fast epochs run). The seed
-and every run are printed, and repeated in every failure message.
+runs). A lap runs the job from scratch to its end with at most one kill per epoch on average;
+laps follow each other until the kills are all done. The kills are chosen by a seeded RNG:
+`STREAMER_CRASH_SEED` repeats the same choices (the moment of a random kill still depends on
+how fast epochs run). The seed and every run are printed, and repeated in every failure
+message.
 
 Each `streamer run` pays seconds of JVM start, so the reference run and the two backends'
 campaigns run side by side.
@@ -317,7 +318,7 @@ def crash_campaign(backend: str, root: Path) -> Campaign:
         while len(campaign.kills) < KILLS:
             assert len(campaign.laps) < 2 * KILLS, "the kills do not take effect"
             run_lap(campaign, root / f"lap-{len(campaign.laps) + 1}",
-                    KILLS - len(campaign.kills), planner)
+                    min(KILLS - len(campaign.kills), EPOCHS), planner)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{campaign.schedule}") from exc
     return campaign
