@@ -330,6 +330,7 @@ def campaigns(tmp_path_factory: pytest.TempPathFactory
     """The reference run and both backends' kill campaigns, run side by side (each run pays
     seconds of JVM start; together they share the machine better than one after another)."""
     root = tmp_path_factory.mktemp("crash")
+    print(f"crash test seed {SEED} (STREAMER_CRASH_SEED), {KILLS} kills per backend in {root}")
     with ThreadPoolExecutor(max_workers=1 + len(BACKENDS)) as pool:
         reference = pool.submit(reference_output, root / "reference")
         runs = {backend: pool.submit(crash_campaign, backend, root / backend)
