@@ -325,16 +325,21 @@ def crash_campaign(backend: str, root: Path) -> Campaign:
 
 
 @pytest.fixture(scope="module")
-def campaigns(tmp_path_factory: pytest.TempPathFactory
+def campaigns(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
               ) -> tuple[Future[Counter[str]], dict[str, Future[Campaign]]]:
-    """The reference run and both backends' kill campaigns, run side by side (each run pays
-    seconds of JVM start; together they share the machine better than one after another)."""
+    """The reference run and the kill campaigns of the backends the selected tests need, run
+    side by side (each run pays seconds of JVM start; together they share the machine better
+    than one after another)."""
+    selected = {getattr(item, "callspec", None) and item.callspec.params.get("backend")
+                for item in request.session.items
+                if getattr(item, "module", None) is request.module}
+    backends = [backend for backend in BACKENDS if backend in selected]
     root = tmp_path_factory.mktemp("crash")
     print(f"crash test seed {SEED} (STREAMER_CRASH_SEED), {KILLS} kills per backend in {root}")
-    with ThreadPoolExecutor(max_workers=1 + len(BACKENDS)) as pool:
+    with ThreadPoolExecutor(max_workers=1 + len(backends)) as pool:
         reference = pool.submit(reference_output, root / "reference")
         runs = {backend: pool.submit(crash_campaign, backend, root / backend)
-                for backend in BACKENDS}
+                for backend in backends}
     return reference, runs
 
 
