@@ -448,6 +448,10 @@ class JobRunner:
                                       f"({item.problem}); using an earlier one")
         if meta is not None:
             self._restore(meta)
+            try:  # a run killed between _metadata and pruning left older checkpoints behind
+                self.store.prune(self.spec.job.checkpoint.retain, keep=[meta.checkpoint_id])
+            except Exception as exc:  # cleanup only; the next prune retries
+                self.reporter.message(f"cleaning up older checkpoints failed: {exc}")
         self.first_epoch = self.epoch + 1
 
     def _no_checkpoint_since_savepoint(self) -> bool:
