@@ -3,7 +3,8 @@ recovery time, and how epochs between checkpoints are made recoverable.
 
     .venv/bin/python -m bench.checkpoints [--rows 5000000] [--files 10] [--files-per-epoch 2]
         [--keys 10000] [--repeat 3] [--state-keys 10000,1000000,10000000] [--touch 1000]
-        [--state-epoch-rows 1000000] [--parts throughput,state] [--quick]
+        [--state-epoch-rows 1000000] [--backends rocksdb,memory] [--parts throughput,state]
+        [--profile] [--quick]
 
 1. Throughput. bench/keyed_windows.py's data and streamer pipeline (1-minute tumbling count and
    sum per user, rocksdb, parallelism 2, `local[2]`) in four configurations, interleaved and
@@ -25,6 +26,8 @@ recovery time, and how epochs between checkpoints are made recoverable.
    checkpoint storage (`file://` in a temporary directory) and ends with checkpoint 3. Reported:
    checkpoint duration, state and uploaded bytes; restore time (the runner's `restore_report`:
    slowest subtask) and the wall time from `run()` to the first epoch, local versus remote.
+4. `--profile`: one more run checkpoints off and one every epoch, with each subtask snapshot
+   under cProfile and `RocksDBBackend.close` timed per task: where a checkpoint's time goes.
 
 One SparkSession for everything; temporary directories are removed at the end. Prints tables;
 not a test.
@@ -445,6 +448,11 @@ def state_case(spark: Any, root: Path, keys: int, backend: str, touch: int,
                           markup=False, highlight=False)
     except Exception as exc:  # report what failed (e.g. out of memory at 10 M) and go on
         case.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        causes = [ln.strip() for ln in str(exc.__cause__ or "").splitlines()
+                  if ln.startswith(("Caused by:", "org.apache", "java.", "py4j")) or "Error:"
+                  in ln]
+        if causes:  # the JVM's account (a Python worker that died, memory, a disk error)
+            case.error += " | " + " | ".join(dict.fromkeys(c[:200] for c in causes[:6]))
         console.print(f"  {name}: FAILED {case.error}", markup=False, highlight=False)
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -483,8 +491,8 @@ def main() -> None:
     parser.add_argument("--parts", default="throughput,state",
                         help="which parts to run: throughput (with changelog vs rewind), state")
     parser.add_argument("--profile", action="store_true",
-                        help="one more 'every epoch' run with the subtasks' snapshots under "
-                             "cProfile; prints where checkpoint time goes")
+                        help="one more run off and every epoch, with the subtasks' snapshots "
+                             "under cProfile; prints where checkpoint time goes")
     parser.add_argument("--quick", action="store_true",
                         help="skip state sizes above 1 M keys and run each configuration once")
     args = parser.parse_args()
