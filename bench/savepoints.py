@@ -523,9 +523,9 @@ def print_tables(console: Console, cases: list[Case], loads: dict[str, str],
         "(reading every entry, encoding, Parquet, atomic writes).",
         "checkpoint ms (same state) = checkpoint 2, taken in the same epoch at the same state, "
         "as the coordinator reports it (slowest subtask snapshot + completing it). rocksdb: "
-        "incremental on checkpoint 1 (nothing new but the kept output batches); memory: a full "
-        "snapshot every time. The savepoint epoch includes this checkpoint: a savepoint is "
-        "always taken with one.",
+        "incremental on checkpoint 1 (it uploads only new SST files: 'uploaded / state' in the "
+        "details); memory: a full snapshot every time. The savepoint epoch includes this "
+        "checkpoint: a savepoint is always taken with one.",
         "restore ms = the runner's restore_report, the slowest subtask's restore from the "
         "savepoint (read + verify its key groups' files, decode, bulk-write, commit); in "
         "brackets the wall time from JobRunner.run() to the end of the first epoch (planning, "
@@ -534,8 +534,9 @@ def print_tables(console: Console, cases: list[Case], loads: dict[str, str],
         "checkpoint (rocksdb: RocksDB's estimate).",
         f"Each run had a {time_limit:,.0f} s limit.",
         "load average (1/5/15 min): " + "; ".join(f"{k} {v}" for k, v in loads.items())
-        + f"; {os.cpu_count()} cores. The machine is shared and busy: other jobs ran during "
-        "these measurements, so absolute times are noisy; compare within one run.",
+        + f"; {os.cpu_count()} cores. The machine is shared: other jobs run beside the benchmark "
+        "(a load above the core count means they did), so absolute times are noisy; compare "
+        "within one run.",
     ]
     for note in notes:
         console.print(note, markup=False, highlight=False)
