@@ -648,10 +648,11 @@ class JobRunner:
                 else:
                     live[sid] = src
             if not live:
-                if self._timers_due(MAX_WATERMARK, MAX_WATERMARK) or self._unsaved():
+                if (self._timers_due(MAX_WATERMARK, MAX_WATERMARK) or self._unsaved()
+                        or savepoint_url):
                     # End of input: the watermark goes to +inf and every timer fires.
                     if self.options.checkpoints:
-                        self._final_checkpoint(MAX_WATERMARK)
+                        self._final_checkpoint(MAX_WATERMARK, savepoint_url=savepoint_url)
                     else:
                         self.epoch += 1
                         final = self._run_epoch(self.epoch, {}, 0.0, flush=MAX_WATERMARK)
@@ -686,6 +687,11 @@ class JobRunner:
                 remaining = self.spec.job.epoch_ms / 1000 - (time.monotonic() - tick)
                 if remaining > 0:
                     self._stop.wait(remaining)
+        for url, waiters in self.savepoint_waiters.items():  # asked too late to be taken
+            for rid in waiters:
+                self.control.respond(rid, "failed", path=url,
+                                     reason=f"the job ended ({status}) before the savepoint")
+        self.savepoint_waiters = {}
         history = self.history
         return JobResult(
             status=status, epochs=self.epoch,

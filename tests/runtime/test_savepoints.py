@@ -287,3 +287,11 @@ def test_cancel_stops_without_a_final_checkpoint(spark: Any, tmp_path: Path) -> 
     assert result.status == "cancelled"
     assert result.checkpoints == []
     assert not list(job.out.glob("part-*"))  # its staged output was never committed
+
+
+def test_a_savepoint_asked_for_at_the_end_of_input_is_written(spark: Any, tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    result, events = job.run(spark, job.text(), request={"kind": "savepoint"}, at_epoch=10)
+    assert result.status == "finished"
+    assert len(result.savepoints) == 1, messages(events)
+    assert read_metadata(result.savepoints[0]).epoch == result.epochs
