@@ -483,15 +483,7 @@ class JobRunner:
                 self.savepoint_restore[by_uid[d.uid]] = {
                     "url": root, "files": meta.operators[d.uid].get("files", []),
                     "states": meta.operators[d.uid].get("states", {})}
-        ids_of = {s.uid: s.id for s in self.spec.sources}
-        for source in self.spec.sources:
-            if source.uid in meta.offsets:
-                self.offsets[source.id] = dict(meta.offsets[source.uid])
-        watermark = dict(meta.watermark)
-        watermark["finished"] = [ids_of[u] for u in watermark.get("finished", []) if u in ids_of]
-        watermark["splits"] = [[ids_of[u], *rest] for u, *rest in watermark.get("splits", [])
-                               if u in ids_of]
-        self.watermarks.restore(watermark, _now_ms())
+        self._resume_sources(meta.offsets, meta.watermark)
         self.epoch = meta.epoch
         self.next_timers = {}
         for uid, node in by_uid.items():
@@ -506,6 +498,28 @@ class JobRunner:
         self.force_checkpoint = True  # the restored lineage gets its first checkpoint at once
         summary = ", ".join(f"{d.operator}: {d.action}" for d in decisions) or "no keyed state"
         self.reporter.message(f"restoring savepoint {root} (epoch {meta.epoch}; {summary})")
+
+    def _saved_sources(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Source offsets and the watermark tracker, keyed by source uid (as checkpoints and
+        savepoints store them)."""
+        uid_of = {s.id: s.uid for s in self.spec.sources}
+        watermark = self.watermarks.to_json()
+        watermark["finished"] = [uid_of[s] for s in watermark["finished"]]
+        watermark["splits"] = [[uid_of[s], *rest] for s, *rest in watermark["splits"]]
+        return {uid_of[sid]: dict(o) for sid, o in self.offsets.items()}, watermark
+
+    def _resume_sources(self, offsets: dict[str, Any], saved: dict[str, Any]) -> None:
+        """Continue each source at its saved offsets (by uid; a new source starts at its
+        beginning) and the watermark where it was."""
+        ids_of = {s.uid: s.id for s in self.spec.sources}
+        for source in self.spec.sources:
+            if source.uid in offsets:
+                self.offsets[source.id] = dict(offsets[source.uid])
+        watermark = dict(saved)
+        watermark["finished"] = [ids_of[u] for u in watermark.get("finished", []) if u in ids_of]
+        watermark["splits"] = [[ids_of[u], *rest] for u, *rest in watermark.get("splits", [])
+                               if u in ids_of]
+        self.watermarks.restore(watermark, _now_ms())
 
     def _restore(self, meta: CheckpointMetadata) -> None:
         from streamer.checkpoint.metadata import CheckpointError
@@ -530,15 +544,7 @@ class JobRunner:
                    + "; ".join(problems) + ". Keep the pipeline as it was, or start over with "
                    "`streamer run --fresh` (savepoints carry state across such changes)")
             raise CheckpointError(msg)
-        ids_of = {s.uid: s.id for s in self.spec.sources}
-        for source in self.spec.sources:
-            if source.uid in meta.offsets:
-                self.offsets[source.id] = dict(meta.offsets[source.uid])
-        watermark = dict(meta.watermark)
-        watermark["finished"] = [ids_of[u] for u in watermark.get("finished", []) if u in ids_of]
-        watermark["splits"] = [[ids_of[u], *rest] for u, *rest in watermark.get("splits", [])
-                               if u in ids_of]
-        self.watermarks.restore(watermark, _now_ms())
+        self._resume_sources(meta.offsets, meta.watermark)
         self.epoch = meta.epoch
         for uid, (node_id, _) in stages.items():
             if uid in meta.next_timers:
@@ -942,14 +948,11 @@ class JobRunner:
             self._decline(checkpoint_id, epoch, "; ".join(errors))
             return False
         uid_of = {s.id: s.uid for s in self.spec.sources}
-        watermark = self.watermarks.to_json()
-        watermark["finished"] = [uid_of[s] for s in watermark["finished"]]
-        watermark["splits"] = [[uid_of[s], *rest] for s, *rest in watermark["splits"]]
+        offsets, watermark = self._saved_sources()
         meta = CheckpointMetadata(
             checkpoint_id=checkpoint_id, job=self.spec.name, run_id=self.run_id, epoch=epoch,
             created_at=now(), mode=job.checkpoint.mode,
-            offsets={uid_of[sid]: dict(o) for sid, o in self.offsets.items()},
-            watermark=watermark, operators=operators,
+            offsets=offsets, watermark=watermark, operators=operators,
             sinks={k: [list(i) for i in v] for k, v in self.pending.items() if v},
             next_timers={self.keyed[n].op.uid: dict(t) for n, t in self.next_timers.items()
                          if n in self.keyed},
@@ -1080,16 +1083,12 @@ class JobRunner:
                 "next_timers": self.next_timers.get(node_id, {})}
         waiters = self.savepoint_waiters.pop(url, [])
         if not errors:
-            uid_of = {s.id: s.uid for s in self.spec.sources}
-            watermark = self.watermarks.to_json()
-            watermark["finished"] = [uid_of[s] for s in watermark["finished"]]
-            watermark["splits"] = [[uid_of[s], *rest] for s, *rest in watermark["splits"]]
+            offsets, watermark = self._saved_sources()
             meta = SavepointMetadata(
                 job=self.spec.name, created_at=time.time(), streamer_version=__version__,
                 pipeline_fingerprint=pipeline_fingerprint(self.spec), epoch=epoch,
                 max_parallelism=self.spec.job.max_parallelism,
-                offsets={uid_of[sid]: dict(o) for sid, o in self.offsets.items()},
-                watermark=watermark, operators=operators,
+                offsets=offsets, watermark=watermark, operators=operators,
                 sources={s.uid: s.type for s in self.spec.sources}, run_id=self.run_id,
                 drained=self.stop_drain and url == self.stop_savepoint)
             try:
