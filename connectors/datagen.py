@@ -23,7 +23,6 @@ from streamer.connectors.base import ConnectorContext, Offsets, Source, SourceRe
 from streamer.connectors.exceptions import ConnectorError
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
     from streamer.pipeline.spec import SourceSpec
@@ -104,35 +103,40 @@ class DatagenSource(Source):
             source_id=self.spec.id,
             start=dict(zip(self._split_names, current, strict=True)),
             end=end,
-            payload={"start": current, "counts": counts},
+            payload={"start": current, "counts": counts,
+                     "generated_at": self._generated_at(now_ms)},
             expected_records=sum(counts),
         )
 
-    def _frame(self, start: Sequence[int], counts: Sequence[int]) -> DataFrame:
-        """`offset` and `split` columns of the slice: one range, one partition per split."""
-        from pyspark.sql import functions as F
-
-        spark = self.ctx.spark
+    def _base_sql(self, start: Sequence[int], counts: Sequence[int],
+                  generated_at: str) -> str:
+        """SQL of the slice's `offset`, `split` and `generated_at` columns: one range, one
+        partition per split (a single `spark.sql` call: building the same plan through the
+        DataFrame API costs dozens of round trips to the JVM every epoch)."""
         k = max(counts) if counts else 0
-        rows = spark.range(0, k * self.splits, 1, numPartitions=max(1, self.splits))
+        rows = f"range(0, {k * self.splits}, 1, {max(1, self.splits)})"
         k = max(k, 1)  # keeps the expressions valid over an empty range
-        frame = rows.select(F.expr(f"CAST(id DIV {k} AS INT)").alias("split"),
-                            F.expr(f"id % {k}").alias("pos"))
+        where = ""
         if len(set(counts)) > 1:  # only when splits were restored at different offsets
-            limits = F.array(*[F.lit(c).cast("bigint") for c in counts])
-            frame = frame.where(F.col("pos") < F.element_at(limits, F.col("split") + 1))
-        if len(set(start)) <= 1:
-            base = F.lit(start[0] if start else 0).cast("bigint")
-        else:
-            starts = F.array(*[F.lit(s).cast("bigint") for s in start])
-            base = F.element_at(starts, F.col("split") + 1)
-        return frame.select((base + F.col("pos")).cast("bigint").alias("offset"),
-                            F.col("split"))
+            where = f" WHERE pos < {_per_split(counts)}"
+        base = str(int(start[0]) if start else 0) if len(set(start)) <= 1 else _per_split(start)
+        inner = f"SELECT CAST(id DIV {k} AS INT) AS split, id % {k} AS pos FROM {rows}"
+        offset = f"CAST({base} + pos AS BIGINT)"
+        return (f"SELECT {offset} AS offset, split, {generated_at.format(offset=offset)} "
+                f"AS generated_at FROM ({inner}){where}")
 
-    def _columns(self) -> list[Any]:
-        from pyspark.sql import functions as F
-
-        return [F.expr(expr).alias(name) for name, expr in self.fields]
+    def _generated_at(self, now_ms: int) -> str:
+        """SQL of a row's `generated_at`: with a rate, the moment the rate admitted the row
+        (so it is the row's creation time, like Spark's rate source `timestamp`); without
+        one, the time the epoch was planned. `{offset}` stands for the row's offset."""
+        if self.rate is None or self._rate_origin is None:
+            return f"timestamp_millis({now_ms}L)"
+        start_ms, origin = self._rate_origin
+        first = [origin.get(name, 0) for name in self._split_names]
+        base = str(first[0]) if len(set(first)) <= 1 else _per_split(first)
+        step = self.splits * 1000 / self.rate
+        return (f"timestamp_millis(CAST({start_ms}L + ceil(({{offset}} - {base} + 1) * "
+                f"{step!r}D) AS BIGINT))")
 
     def schema(self) -> StructType:
         """The types of the field expressions, analyzed over an empty range (no Spark job)."""
@@ -143,7 +147,8 @@ class DatagenSource(Source):
 
         from streamer.runtime.spark import spark_error_message
 
-        empty = self._frame([0] * self.splits, [0] * self.splits)
+        empty = self.ctx.spark.sql(self._base_sql([0] * self.splits, [0] * self.splits,
+                                                  self._generated_at(0)))
         fields = []
         for name, expr in self.fields:
             try:
@@ -151,22 +156,22 @@ class DatagenSource(Source):
             except Exception as exc:
                 msg = (f"field {name!r} of source {self.spec.id!r} is not a valid expression "
                        f"{expr!r}: {spark_error_message(exc)}; fix the expression (it may use "
-                       "the columns offset and split and Spark SQL functions)")
+                       "the columns offset, split and generated_at and Spark SQL functions)")
                 raise ConnectorError(msg) from exc
         self._schema = StructType(fields)
         return self._schema
 
     def read(self, piece: SourceSlice) -> SourceRead:
-        """The slice's rows: lazy, deterministic, no Python UDFs."""
+        """The slice's rows: lazy, deterministic (but for `generated_at`), no Python UDFs."""
         payload = piece.payload
-        from pyspark.sql import functions as F
-
-        frame = self._frame(payload["start"], payload["counts"])
+        base = self._base_sql(payload["start"], payload["counts"], payload["generated_at"])
+        columns = [f"({expr}) AS `{name}`" for name, expr in self.fields]
         if not self.spec.event_time:  # the split only matters for per-split watermarks
-            return SourceRead(records=frame.select(*self._columns()))
-        split = F.col("split").cast("string").alias("__split")
-        return SourceRead(records=frame.select(*self._columns(), split),
-                          split_column="__split")
+            return SourceRead(records=self.ctx.spark.sql(
+                f"SELECT {', '.join(columns)} FROM ({base})"))
+        columns.append("CAST(split AS STRING) AS __split")
+        return SourceRead(records=self.ctx.spark.sql(
+            f"SELECT {', '.join(columns)} FROM ({base})"), split_column="__split")
 
     def exhausted(self, offsets: Mapping[str, Any]) -> bool:
         """True when `limit` is set and every split has produced `limit` rows."""
@@ -183,3 +188,8 @@ class DatagenSource(Source):
             return 0
         return sum(max(0, a - off)
                    for a, off in zip(admitted, self._current(offsets), strict=True))
+
+
+def _per_split(values: Sequence[int]) -> str:
+    """SQL picking the value of the row's split from a literal array."""
+    return f"element_at(array({', '.join(f'{int(v)}L' for v in values)}), split + 1)"

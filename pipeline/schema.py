@@ -140,9 +140,9 @@ DATAGEN = _source(
         "limit": Field(Int("Rows per split; absent = unbounded.", minimum=0)),
         "max_records_per_epoch": Field(Int("At most this many rows per epoch over all "
                                            "splits.", minimum=1)),
-        "fields": Field(MapOf(EXPR, "Columns as Spark SQL expressions of `offset` and "
-                              "`split`.", key_pattern=COLUMN_PATTERN, key_hint=COLUMN_HINT,
-                              min_items=1), required=True),
+        "fields": Field(MapOf(EXPR, "Columns as Spark SQL expressions of `offset`, "
+                              "`split` and `generated_at`.", key_pattern=COLUMN_PATTERN,
+                              key_hint=COLUMN_HINT, min_items=1), required=True),
     },
     "Deterministic rows computed from (split, offset).",
     [_watermark_needs_event_time],

@@ -165,3 +165,29 @@ def test_non_positive_rate_is_rejected_when_built_from_python(make: Any) -> None
     bad = dataclasses.replace(spec, options={**spec.options, "rows_per_second": 0})
     with pytest.raises(ConnectorError, match="rows_per_second"):
         DatagenSource(bad, make(limit=1).ctx)
+
+
+def _generated(source: DatagenSource, offsets: dict[str, Any], now_ms: int) -> dict[tuple, int]:
+    piece = source.plan(offsets, now_ms)
+    assert piece is not None
+    df = source.read(piece).records
+    return {(r.s, r.o): r.g for r in df.collect()}
+
+
+def test_generated_at_is_when_the_rate_admitted_the_row(make: Any) -> None:
+    # 4 rows/s over 2 splits: each split gets a row every 500 ms after the first plan.
+    source = make(splits=2, rows_per_second=4, fields={**FIELDS, "g": "unix_millis(generated_at)"})
+    assert source.plan({"0": 0, "1": 0}, 10_000) is None  # the rate's origin: nothing yet
+    got = _generated(source, {"0": 0, "1": 0}, 11_600)  # 1.6 s later: 3 rows per split
+    assert got == {(s, o): 10_000 + 500 * (o + 1) for s in (0, 1) for o in range(3)}
+    # Restored splits at different offsets: each row keeps the time it was admitted at.
+    source = make(splits=2, rows_per_second=4, fields={**FIELDS, "g": "unix_millis(generated_at)"})
+    assert source.plan({"0": 5, "1": 7}, 0) is None
+    got = _generated(source, {"0": 5, "1": 7}, 1_000)
+    assert got == {(0, 5): 500, (0, 6): 1_000, (1, 7): 500, (1, 8): 1_000}
+
+
+def test_generated_at_without_a_rate_is_the_planning_time(make: Any) -> None:
+    source = make(splits=2, limit=3, fields={**FIELDS, "g": "unix_millis(generated_at)"})
+    got = _generated(source, source.initial_offsets(), 1_234_567)
+    assert set(got.values()) == {1_234_567} and len(got) == 6
