@@ -130,8 +130,10 @@ def snapshot_batch(cfg: Any, backend: Any, subtask: int, info: dict[str, Any]) -
                 deadline = None
                 if chk.deadline is not None:
                     deadline = time.monotonic() + (chk.deadline - time.time())
+                began = time.perf_counter()
                 handle = take_snapshot(backend, chk.url, cid, base=chk.last.get(subtask),
                                        local_copy_root=chk.local_copy_root, deadline=deadline)
+                meta["snapshot_ms"] = round((time.perf_counter() - began) * 1000, 3)
                 saved.parent.mkdir(parents=True, exist_ok=True)
                 tmp = saved.with_suffix(".tmp")
                 tmp.write_text(json.dumps(handle))

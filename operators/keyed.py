@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import pickle
 import struct
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -267,6 +268,7 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
     from streamer.state import StateDescriptor, StateKind, key_group_range, open_backend
 
     rows: Any = _read_input(cfg, batches, subtask)
+    began = time.perf_counter()  # after the input arrived: the stage's own work
     if not (cfg.kind == "aggregate" or (cfg.kind == "window"
                                         and cfg.window_kind in ("tumbling", "sliding"))):
         rows = rows.table.to_pylist()  # the operators that work row by row
@@ -307,9 +309,10 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
             _count_windows(cfg, backend, rows, out)
         else:
             _time_windows(cfg, backend, rows, out)
-        meta = {"subtask": subtask, "out": len(out),
-                "next_event": backend.next_timer("event"),
-                "next_processing": backend.next_timer("processing")}
+        meta: dict[str, Any] = {"subtask": subtask, "out": len(out),
+                                "next_event": backend.next_timer("event"),
+                                "next_processing": backend.next_timer("processing"),
+                                "task_ms": round((time.perf_counter() - began) * 1000, 3)}
         batch = out.batch(meta)
         failpoints.reached("in-task", cfg.epoch)
         backend.commit(cfg.epoch, pickle.dumps(batch, protocol=5))

@@ -34,6 +34,7 @@ from streamer.pipeline.graph import Dataflow, compile_dataflow
 from streamer.pipeline.spec import PipelineSpec
 from streamer.runtime.exceptions import JobFailedError
 from streamer.runtime.metrics import EpochMetrics, QuietReporter, Reporter
+from streamer.runtime.spark import EpochConf, small_epoch_rows
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Observation, SparkSession
@@ -155,6 +156,8 @@ class JobRunner:
         self.seen_requests: set[str] = set()
         #: savepoint url -> ids of the requests waiting for it
         self.savepoint_waiters: dict[str, list[str]] = {}
+        #: Per-epoch Spark settings (the small-epoch mode), set once the session exists.
+        self.epoch_conf: EpochConf | None = None
 
     # ------------------------------------------------------------------------ control
     def request_stop(self) -> None:
@@ -278,6 +281,7 @@ class JobRunner:
             self.spark  # noqa: B018
             restore = self._install_sigint()
             self.prepare()
+            self.epoch_conf = EpochConf(self.spark)
             if self.registry is not None:
                 self.registry.update(master=self.spark.sparkContext.master, parallelism={
                     n: s.parallelism for n, s in self.keyed.items()})
@@ -309,6 +313,8 @@ class JobRunner:
             raise
         finally:
             restore()
+            if self.epoch_conf is not None:
+                self.epoch_conf.use(False)  # the session's own settings again
             for sink in self.sinks.values():
                 sink.close()
             if self.keyed and not self.options.keep_state:
@@ -722,6 +728,9 @@ class JobRunner:
         from streamer.runtime.keyed import visible
 
         failpoints.reached("epoch-start", epoch)
+        small = self._small_epoch(slices)
+        if self.epoch_conf is not None:
+            self.epoch_conf.use(small)
         checkpoint_id = self._begin_checkpoint() if checkpoint else None
         now = _now_ms()
         watermark = self.watermarks.current
@@ -821,8 +830,15 @@ class JobRunner:
         finally:
             for df in cached:
                 df.unpersist()
+        keyed_ms: float | None = None
+        snapshot_ms: float | None = None
         for node_id, metas in keyed_metas.items():  # complete now that the jobs have run
             found = list(metas)
+            keyed_ms = max([keyed_ms or 0.0, *(float(m["task_ms"]) for m in found
+                                               if "task_ms" in m)])
+            if any("snapshot_ms" in m for m in found):
+                snapshot_ms = max([snapshot_ms or 0.0, *(float(m["snapshot_ms"]) for m in found
+                                                         if "snapshot_ms" in m)])
             if len(found) != self.keyed[node_id].parallelism:
                 msg = (f"epoch {epoch}: operator {node_id!r} reported {len(found)} of "
                        f"{self.keyed[node_id].parallelism} subtasks; its output was not read")
@@ -874,7 +890,21 @@ class JobRunner:
             watermark=(self.watermarks.current if any(s.event_time for s in self.spec.sources)
                        else None),
             checkpoint_id=checkpoint_id if checkpoint_id in self.completed else None,
-            checkpoint_ms=checkpoint_ms)
+            checkpoint_ms=checkpoint_ms, keyed_ms=keyed_ms, snapshot_ms=snapshot_ms,
+            small=small)
+
+    def _small_epoch(self, slices: Mapping[str, SourceSlice]) -> bool:
+        """Whether the epoch runs in the small-epoch mode (`runtime.spark.SMALL_EPOCH_CONF`):
+        its input is known to be at most `small_epoch_rows()` rows (a timer-only epoch has
+        none), or, where a source cannot tell up front, the previous epoch's was."""
+        limit = small_epoch_rows()
+        if limit <= 0:
+            return False
+        known = [piece.expected_records for piece in slices.values()]
+        if all(n is not None for n in known):
+            return sum(n for n in known if n is not None) <= limit
+        last = self.history[-1].total_in if self.history else None
+        return last is not None and last <= limit
 
     # ------------------------------------------------------------------------ checkpoints
     def _begin_checkpoint(self) -> int | None:

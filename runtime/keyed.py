@@ -102,6 +102,8 @@ class KeyedStage:
         self.parallelism = job.parallelism or spark.sparkContext.defaultParallelism
         self.max_parallelism = job.max_parallelism
         self.routes = route_values(spark, self.parallelism)
+        self._dummies: DataFrame | None = None  # one row per subtask, so every subtask runs
+        self._route: Any = None  # the column mapping __subtask to its route value
         self.input_schema = input_schema
         window = op.window
         self.domain = "event"
@@ -233,13 +235,14 @@ class KeyedStage:
             if "__ts" not in df.columns:
                 df = df.withColumn("__ts", F.lit(None).cast("timestamp"))
         rows, late = self._prepare(df, epoch, now_ms, watermark)
-        dummies = self.spark.range(0, self.parallelism, 1, 1).select(
-            F.col("id").cast("int").alias("__subtask"), F.lit(True).alias("__dummy"))
+        if self._dummies is None:  # the same every epoch: built once
+            self._dummies = self.spark.range(0, self.parallelism, 1, 1).select(
+                F.col("id").cast("int").alias("__subtask"), F.lit(True).alias("__dummy"))
+            self._route = F.element_at(F.array(*[F.lit(r).cast("bigint") for r in self.routes]),
+                                       F.col("__subtask") + 1)
         rows = rows.withColumn("__dummy", F.lit(False)).unionByName(
-            dummies, allowMissingColumns=True)
-        route = F.element_at(F.array(*[F.lit(r).cast("bigint") for r in self.routes]),
-                             F.col("__subtask") + 1)
-        rows = rows.withColumn("__route", route).repartition(self.parallelism, "__route")
+            self._dummies, allowMissingColumns=True)
+        rows = rows.withColumn("__route", self._route).repartition(self.parallelism, "__route")
         cfg = replace(self.base_config, epoch=epoch, fire_up_to=fire_up_to, now_ms=now_ms,
                       checkpointing=checkpointing)
         metas = self.spark.sparkContext.accumulator([], _ListParam())

@@ -33,6 +33,12 @@ class EpochMetrics:
     #: The checkpoint this epoch completed, and how long completing it took (ms).
     checkpoint_id: int | None = None
     checkpoint_ms: float | None = None
+    #: The slowest keyed subtask's own work (after its input arrived, before the snapshot),
+    #: and the slowest subtask snapshot, inside `run_ms` (ms; None when none ran).
+    keyed_ms: float | None = None
+    snapshot_ms: float | None = None
+    #: Whether the epoch ran in the small-epoch mode (interpreted, no adaptive execution).
+    small: bool = False
 
     @property
     def total_in(self) -> int:

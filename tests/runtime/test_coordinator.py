@@ -275,3 +275,63 @@ def test_a_missing_process_class_is_reported_at_its_line(spark, tmp_path: Path) 
                 path: {tmp_path / 'o'}
                 format: jsonl
             """)
+
+
+SMALL_AND_LARGE = """
+    name: small-large
+    job: {{parallelism: 2}}
+    sources:
+      - id: gen
+        type: datagen
+        splits: 2
+        limit: 3000
+        max_records_per_epoch: {cap}
+        fields:
+          user: "concat('u', cast(offset * 7 % 50 as string))"
+          amount: "cast(offset % 10 as double)"
+          ts: "timestamp_millis(1767225600000 + offset * 100)"
+        event_time: ts
+        watermark: {{max_out_of_orderness: 1s}}
+    operators:
+      - id: big
+        input: gen
+        filter: "amount > 1"
+      - id: per_window
+        input: big
+        key_by: [user]
+        window: {{tumbling: 10s}}
+        aggregate: {{n: count(), spent: sum(amount), first: min(ts)}}
+    sinks:
+      - id: out
+        type: files
+        input: per_window
+        path: {out}
+        format: jsonl
+    """
+
+
+def test_small_epochs_run_interpreted_and_give_the_same_results(spark, tmp_path: Path,
+                                                                monkeypatch) -> None:
+    """The small-epoch mode (no code generation, no adaptive execution, one shuffle
+    partition) changes how Spark runs an epoch, never what it computes; the session's own
+    settings are back after the run."""
+    key = "spark.sql.adaptive.enabled"
+    before = spark.conf.get(key)
+    outputs = {}
+    for mode, limit in (("codegen", "0"), ("small", "1000000"), ("mixed", "2000")):
+        monkeypatch.setenv("STREAMER_SMALL_EPOCH_ROWS", limit)
+        out = tmp_path / mode
+        _, result = run(spark, SMALL_AND_LARGE.format(cap=2400, out=out))
+        assert result.status == "finished"
+        flags = [m.small for m in result.metrics]
+        data = [m for m in result.metrics if m.records_in]
+        if mode == "codegen":
+            assert not any(flags)
+        elif mode == "small":
+            assert all(flags)
+        else:  # 2,400-row epochs run generated code; 1,200 and the final epoch run small
+            assert [m.small for m in data] == [m.records_in["gen"] <= 2000 for m in data]
+            assert set(flags) == {True, False}
+        assert spark.conf.get(key) == before
+        outputs[mode] = sorted(json.dumps(r, sort_keys=True) for r in committed_rows(out))
+    assert outputs["codegen"] and outputs["codegen"] == outputs["small"] == outputs["mixed"]
