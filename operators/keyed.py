@@ -279,6 +279,7 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
     backend = open_backend(cfg.backend, cfg.state_root, cfg.job, cfg.uid, subtask,
                            key_group_range(subtask, cfg.parallelism, cfg.max_parallelism),
                            states=[StateDescriptor("acc", StateKind.AGGREGATING)])
+    ok = False
     try:
         done = backend.version()
         if done is not None and done >= cfg.epoch:
@@ -291,6 +292,7 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
             extra = checkpointing.snapshot_batch(cfg, backend, subtask, restored)
             if extra is not None:
                 yield extra
+            ok = True
             return
         checkpointing.check_version(cfg, subtask, done)
         out = _Emitter(cfg)
@@ -320,8 +322,12 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
         extra = checkpointing.snapshot_batch(cfg, backend, subtask, restored)
         if extra is not None:
             yield extra
+        ok = True
     finally:
-        backend.close()
+        if ok:
+            backend.park()  # rocksdb stays open for this process's next task of the subtask
+        else:
+            backend.close()
 
 
 def _read_input(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> _Input:

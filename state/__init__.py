@@ -66,8 +66,13 @@ def open_backend(kind: str, root_dir: str, job: str, uid: str, subtask: int,
 
         return MemoryBackend(location, key_groups, options, states)
     if kind == "rocksdb":
-        from streamer.state.rocksdb import RocksDBBackend
+        from streamer.state.rocksdb import RocksDBBackend, _unpark
 
+        parked = _unpark(location.path, key_groups)
+        if parked is not None:  # still open from this process's previous task of the subtask
+            for descriptor in states:
+                parked.declare(descriptor)
+            return parked
         return RocksDBBackend(location, key_groups, options, states)
     msg = f"unknown state backend {kind!r}; use one of {', '.join(map(repr, BACKENDS))}"
     raise StateError(msg)

@@ -546,6 +546,11 @@ class KeyedStateBackend(ABC):
     def close(self) -> None:
         """Drop buffered writes and release the subtask (its lock, files and handles)."""
 
+    def park(self) -> None:
+        """The task is done with the subtask: like `close`, but a backend may keep it open for
+        the next task of this process (`rocksdb` does, until another process asks for it)."""
+        self.close()
+
     def __enter__(self) -> KeyedStateBackend:
         return self
 

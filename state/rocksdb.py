@@ -12,11 +12,20 @@ pickled elements, so appending never decodes the list).
 written by `commit` as ONE `WriteBatch` together with the version and outputs: atomic through
 RocksDB's write-ahead log, with no partial epoch visible after a crash.
 
-**Open per task, no cached handle.** PySpark's Python workers are not pinned to partitions, so
-the next epoch of a subtask may run in another worker process; an Rdict cached open in a worker
-then holds RocksDB's LOCK and the other process fails (the measured trap in ARCHITECTURE.md §4:
-82 of 160 tasks). Exclusivity cannot be proven from inside a worker, so the backend opens the DB
-for each task and closes it at the end. Measured on the 2-core CI machine kind: opening an
+**Parked between tasks, released on request.** PySpark's Python workers are not pinned to
+partitions, so the next epoch of a subtask may run in another worker process; an Rdict simply
+cached open in a worker holds RocksDB's LOCK and the other process fails (the measured trap in
+ARCHITECTURE.md §4: 82 of 160 tasks). Opening and closing the DB in every task avoided that but
+cost 20-55 ms per task (flush, close, open), most of a near-empty keyed epoch. So a task that
+ends well *parks* the backend (`park`): it stays open in this process, idle, and the next task
+of the same subtask here takes it back without opening anything (~2 ms per task instead of
+~40 ms, measured at load 6). A process that finds the DB locked leaves a `RELEASE-REQUEST`
+file in the subtask directory; a watcher thread of the holding process closes its parked
+handle (flushing, as below) within `_WATCH_S` and removes the request, and the waiter's
+lock retry then succeeds. A parked handle is also closed when its directory is gone or was
+replaced (a restore), and after `_PARK_IDLE_S` unused. It is only ever reused while this
+process held the LOCK throughout, so it cannot be stale. The cost of the old way, measured on
+the 2-core CI machine kind: opening an
 existing DB costs ~7-10 ms for a small DB and ~16-24 ms with 1 M keys (bench/state_backends.py),
 an empty epoch (open, commit, close) ~20 ms, against ~0.3 ms for the memory backend's cached
 dicts; for a 100 k-key epoch (~420 ms in all) the open is about 5 %. What must not be paid at open
@@ -36,10 +45,13 @@ lists): a live iterator would keep the DB, and its LOCK, alive after `close()`.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import os
 import re
 import shutil
 import struct
+import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -196,19 +208,107 @@ def _is_lock_error(exc: Exception) -> bool:
     return bool(_LOCK_ERROR.search(str(exc)))
 
 
+#: A file a process leaves in a subtask directory whose DB another process holds open: the
+#: holder's watcher closes its parked handle when it sees it.
+RELEASE_REQUEST = "RELEASE-REQUEST"
+#: How often the watcher looks for release requests, and how long a parked DB stays open unused.
+_WATCH_S = 0.01
+_PARK_IDLE_S = 120.0
+#: path -> the backend parked open in this process (see the module docstring).
+_PARKED: dict[str, RocksDBBackend] = {}
+_PARKED_LOCK = threading.Lock()
+_WATCHER: list[threading.Thread] = []
+
+
+def _dir_id(path: Path) -> tuple[int, int] | None:
+    """The identity of a directory (device, inode), None when it is gone."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def _watch() -> None:
+    """Close parked handles that another process asked for, whose directory is gone or was
+    replaced, or that stayed unused for `_PARK_IDLE_S`."""
+    while True:
+        time.sleep(_WATCH_S)
+        with _PARKED_LOCK:
+            parked = list(_PARKED.items())
+        now = time.monotonic()
+        for key, backend in parked:
+            request = backend.path / RELEASE_REQUEST
+            if not (os.path.exists(request) or _dir_id(backend.path) != backend.dir_id
+                    or now - backend.parked_at > _PARK_IDLE_S):
+                continue
+            with _PARKED_LOCK:
+                if _PARKED.get(key) is not backend:
+                    continue  # a task took it back meanwhile
+                del _PARKED[key]
+            with contextlib.suppress(Exception):
+                backend.close()
+            with contextlib.suppress(OSError):
+                os.unlink(request)
+
+
+def release_parked(path: str | os.PathLike[str] | None = None) -> None:
+    """Close this process's parked handle of the subtask directory `path` (or all of them)."""
+    with _PARKED_LOCK:
+        if path is None:
+            backends = list(_PARKED.values())
+            _PARKED.clear()
+        else:
+            found = _PARKED.pop(os.path.abspath(path), None)
+            backends = [found] if found is not None else []
+    for backend in backends:
+        with contextlib.suppress(Exception):
+            backend.close()
+
+
+def _unpark(path: Path, key_groups: range) -> RocksDBBackend | None:
+    """The backend parked by this process for `path` if it can serve the next task."""
+    with _PARKED_LOCK:
+        backend = _PARKED.pop(os.path.abspath(path), None)
+    if backend is None:
+        return None
+    if (backend.status is BackendStatus.OPEN and backend.key_groups == key_groups
+            and _dir_id(path) == backend.dir_id):
+        return backend
+    with contextlib.suppress(Exception):
+        backend.close()
+    return None
+
+
 def _open_db(path: Path, timeout_s: float) -> tuple[Rdict, list[str]]:
     """The DB of a subtask directory (created if missing) and its column family names."""
+    asked = False
 
     def attempt() -> tuple[Rdict, list[str]]:
+        nonlocal asked
         names = {_META, _TIMERS}
-        if (path / "CURRENT").exists():
-            names.update(Rdict.list_cf(str(path), _db_options()))
-        names.discard("default")
-        families = {name: _cf_options() for name in names}
-        return Rdict(str(path), _db_options(), column_families=families), sorted(names)
+        try:
+            if (path / "CURRENT").exists():
+                names.update(Rdict.list_cf(str(path), _db_options()))
+            names.discard("default")
+            families = {name: _cf_options() for name in names}
+            return Rdict(str(path), _db_options(), column_families=families), sorted(names)
+        except Exception as exc:
+            if _is_lock_error(exc):
+                if "current process" in str(exc):
+                    release_parked(path)  # parked here (same process): close it now
+                elif not asked:  # parked in another process: ask its watcher to close it
+                    with contextlib.suppress(OSError):
+                        (path / RELEASE_REQUEST).touch()
+                    asked = True
+            raise
 
     try:
-        return wait_for_lock(attempt, _is_lock_error, timeout_s, path)
+        found = wait_for_lock(attempt, _is_lock_error, timeout_s, path)
+        if asked:
+            with contextlib.suppress(OSError):
+                (path / RELEASE_REQUEST).unlink()
+        return found
     except StateError:
         raise
     except Exception as exc:
@@ -233,6 +333,9 @@ class RocksDBBackend(KeyedStateBackend):
             raise StateError(msg) from exc
         self._db: Rdict | None
         self._db, families = _open_db(self.path, self.options.lock_timeout_s)
+        #: The directory opened (a restore replaces it), and when the backend was last parked.
+        self.dir_id = _dir_id(self.path)
+        self.parked_at = 0.0
         self._cfs: dict[str, Rdict] = {}
         self._handles: dict[str, Any] = {}
         self._pending: dict[str, dict[bytes, bytes | None]] = {}
@@ -782,6 +885,27 @@ class RocksDBBackend(KeyedStateBackend):
                     self._cfs[cf_name].flush()
         finally:
             self._release()
+
+    def park(self) -> None:
+        """Keep the DB open for the next task of this subtask in this process (module
+        docstring); a backend that is not healthy, or with `process_cache` off, closes."""
+        if self.status is not BackendStatus.OPEN or not self.options.process_cache:
+            self.close()
+            return
+        self._pending.clear()  # what a task buffered but did not commit is dropped
+        self._sorted.clear()
+        self.parked_at = time.monotonic()
+        key = os.path.abspath(self.path)
+        with _PARKED_LOCK:
+            previous = _PARKED.get(key)
+            _PARKED[key] = self
+            if not _WATCHER:
+                _WATCHER.append(threading.Thread(target=_watch, name="rocksdb-parking",
+                                                 daemon=True))
+                _WATCHER[0].start()
+        if previous is not None and previous is not self:
+            with contextlib.suppress(Exception):
+                previous.close()
 
     def _release(self) -> None:
         self._cfs.clear()

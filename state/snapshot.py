@@ -392,6 +392,10 @@ def restore_snapshot(handle: dict[str, Any], storage_url: str, target: SubtaskLo
             raise SnapshotError(msg)
 
     # 1. Empty the target; the new directory is built aside and renamed into place.
+    if handle["backend"] == "rocksdb":
+        from streamer.state.rocksdb import release_parked
+
+        release_parked(path)  # a handle this process kept open on the directory replaced
     try:
         if path.exists() or path.is_symlink():
             _remove_tree(path)

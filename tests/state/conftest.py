@@ -11,6 +11,7 @@ import pytest
 
 from streamer.state import BackendOptions, KeyedStateBackend, StateDescriptor, open_backend
 from streamer.state.memory import drop_process_cache
+from streamer.state.rocksdb import release_parked
 
 #: The states most contract tests declare.
 STATES = (
@@ -60,3 +61,4 @@ def open_state(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opene
     yield opener
     opener.close_all()
     drop_process_cache()
+    release_parked()

@@ -434,6 +434,34 @@ class TestBackendContract:
         assert b.get("value", 3, K1) == "from-child"
         assert b.next_timer("processing") == 77
 
+    def test_a_parked_subtask_serves_the_next_task_here_and_another_process(
+            self, open_state: Any) -> None:
+        """`park` ends a task like `close` as far as anyone can tell: this process gets the
+        committed state back (rocksdb: the same open handle, no reopen), another process
+        gets it too (a release request makes this process's watcher close the parked DB),
+        and after that this process sees what the other one committed."""
+        b = open_state()
+        b.put("value", 3, K1, b"", "from-parent")
+        b.commit(1, b"parent-out")
+        b.put("value", 3, K1, b"", "uncommitted")
+        b.park()
+        again = open_state()
+        assert again.version() == 1 and again.get("value", 3, K1) == "from-parent"
+        assert (again is b) == (b.name == "rocksdb")
+        states = list(again.states().values())
+        again.park()
+        import state_child
+
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(1, mp_context=context) as pool:
+            seen = pool.submit(state_child.read_and_advance, b.name, str(open_state.root),
+                               states, K1).result()
+        assert seen["version"] == 1 and seen["value"] == "from-parent"
+        latest = open_state()
+        assert latest is not b
+        assert latest.version() == 2 and latest.get("value", 3, K1) == "from-child"
+        assert not (open_state.root / "job" / "op" / "subtask-0" / "RELEASE-REQUEST").exists()
+
     # ------------------------------------------------------------------ random histories
     @settings(max_examples=40, deadline=None,
               suppress_health_check=[HealthCheck.function_scoped_fixture])
