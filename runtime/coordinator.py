@@ -779,7 +779,8 @@ class JobRunner:
                     result = self._guarded(epoch, f"operator {node.id!r}", partial(
                         stage.run, union(present) if present else None, epoch, now,
                         watermark if flush is None else flush, fire,
-                        self._task_checkpointing(node.id, checkpoint_id, savepoint_url)))
+                        self._task_checkpointing(node.id, checkpoint_id, savepoint_url),
+                        small))
                     keyed_metas[node.id] = result.metas
                     frames[node.id] = result.output
                     late_sink = node.spec.window.late if node.spec.window else None  # type: ignore

@@ -102,8 +102,9 @@ class KeyedStage:
         self.parallelism = job.parallelism or spark.sparkContext.defaultParallelism
         self.max_parallelism = job.max_parallelism
         self.routes = route_values(spark, self.parallelism)
-        self._dummies: DataFrame | None = None  # one row per subtask, so every subtask runs
-        self._route: Any = None  # the column mapping __subtask to its route value
+        self._dummies: DataFrame | None = None  # see _constants
+        self._routed_dummies: DataFrame | None = None
+        self._route: Any = None
         self.input_schema = input_schema
         window = op.window
         self.domain = "event"
@@ -149,9 +150,29 @@ class KeyedStage:
         return StructType([f for f in self.out_schema.fields if not f.name.startswith(HIDDEN)])
 
     # ------------------------------------------------------------------ per epoch
-    def _prepare(self, df: DataFrame, epoch: int, now_ms: int, watermark: int
-                 ) -> tuple[DataFrame, DataFrame | None]:
-        """(pre-aggregated rows with routing columns, late records or None)."""
+    def _constants(self) -> None:
+        """What every epoch's plan shares, built once: one dummy row per subtask (so every
+        subtask runs), and the column mapping `__subtask` to its route value."""
+        from pyspark.sql import functions as F
+
+        if self._dummies is not None:
+            return
+        self._route = F.element_at(F.array(*[F.lit(r).cast("bigint") for r in self.routes]),
+                                   F.col("__subtask") + 1)
+        self._dummies = self.spark.range(0, self.parallelism, 1, 1).select(
+            F.col("id").cast("int").alias("__subtask"), F.lit(True).alias("__dummy"))
+        self._routed_dummies = self._dummies.withColumn("__route", self._route).repartition(
+            self.parallelism, "__route")
+
+    def _routed(self, df: DataFrame) -> DataFrame:
+        """`df` with its route, in the Spark partition of its subtask."""
+        return df.withColumn("__route", self._route).repartition(self.parallelism, "__route")
+
+    def _prepare(self, df: DataFrame, epoch: int, now_ms: int, watermark: int,
+                 prerouted: bool = False) -> tuple[DataFrame, DataFrame | None]:
+        """(pre-aggregated rows with routing columns, late records or None). `prerouted`:
+        route the records to their subtask's partition first and aggregate there, so the
+        plan has one shuffle instead of two (no map-side pre-aggregation: for small epochs)."""
         from pyspark.sql import functions as F
 
         keys = [F.col(k) for k in self.op.key_by]
@@ -172,8 +193,10 @@ class KeyedStage:
         if self.kind == "dedupe":
             cols = [F.col(c) for c in df.columns if c not in ("__subtask", "__kg", "__seq")]
             first = F.min_by(F.struct(*cols, F.col("__seq")), F.struct("__ts_ms", "__seq"))
+            if prerouted:
+                df, group = self._routed(df), [F.col("__route"), *group]
             rows = df.groupBy(*group).agg(first.alias("__r")).select(
-                "__subtask", "__kg", "__r.*")
+                *(["__route"] if prerouted else []), "__subtask", "__kg", "__r.*")
             return rows, None
         if window and window.kind in ("tumbling", "sliding") and self.domain == "event":
             size, slide = window.size_ms or 0, window.slide_ms or window.size_ms or 0
@@ -212,6 +235,8 @@ class KeyedStage:
         for agg in self.op.aggregates:
             acc = accumulator(agg, "__ts_ms", "__seq")
             partials += [F.expr(sql) for sql in acc.sql]
+        if prerouted:
+            df, group = self._routed(df), [F.col("__route"), *group]
         rows = df.groupBy(*group).agg(*[c.alias(f"__p{i}") for i, c in enumerate(partials)])
         if window and window.kind == "session":
             rows = rows.withColumns({
@@ -224,9 +249,11 @@ class KeyedStage:
         return rows, late
 
     def run(self, df: DataFrame | None, epoch: int, now_ms: int, watermark: int,
-            fire_up_to: int, checkpointing: Any = None) -> KeyedResult:
+            fire_up_to: int, checkpointing: Any = None, small: bool = False) -> KeyedResult:
         """Run the keyed stage for one epoch (one Spark job); `watermark` decides lateness,
-        `fire_up_to` which timers fire (the watermark, or wall clock for processing time)."""
+        `fire_up_to` which timers fire (the watermark, or wall clock for processing time).
+        `small`: the epoch has few rows, so they are routed before they are aggregated (one
+        shuffle, see `_prepare`)."""
         from pyspark import TaskContext
         from pyspark.sql import functions as F
 
@@ -234,15 +261,19 @@ class KeyedStage:
             df = self.spark.createDataFrame([], self.input_schema)
             if "__ts" not in df.columns:
                 df = df.withColumn("__ts", F.lit(None).cast("timestamp"))
-        rows, late = self._prepare(df, epoch, now_ms, watermark)
-        if self._dummies is None:  # the same every epoch: built once
-            self._dummies = self.spark.range(0, self.parallelism, 1, 1).select(
-                F.col("id").cast("int").alias("__subtask"), F.lit(True).alias("__dummy"))
-            self._route = F.element_at(F.array(*[F.lit(r).cast("bigint") for r in self.routes]),
-                                       F.col("__subtask") + 1)
-        rows = rows.withColumn("__dummy", F.lit(False)).unionByName(
-            self._dummies, allowMissingColumns=True)
-        rows = rows.withColumn("__route", self._route).repartition(self.parallelism, "__route")
+        self._constants()
+        prerouted = small and self.kind != "process"
+        rows, late = self._prepare(df, epoch, now_ms, watermark, prerouted)
+        if prerouted:
+            # Both sides are hash-partitioned by route into `parallelism` partitions, so the
+            # union keeps partition i = subtask i (spark.sql.unionOutputPartitioning) and
+            # needs no further shuffle; `_read_input` checks it.
+            rows = rows.withColumn("__dummy", F.lit(False)).unionByName(
+                self._routed_dummies, allowMissingColumns=True)
+        else:
+            rows = rows.withColumn("__dummy", F.lit(False)).unionByName(
+                self._dummies, allowMissingColumns=True)
+            rows = self._routed(rows)
         cfg = replace(self.base_config, epoch=epoch, fire_up_to=fire_up_to, now_ms=now_ms,
                       checkpointing=checkpointing)
         metas = self.spark.sparkContext.accumulator([], _ListParam())

@@ -169,12 +169,16 @@ SMALL_EPOCH_ROWS = 20_000
 #: compiles nothing and costs microseconds per row, which wins when rows are few. Adaptive
 #: execution re-plans after every shuffle (a Spark job per shuffle stage), and one shuffle
 #: partition is plenty for the pre-aggregation of a few rows. Measured near-empty epochs
-#: (bench/latency.py): keyed 467 -> 240 ms, stateless 90 -> 56 ms.
+#: (bench/latency.py): keyed 467 -> 240 ms, stateless 90 -> 56 ms. A small keyed epoch also
+#: routes its rows before aggregating them: one shuffle instead of two.
 SMALL_EPOCH_CONF: dict[str, str] = {
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
     "spark.sql.adaptive.enabled": "false",
     "spark.sql.shuffle.partitions": "1",
+    # A small keyed epoch routes records before aggregating them and relies on a union of
+    # two inputs partitioned alike keeping that partitioning (runtime/keyed.py).
+    "spark.sql.unionOutputPartitioning": "true",
 }
 
 
