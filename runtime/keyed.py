@@ -262,6 +262,7 @@ class KeyedStage:
             if "__ts" not in df.columns:
                 df = df.withColumn("__ts", F.lit(None).cast("timestamp"))
         self._constants()
+        assert self._dummies is not None and self._routed_dummies is not None
         prerouted = small and self.kind != "process"
         rows, late = self._prepare(df, epoch, now_ms, watermark, prerouted)
         if prerouted:
