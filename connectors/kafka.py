@@ -361,8 +361,11 @@ def read_range(conf: dict[str, Any], topic: str, partition: int, start: int,
         stamps: list[int | None] = []
         last_progress = time.monotonic()
         done = start >= end
+        position = start
         while not done:
-            messages = consumer.consume(num_messages=min(BATCH_ROWS, end - start), timeout=1.0)
+            # Ask for no more than the range holds, or consume() waits out its timeout.
+            messages = consumer.consume(num_messages=max(1, min(BATCH_ROWS, end - position)),
+                                        timeout=1.0)
             if not messages and time.monotonic() - last_progress > READ_TIMEOUT_S:
                 msg = (f"reading {topic}:{partition} offsets [{start}, {end}) made no progress "
                        f"for {READ_TIMEOUT_S:.0f}s")
@@ -378,6 +381,7 @@ def read_range(conf: dict[str, Any], topic: str, partition: int, start: int,
                 if off >= end:
                     done = True
                     break
+                position = off + 1
                 keys.append(m.key())
                 values.append(m.value())
                 offsets.append(off)

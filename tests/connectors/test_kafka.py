@@ -295,3 +295,62 @@ def test_kafka_to_windows_to_kafka_in_process_with_checkpoints(
     got = [json.loads(v) for _k, v, _p, _o in kafka.read(out)]
     assert sum(r["n"] for r in got) == 400
     assert len(got) == len({(r["user"], r["window_start"]) for r in got}) == 4 * 10
+
+
+@pytest.mark.slow
+def test_spark_client_reads_what_the_confluent_client_reads(kafka: Any, tmp_path: Path) -> None:
+    """`client: spark` (Spark's Kafka connector, its jars put on the session by `streamer
+    run`) and the default confluent client give one job the same output and dead letters."""
+    import subprocess
+    import sys
+
+    source = topic(kafka, 2)
+    kafka.produce(source, [(None, {"user": f"u{i % 6}", "ts": 1767225600000 + i * 300}, i % 2)
+                           for i in range(1000)] + [(None, "oops", 1)])
+    outputs = {}
+    for client in ("confluent", "spark"):
+        out = topic(kafka, 2)
+        path = tmp_path / f"{client}.yaml"
+        path.write_text(textwrap.dedent(f"""\
+            name: clients-{client}
+            storage: {tmp_path / "storage"}
+            sources:
+              - id: clicks
+                type: kafka
+                client: {client}
+                bootstrap_servers: {kafka.bootstrap}
+                topic: {source}
+                bounded: true
+                max_records_per_epoch: 200
+                schema: {{user: string, ts: bigint}}
+                event_time: timestamp_millis(ts)
+                on_error: bad
+            operators:
+              - id: per_10s
+                input: clicks
+                key_by: user
+                window: {{tumbling: 10s}}
+                aggregate: {{n: count()}}
+            sinks:
+              - id: out
+                type: kafka
+                input: per_10s
+                bootstrap_servers: {kafka.bootstrap}
+                topic: {out}
+                key: user
+              - id: bad
+                type: files
+                path: {tmp_path / client / "bad"}
+                format: jsonl
+            """))
+        streamer = Path(sys.executable).with_name("streamer")
+        done = subprocess.run([str(streamer), "run", str(path), "--no-ui", "--quiet"],
+                              capture_output=True, text=True, timeout=600, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        bad = [json.loads(line) for f in sorted((tmp_path / client / "bad").glob("part-*"))
+               for line in f.read_text().splitlines()]
+        outputs[client] = (rows_of(kafka, out), [(b["split"], b["offset"], b["record"])
+                                                 for b in bad])
+    assert sum(outputs["confluent"][0].values()) == 6 * 30  # 300 s of clicks, 6 users
+    assert outputs["confluent"][1] == [(f"{source}:1", "500", "oops")]
+    assert outputs["spark"] == outputs["confluent"]
