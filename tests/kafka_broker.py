@@ -4,7 +4,8 @@ resolved from Maven Central with Maven's dependency plugin into a cache director
 is formatted with `kafka.tools.StorageTool`, and `kafka.Kafka` runs in a child JVM.
 
     .venv/bin/python tests/kafka_broker.py fetch            # resolve the jars (CI does this)
-    .venv/bin/python tests/kafka_broker.py run [--port 9092] [--dir DIR]   # until Ctrl-C
+    .venv/bin/python tests/kafka_broker.py run [--port 9092] [--dir DIR] [--topic NAME:N]
+    .venv/bin/python tests/kafka_broker.py consume TOPIC [--bootstrap 127.0.0.1:9092]
 
 `spark_kafka_jars()` resolves Spark's own Kafka connector (`spark-sql-kafka-0-10`, the version
 of the installed pyspark) the same way, for `client: spark` and the benchmark.
@@ -71,12 +72,13 @@ class KafkaBroker:
         self.port = port or free_port()
         self.controller_port = free_port()
         self.heap = heap
+        self.host = "127.0.0.1"
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def bootstrap(self) -> str:
         """`host:port` for clients."""
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def log_file(self) -> Path:
@@ -274,7 +276,20 @@ def main() -> None:
     run.add_argument("--dir", default=None, help="data directory (default: a temporary one)")
     run.add_argument("--topic", action="append", default=[],
                      help="NAME[:PARTITIONS] to create at start (repeatable)")
+    read = sub.add_parser("consume", help="print a topic's records as a read_committed "
+                          "consumer sees them (key, then value), and their count")
+    read.add_argument("topic")
+    read.add_argument("--bootstrap", default="127.0.0.1:9092")
     args = parser.parse_args()
+    if args.command == "consume":
+        host, _, port = args.bootstrap.rpartition(":")
+        broker = KafkaBroker(tempfile.gettempdir(), int(port))  # not started: a client only
+        broker.host = host
+        records = broker.read(args.topic)
+        for key, value, _part, _off in records:
+            print(f"{key}\t{value}")
+        print(f"{len(records)} records in {args.topic} (read_committed)", file=sys.stderr)
+        return
     if args.command == "fetch":
         print(f"kafka {KAFKA_VERSION}: {kafka_jars()}")
         print(f"spark-sql-kafka: {len(spark_kafka_jars())} jars")
