@@ -294,6 +294,10 @@ def main() -> None:
         print(f"kafka {KAFKA_VERSION}: {kafka_jars()}")
         print(f"spark-sql-kafka: {len(spark_kafka_jars())} jars")
         return
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)  # `kill` stops the broker as Ctrl-C does
     with running_broker(args.dir, args.port) as broker:
         for item in args.topic:
             name, _, parts = item.partition(":")
