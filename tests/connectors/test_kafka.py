@@ -354,3 +354,39 @@ def test_spark_client_reads_what_the_confluent_client_reads(kafka: Any, tmp_path
     assert sum(outputs["confluent"][0].values()) == 6 * 30  # 300 s of clicks, 6 users
     assert outputs["confluent"][1] == [(f"{source}:1", "500", "oops")]
     assert outputs["spark"] == outputs["confluent"]
+
+
+def test_watermark_is_per_partition_the_slowest_one_holds_it(spark: Any, kafka: Any) -> None:
+    """Partition 0 runs 100 s ahead of partition 1 in event time: the job's watermark follows
+    partition 1 (a per-source watermark would follow partition 0 and drop p1's records)."""
+    name = topic(kafka, 2)
+    base = 1767225600000
+    kafka.produce(name, [(None, {"p": 0, "ts": base + i * 1000}, 0) for i in range(100, 110)]
+                  + [(None, {"p": 1, "ts": base + i * 1000}, 1) for i in range(10)])
+    result, sinks = run(spark, f"""
+        name: wm-test
+        sources:
+          - id: src
+            type: kafka
+            bootstrap_servers: {kafka.bootstrap}
+            topic: {name}
+            bounded: true
+            max_records_per_epoch: 5
+            schema: {{p: int, ts: bigint}}
+            event_time: timestamp_millis(ts)
+            watermark: {{max_out_of_orderness: 1s}}
+        operators:
+          - id: per_10s
+            input: src
+            key_by: p
+            window: {{tumbling: 10s}}
+            aggregate: {{n: count()}}
+        sinks:
+          - id: out
+            type: console
+            input: per_10s
+        """)
+    first = result.metrics[0]
+    # Epoch 1 read p0 up to 104 s and p1 up to 4 s: the watermark is p1's, 4 s - 1 s.
+    assert first.watermark == base + 3000
+    assert sorted((r["p"], r["n"]) for r in sinks["out"].committed) == [(0, 10), (1, 10)]
