@@ -26,6 +26,7 @@ job starts (smoke runs in CI).
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -62,6 +63,16 @@ def parse_split(name: str) -> tuple[str, int]:
     """`topic:partition` -> (topic, partition) (Kafka topic names have no ':')."""
     topic, _, part = name.rpartition(":")
     return topic, int(part)
+
+
+def quiet_logger() -> logging.Logger:
+    """Where the driver's Kafka clients log: librdkafka would print every failed connection
+    attempt to the terminal; what matters reaches the user in streamer's own messages."""
+    logger = logging.getLogger("streamer.kafka.client")
+    if not logger.handlers:
+        logger.addHandler(logging.NullHandler())
+        logger.propagate = False
+    return logger
 
 
 def client_config(spec_options: Mapping[str, Any]) -> dict[str, Any]:
@@ -117,7 +128,7 @@ class KafkaSource(Source):
 
             conf = {**self.conf, "group.id": f"streamer.{self.ctx.job_name}.{self.spec.id}",
                     "enable.auto.commit": False}
-            self._consumer = Consumer(conf)
+            self._consumer = Consumer(conf, logger=quiet_logger())
         return self._consumer
 
     def partitions(self) -> list[str]:
@@ -180,11 +191,11 @@ class KafkaSource(Source):
         return {s: m[pick] for s, m in marks.items()}
 
     def plan(self, offsets: Mapping[str, Any], now_ms: int) -> SourceSlice | None:
-        """Per partition, the next records up to its end (bound) and the per-epoch cap.
-
-        Partitions added to the topics since the last plan start at their earliest offset.
-        """
-        splits = sorted(set(self.partitions()) | set(offsets))
+        """Per partition, the next records up to its end (bound) and the per-epoch cap."""
+        # Offsets of a topic the pipeline no longer reads (restored from a checkpoint or
+        # savepoint) are dropped; partitions that appeared since start at their earliest.
+        kept = {s for s in offsets if parse_split(s)[0] in self.topics}
+        splits = sorted(set(self.partitions()) | kept)
         marks = self.watermarks(splits)
         self._high = {s: hi for s, (_, hi) in marks.items()}
         bounds = self._bounds_now() if self.is_bounded else None

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from streamer.connectors.base import ConnectorContext, Sink
 from streamer.connectors.exceptions import ConnectorError
 from streamer.connectors.formats import column, timestamps_as_iso
-from streamer.connectors.kafka import client_config
+from streamer.connectors.kafka import client_config, quiet_logger
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -72,7 +72,8 @@ class KafkaSink(Sink):
         """Check the topic exists; in exactly_once mode, prepare the staging directory."""
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({k: v for k, v in self.conf.items() if k != "partitioner"})
+        admin = AdminClient({k: v for k, v in self.conf.items() if k != "partitioner"},
+                            logger=quiet_logger())
         try:
             meta = admin.list_topics(self.topic, timeout=30).topics.get(self.topic)
         except Exception as exc:
@@ -138,7 +139,7 @@ class KafkaSink(Sink):
             from confluent_kafka import Producer
 
             conf = {**self.conf, "transactional.id": self.transactional_id, "linger.ms": 20}
-            producer = Producer(conf)
+            producer = Producer(conf, logger=quiet_logger())
             # Fences the producer of a dead run and aborts (or completes) its open transaction.
             producer.init_transactions(TIMEOUT_S)
             self._producer = producer
@@ -154,7 +155,7 @@ class KafkaSink(Sink):
                 **{k: v for k, v in self.conf.items() if k.startswith(("security.", "sasl.",
                                                                        "ssl."))},
                 "group.id": self.marker_group, "enable.auto.commit": False,
-                "isolation.level": "read_committed"})
+                "isolation.level": "read_committed"}, logger=quiet_logger())
         found = self._marker_consumer.committed([TopicPartition(self.topic, 0)],
                                                 timeout=TIMEOUT_S)[0]
         if found.error is not None:
