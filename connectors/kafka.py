@@ -83,15 +83,16 @@ def client_config(spec_options: Mapping[str, Any]) -> dict[str, Any]:
     return conf
 
 
-def session_conf(spec: PipelineSpec) -> dict[str, str]:
-    """Spark settings a pipeline's Kafka sources need: Spark's Kafka connector jars on
-    `spark.jars` when a source has `client: spark` (resolved from Maven Central once)."""
+def session_conf(spec: PipelineSpec, conf: Mapping[str, Any]) -> dict[str, str]:
+    """Spark settings a pipeline's Kafka sources add to `conf`: Spark's Kafka connector jars
+    on `spark.jars` (after the user's own) when a source has `client: spark` (resolved from
+    Maven Central once, then from the cache)."""
     if not any(s.type == "kafka" and s.option("client") == "spark" for s in spec.sources):
         return {}
     from streamer.connectors.maven import spark_kafka_jars
 
     jars = spark_kafka_jars()
-    mine = spec.spark.get("spark.jars")
+    mine = conf.get("spark.jars")
     return {"spark.jars": ",".join([*([str(mine)] if mine else []), *jars])}
 
 

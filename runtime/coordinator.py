@@ -174,7 +174,8 @@ class JobRunner:
             from streamer.connectors.kafka import session_conf
             from streamer.runtime.spark import create_session
 
-            conf = {**session_conf(self.spec), **self.spec.spark, **self.options.spark_conf}
+            conf = {**self.spec.spark, **self.options.spark_conf}
+            conf.update(session_conf(self.spec, conf))
             self._spark = create_session(f"streamer:{self.spec.name}", self.options.master,
                                          conf, ui=self.options.ui)
         return self._spark

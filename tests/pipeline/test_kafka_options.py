@@ -73,3 +73,34 @@ def test_json_without_schema_is_one_line_at_the_source(spark: object, tmp_path: 
     assert (f"{path}:3:5: source 'src' reads JSON values but has no schema; add schema: "
             "{column: type}, or use format: raw") in " ".join(result.output.split())
     assert "Traceback" not in result.output
+
+
+SPARK_CLIENT = """\
+name: p
+sources:
+  - id: src
+    type: kafka
+    bootstrap_servers: h:9092
+    topic: t
+    schema: {a: int}
+    client: CLIENT
+sinks:
+  - id: out
+    type: console
+    input: src
+"""
+
+
+@pytest.mark.kafka
+def test_spark_client_puts_the_connector_jars_after_the_users_jars() -> None:
+    from streamer.connectors.kafka import session_conf
+
+    spec = load_pipeline_text(SPARK_CLIENT.replace("CLIENT", "spark"), env={})
+    jars = session_conf(spec, {"spark.jars": "/my/udfs.jar"})["spark.jars"].split(",")
+    assert jars[0] == "/my/udfs.jar"
+    names = [Path(j).name for j in jars[1:]]
+    assert any(n.startswith("spark-sql-kafka-0-10_2.13-") for n in names)
+    assert any(n.startswith("kafka-clients-") for n in names)
+    assert all(Path(j).exists() for j in jars[1:])
+    confluent = load_pipeline_text(SPARK_CLIENT.replace("CLIENT", "confluent"), env={})
+    assert session_conf(confluent, {"spark.jars": "/my/udfs.jar"}) == {}
