@@ -332,12 +332,6 @@ class KafkaSource(Source):
 
         return StructType([f for f in self.schema().fields if f.name != self.record_timestamp])
 
-    def close(self) -> None:
-        """Close the driver-side consumer."""
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
-
 
 def _range_reader(ranges: list[list[Any]], conf: dict[str, Any]) -> Any:
     """The `mapInArrow` function that reads the ranges whose indexes arrive in `id`."""
