@@ -47,6 +47,11 @@ class ConnectorContext:
     #: Directory of the pipeline file; relative paths are resolved against the working dir.
     base_dir: str = "."
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The job's storage URL (checkpoints); sinks may stage output under it.
+    storage_url: str | None = None
+    #: Whether sinks commit only when a checkpoint completes (`mode: exactly_once` with
+    #: checkpoints on), so staged output must survive a crash until then.
+    exactly_once: bool = False
 
 
 @dataclass(frozen=True)

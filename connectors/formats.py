@@ -96,8 +96,9 @@ def guard_or_split(df: DataFrame, spec: SourceSpec, corrupt_col: str, split_col:
 
 
 def decode_json_lines(spark: SparkSession, df: DataFrame, schema: StructType,
-                      spec: SourceSpec) -> SourceRead:
+                      spec: SourceSpec, extra: Sequence[str] = ()) -> SourceRead:
     """Decode JSON objects, one per row of `df(value string, split string, offset string)`.
+    Columns of `df` named in `extra` are carried through to the decoded records.
 
     Blank lines are skipped. A value that is not a JSON object, or whose fields do not fit
     `schema` (e.g. "x" for an int column), is undecodable: a dead letter with `on_error`, else
@@ -119,7 +120,8 @@ def decode_json_lines(spark: SparkSession, df: DataFrame, schema: StructType,
     # and every line parsed twice.
     row = F.struct(parsed.alias("r"), F.col("value").alias(_VALUE),
                    F.col("split").cast("string").alias(_SPLIT),
-                   F.col("offset").cast("string").alias(_OFFSET))
+                   F.col("offset").cast("string").alias(_OFFSET),
+                   *[F.col(c) for c in extra])
     exploded = lines.select(F.inline(F.array(row)))
     names = schema.fieldNames()
     # A JSON `null` or a bare scalar parses to a null struct: undecodable too.
@@ -127,8 +129,13 @@ def decode_json_lines(spark: SparkSession, df: DataFrame, schema: StructType,
                          F.when(F.col("r").isNull(), F.col(_VALUE)))
     flat = exploded.select(*[F.col("r").getField(n).alias(n) for n in names],
                            corrupt.alias(CORRUPT_COLUMN), F.col(_VALUE), F.col(_SPLIT),
-                           F.col(_OFFSET))
-    return guard_or_split(flat, spec, CORRUPT_COLUMN, _SPLIT, _OFFSET, _VALUE, columns=names)
+                           F.col(_OFFSET), *[F.col(c) for c in extra])
+    reason = None
+    if extra:  # the carried columns are not part of what failed to decode
+        reason = "cannot decode as {" + ", ".join(
+            f"{f.name}: {f.dataType.simpleString()}" for f in schema.fields) + "}"
+    return guard_or_split(flat, spec, CORRUPT_COLUMN, _SPLIT, _OFFSET, _VALUE,
+                          columns=[*names, *extra], reason=reason)
 
 
 def iso_timestamp(ts: Column) -> Column:

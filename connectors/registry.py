@@ -10,14 +10,17 @@ from streamer.connectors.datagen import DatagenSource
 from streamer.connectors.exceptions import ConnectorError
 from streamer.connectors.files import FilesSource
 from streamer.connectors.files_sink import FilesSink
+from streamer.connectors.kafka import KafkaSource
+from streamer.connectors.kafka_sink import KafkaSink
 
 if TYPE_CHECKING:
     from streamer.pipeline.spec import SinkSpec, SourceSpec
 
-SOURCES: dict[str, type[Source]] = {"datagen": DatagenSource, "files": FilesSource}
-SINKS: dict[str, type[Sink]] = {"console": ConsoleSink, "files": FilesSink}
+SOURCES: dict[str, type[Source]] = {"datagen": DatagenSource, "files": FilesSource,
+                                    "kafka": KafkaSource}
+SINKS: dict[str, type[Sink]] = {"console": ConsoleSink, "files": FilesSink, "kafka": KafkaSink}
 #: Types the pipeline file accepts that this version cannot run yet.
-NOT_YET = ("kafka",)
+NOT_YET: tuple[str, ...] = ()
 
 
 def _unavailable(kind: str, node_id: str, type_name: str, known: list[str]) -> str:

@@ -194,10 +194,32 @@ KAFKA_SOURCE = _source(
         "start": Field(Str("Where a new job starts reading.", enum=("earliest", "latest"))),
         "format": Field(Str("Value format.", enum=("json", "raw"))),
         "properties": Field(MapOf(Scalar(), "Passed to the Kafka client as-is.")),
+        "bounded": Field(Bool("Stop at the partitions' end offsets read when the job starts "
+                              "(smoke runs); default false.")),
+        "client": Field(Str("How partitions are read: confluent-kafka in the Spark tasks "
+                            "(default) or Spark's own Kafka connector.",
+                            enum=("confluent", "spark"))),
+        "record_timestamp": Field(Str("Add the Kafka record timestamp as this column (use it "
+                                      "as event_time).", pattern=COLUMN_PATTERN,
+                                      pattern_hint=COLUMN_HINT)),
+        "max_records_per_epoch": Field(Int("At most this many records per partition per "
+                                           "epoch.", minimum=1)),
     },
     "Kafka topic partitions; offsets are the source's state.",
     [_watermark_needs_event_time, _exactly_one(("topic", "topics"), "a kafka source")],
 )
+
+
+def _kafka_source_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
+    if value.get("format") == "raw" and "schema" in value:
+        ck.report((*path, "schema"), "format: raw has the columns key, value, topic, "
+                  "partition, offset, timestamp; remove 'schema'", at_key=True)
+    if value.get("format") == "raw" and "on_error" in value:
+        ck.report((*path, "on_error"), "format: raw cannot fail to decode; remove "
+                  "'on_error'", at_key=True)
+
+
+KAFKA_SOURCE.rules.append(_kafka_source_rules)
 
 SOURCE = Tagged({"datagen": DATAGEN, "files": FILES_SOURCE, "kafka": KAFKA_SOURCE},
                 what=_named("source", "sources"), description="A source of records.")
@@ -353,7 +375,9 @@ SINK = Tagged(
         "kafka": _sink({"bootstrap_servers": Field(Str(), required=True),
                         "topic": Field(Str(), required=True),
                         "format": Field(Str(enum=("json",))),
-                        "key": Field(Str("Column used as the record key."))},
+                        "key": Field(Str("Column used as the record key.")),
+                        "properties": Field(MapOf(Scalar(), "Passed to the Kafka producer "
+                                                  "as-is."))},
                        "A Kafka topic; transactional in exactly_once mode."),
     },
     what=_named("sink", "sinks"), description="Where results go.",

@@ -174,9 +174,11 @@ class JobRunner:
     def spark(self) -> SparkSession:
         """The Spark session, started on first use."""
         if self._spark is None:
+            from streamer.connectors.kafka import session_conf
             from streamer.runtime.spark import create_session
 
             conf = {**self.spec.spark, **self.options.spark_conf}
+            conf.update(session_conf(self.spec, conf))
             self._spark = create_session(f"streamer:{self.spec.name}", self.options.master,
                                          conf, ui=self.options.ui)
         return self._spark
@@ -187,7 +189,9 @@ class JobRunner:
         from streamer.connectors.registry import make_sink, make_source
 
         ctx = ConnectorContext(spark=self.spark, job_name=self.spec.name,
-                               console=self.options.console)
+                               console=self.options.console, storage_url=self.storage_url,
+                               exactly_once=self.options.checkpoints
+                               and self.spec.job.checkpoint.mode == "exactly_once")
         make_src = self._source_factory or make_source
         make_snk = self._sink_factory or make_sink
         self.sources = {s.id: make_src(s, ctx) for s in self.spec.sources}

@@ -23,3 +23,21 @@ def spark() -> Iterator[object]:
                              conf={"spark.sql.shuffle.partitions": "2"})
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A real single-node Kafka 4 broker (KRaft) on 127.0.0.1, started once per session.
+
+    Its jars come from Maven Central (`tests/kafka_broker.py fetch`; CI fetches them first).
+    A broker that cannot start fails the tests that need it; `STREAMER_SKIP_KAFKA=1` skips
+    them instead (for machines without Maven or network)."""
+    import os
+
+    if os.environ.get("STREAMER_SKIP_KAFKA") == "1":
+        pytest.skip("STREAMER_SKIP_KAFKA=1")
+    from kafka_broker import KafkaBroker
+
+    broker = KafkaBroker(tmp_path_factory.mktemp("kafka")).start()
+    yield broker
+    broker.stop()

@@ -1,0 +1,182 @@
+"""The crash test of test_crash.py on Kafka -> keyed windows -> Kafka: `streamer run` is
+SIGKILLed at random moments and at every fail point (between `_metadata` and the Kafka
+transaction's commit among them) 20 times or more, restarted each time, and a `read_committed`
+consumer of the output topic then sees exactly the records of one uninterrupted run, each once.
+
+The job reads a bounded topic of 2 partitions x 600 JSON records at 60 records per partition
+per epoch: 10 epochs of data and the final one, as the datagen job of test_crash.py, whose kill
+planner this test uses. Every lap writes to a topic of its own; the marker group and
+transactional id are the job's, shared by the laps one after another (a new lap is a new
+lineage, as a `--fresh` run would be).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from streamer_process import diff, quick_jvm, run_streamer
+from test_crash import EPOCHS, SEED, Campaign, Kill, Lap, Planner, RandomCrash
+
+from streamer.checkpoint.metadata import CheckpointStore
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.kafka]
+
+KILLS = int(os.environ.get("STREAMER_KAFKA_CRASH_KILLS", "20"))
+JOB = "kcrash"
+PER_PARTITION, PER_EPOCH = 600, 60
+BASE_MS = 1767225600000
+
+PIPELINE = """\
+name: {job}
+storage: {root}/storage
+job:
+  parallelism: 2
+  checkpoint: {{interval: 1ms, retain: 2}}
+  state: {{backend: rocksdb, local_dir: {root}/local}}
+  restart: {{attempts: 0, delay: 0s}}
+sources:
+  - id: clicks
+    type: kafka
+    bootstrap_servers: {bootstrap}
+    topic: {source}
+    bounded: true
+    max_records_per_epoch: {per_epoch}
+    schema: {{user: string, amount: double, ts: bigint}}
+    event_time: timestamp_millis(ts)
+    watermark: {{max_out_of_orderness: 1s}}
+operators:
+  - id: per_window
+    input: clicks
+    key_by: [user]
+    window: {{tumbling: 5s}}
+    aggregate: {{n: count(), spent: sum(amount), first: min(ts), last: max(ts)}}
+sinks:
+  - id: out
+    type: kafka
+    input: per_window
+    bootstrap_servers: {bootstrap}
+    topic: {sink}
+    key: user
+""" + quick_jvm().replace("{", "{{").replace("}", "}}")
+
+
+def fill_source(kafka: Any) -> str:
+    """The input topic: per partition p and offset o, the row datagen's job of test_crash.py
+    would generate for split p (user, amount, ts in order within the partition)."""
+    name = kafka.create_topic(f"kcrash-in-{uuid.uuid4().hex[:8]}", 2)
+    kafka.produce(name, [
+        (None, {"user": f"u{(o * 7 + p) % 13}", "amount": float(o % 10),
+                "ts": BASE_MS + o * 100}, p)
+        for o in range(PER_PARTITION) for p in (0, 1)])
+    return name
+
+
+def write_job(root: Path, kafka: Any, source: str) -> tuple[Path, str]:
+    """The pipeline file of a lap and its output topic."""
+    root.mkdir(parents=True, exist_ok=True)
+    sink = kafka.create_topic(f"kcrash-out-{uuid.uuid4().hex[:8]}", 2)
+    path = root / "job.yaml"
+    path.write_text(PIPELINE.format(job=JOB, root=root, bootstrap=kafka.bootstrap, source=source,
+                                    sink=sink, per_epoch=PER_EPOCH))
+    return path, sink
+
+
+def committed(kafka: Any, topic: str) -> Counter[str]:
+    """What a read_committed consumer sees: (key, value) pairs as canonical JSON."""
+    return Counter(json.dumps([key, json.loads(value)], sort_keys=True)
+                   for key, value, _p, _o in kafka.read(topic, "read_committed"))
+
+
+def reference_output(root: Path, kafka: Any, source: str) -> Counter[str]:
+    """What one uninterrupted run (no checkpoints: the plain producer) writes."""
+    path, sink = write_job(root, kafka, source)
+    run = run_streamer(path, "--no-checkpoints")
+    assert run.returncode == 0 and run.finished, run.describe()
+    assert run.finished["epochs"] == EPOCHS, run.finished
+    rows = committed(kafka, sink)
+    assert sum(rows.values()) > 100
+    return rows
+
+
+def run_lap(campaign: Campaign, root: Path, kills_wanted: int, planner: Planner, kafka: Any,
+            source: str) -> tuple[Lap, str]:
+    """Run the job in `root`, killing it up to `kills_wanted` times, until a run finishes."""
+    lap = Lap(root)
+    campaign.laps.append(lap)
+    pipeline, sink = write_job(root, kafka, source)
+    store = CheckpointStore(str(root / "storage"), JOB)
+    while True:
+        latest = store.latest()
+        resumed_at = latest.epoch if latest else 0
+        kills_left = kills_wanted - len(lap.kills)
+        kill: Kill | None = None
+        if kills_left > 0 and resumed_at < EPOCHS:
+            kill = planner.next(EPOCHS - resumed_at, kills_left, resumed_at, store.next_id())
+        watch = RandomCrash(kill.number, kill.delay) if kill and kill.point == "random" \
+            else None
+        run = run_streamer(pipeline, env=kill.env() if kill else {}, watch=watch,
+                           stderr_file=root / f"run-{lap.runs}.stderr")
+        lap.runs += 1
+        planner.timing.learn(run)
+        done = [e["id"] for e in run.checkpoints("completed")]
+        outcome = (f"{'killed' if run.killed else f'exit {run.returncode}'} after "
+                   f"{run.seconds:.1f}s, checkpoints completed {done}")
+        if kill is not None:
+            kill.outcome = outcome
+            campaign.note(f"{root.name} kill {len(lap.kills) + 1}: {kill}")
+        else:
+            campaign.note(f"{root.name} last run: {outcome}")
+        if run.killed:
+            assert kill is not None, f"an unplanned SIGKILL\n{run.describe()}"
+            lap.kills.append(kill)
+            continue
+        assert run.returncode == 0 and run.finished is not None \
+            and run.finished["status"] == "finished", \
+            f"the run after kill {len(lap.kills)} failed: {run.describe()}"
+        lap.rows = committed(kafka, sink)
+        staged = root / "storage" / JOB / "sinks" / "out"
+        lap.leftovers = sorted(p.name for p in staged.iterdir()) if staged.exists() else []
+        final = store.latest()
+        lap.final_epoch = final.epoch if final else None
+        return lap, sink
+
+
+def crash_campaign(root: Path, kafka: Any, source: str) -> Campaign:
+    """Laps until `KILLS` kills are done."""
+    campaign = Campaign("kafka")
+    planner = Planner(random.Random(f"{SEED}-kafka"))
+    try:
+        while len(campaign.kills) < KILLS:
+            assert len(campaign.laps) < 2 * KILLS, "the kills do not take effect"
+            run_lap(campaign, root / f"lap-{len(campaign.laps) + 1}",
+                    min(KILLS - len(campaign.kills), EPOCHS), planner, kafka, source)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{campaign.schedule}") from exc
+    return campaign
+
+
+def test_sigkill_kafka_to_windows_to_kafka_then_read_committed_sees_each_record_once(
+        kafka: Any, tmp_path: Path) -> None:
+    source = fill_source(kafka)
+    print(f"kafka crash test seed {SEED} (STREAMER_CRASH_SEED), {KILLS} kills in {tmp_path}")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        reference_f = pool.submit(reference_output, tmp_path / "reference", kafka, source)
+        campaign_f = pool.submit(crash_campaign, tmp_path / "kafka", kafka, source)
+        reference, campaign = reference_f.result(), campaign_f.result()
+    for lap in campaign.laps:
+        assert lap.rows == reference, f"{diff(lap.rows, reference)}\n{campaign.schedule}"
+        assert lap.leftovers == [], f"{lap.root.name}: {lap.leftovers}\n{campaign.schedule}"
+        assert lap.final_epoch == EPOCHS, campaign.schedule
+    points = Counter(kill.point for kill in campaign.kills)
+    print(f"kafka: {len(campaign.kills)} kills in {len(campaign.laps)} lap(s): "
+          f"{dict(sorted(points.items()))}")
+    assert len(campaign.kills) >= KILLS, campaign.schedule
+    assert {"after-metadata", "mid-commit", "random"} <= set(points), campaign.schedule
