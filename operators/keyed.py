@@ -66,6 +66,8 @@ class KeyedConfig:
     extra: dict[str, Any] = field(default_factory=dict)
     #: Checkpoint restore/snapshot instructions (`checkpoint.task.TaskCheckpointing`).
     checkpointing: Any = None
+    #: On a cluster: keep working state per executor (`runtime/placement.py`).
+    executor_scoped: bool = False
 
 
 def output_schema(spark: Any, op: Any, input_schema: Any) -> Any:
@@ -273,10 +275,25 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
     from streamer.checkpoint import task as checkpointing
     from streamer.runtime import failpoints
 
+    executor = None
+    if cfg.executor_scoped:
+        from streamer.runtime.placement import executor_identity, scoped
+
+        executor = executor_identity()
+        cfg = scoped(cfg, executor)
+
+    def open_state() -> Any:
+        return open_backend(cfg.backend, cfg.state_root, cfg.job, cfg.uid, subtask,
+                            key_group_range(subtask, cfg.parallelism, cfg.max_parallelism),
+                            states=[StateDescriptor("acc", StateKind.AGGREGATING)])
+
     restored = checkpointing.prepare(cfg, subtask)
-    backend = open_backend(cfg.backend, cfg.state_root, cfg.job, cfg.uid, subtask,
-                           key_group_range(subtask, cfg.parallelism, cfg.max_parallelism),
-                           states=[StateDescriptor("acc", StateKind.AGGREGATING)])
+    backend = open_state()
+    if checkpointing.outdated(cfg, subtask, backend.version()):
+        # Left here by an earlier epoch, since run elsewhere: the checkpoint is newer.
+        backend.close()
+        restored = checkpointing.prepare(cfg, subtask, replace=True)
+        backend = open_state()
     try:
         done = backend.version()
         if done is not None and done >= cfg.epoch:
@@ -307,7 +324,7 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
             _count_windows(cfg, backend, rows, out)
         else:
             _time_windows(cfg, backend, rows, out)
-        meta = {"subtask": subtask, "out": len(out),
+        meta = {"subtask": subtask, "out": len(out), "executor": executor,
                 "next_event": backend.next_timer("event"),
                 "next_processing": backend.next_timer("processing")}
         batch = out.batch(meta)

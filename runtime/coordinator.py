@@ -139,6 +139,12 @@ class JobRunner:
         self.state_roots: list[str] = []
         #: Per restore: operator, subtasks restored locally / remotely, slowest (ms).
         self.restore_report: list[dict[str, Any]] = []
+        #: On a cluster (not `local[...]`): working state per executor, a checkpoint every
+        #: epoch so a subtask that moves restores the latest version (runtime/placement.py).
+        self.on_cluster = False
+        from streamer.runtime.placement import Placement
+
+        self.placement = Placement()
         self.first_epoch = 1
         self.storage_url = self.options.storage or spec.storage
         # Savepoints, the job registry and the control channel.
@@ -194,7 +200,16 @@ class JobRunner:
         for sink in self.sinks.values():
             sink.open()
         self.offsets = {sid: dict(src.initial_offsets()) for sid, src in self.sources.items()}
+        self.on_cluster = not (self.spark.sparkContext.master or "local").startswith("local")
         self._plan_keyed()
+        if self.on_cluster and self.keyed and not self.options.checkpoints:
+            from streamer.exceptions import ConfigError
+
+            msg = ("on a cluster, keyed state follows its subtasks from executor to executor "
+                   "through checkpoint storage, so --no-checkpoints cannot run this pipeline's "
+                   f"keyed operators ({', '.join(map(repr, self.keyed))}); run it with "
+                   "checkpoints, or with --master local[*]")
+            raise ConfigError(msg)
 
     def _ship_user_code(self) -> None:
         """Import the modules named in `process:` (next to the pipeline file first) and ship
@@ -251,6 +266,10 @@ class JobRunner:
                     schema = StructType([*schema.fields, StructField("__ts", TimestampType())])
                 stage = KeyedStage(self.spark, op, self.spec.job, self.spec.name,  # type: ignore
                                    schema, has_ts, self.state_root)
+                if self.on_cluster:
+                    from dataclasses import replace
+
+                    stage.base_config = replace(stage.base_config, executor_scoped=True)
                 self.keyed[node.id] = stage
                 self.event_time[node.id] = stage.kind == "window" or (
                     stage.kind == "dedupe" and has_ts)
@@ -596,6 +615,8 @@ class JobRunner:
         return False
 
     def _checkpoint_due(self) -> bool:
+        if self.options.checkpoints and self.on_cluster and self.keyed:
+            return True  # every epoch: a moved subtask restores the latest version
         return self.options.checkpoints and (
             time.monotonic() - self.last_checkpoint_at
             >= self.spec.job.checkpoint.interval_ms / 1000)
@@ -821,19 +842,25 @@ class JobRunner:
         finally:
             for df in cached:
                 df.unpersist()
+        moves, restores, restore_ms = 0, 0, 0.0
         for node_id, metas in keyed_metas.items():  # complete now that the jobs have run
             found = list(metas)
             if len(found) != self.keyed[node_id].parallelism:
                 msg = (f"epoch {epoch}: operator {node_id!r} reported {len(found)} of "
                        f"{self.keyed[node_id].parallelism} subtasks; its output was not read")
                 raise JobFailedError(msg)
+            moves += self.placement.update(node_id, found)
             restored = [m for m in found if m.get("restored")]
+            restores += len(restored)
+            restore_ms = max([restore_ms, *(float(m.get("restore_ms", 0)) for m in restored)])
             if restored:
                 local = sum(1 for m in restored if m["restored"] == "local")
                 slowest = max(float(m.get("restore_ms", 0)) for m in restored)
                 self.restore_report.append({"operator": node_id, "local": local,
                                             "remote": len(restored) - local,
-                                            "ms": slowest})
+                                            "ms": slowest, "epoch": epoch})
+            if restored and (not self.on_cluster or epoch == self.first_epoch):
+                # (On a cluster, subtasks that moved restore every epoch: see the metrics.)
                 self.reporter.message(
                     f"operator {node_id!r}: restored {local} subtasks from local copies and "
                     f"{len(restored) - local} from checkpoint storage (slowest "
@@ -874,7 +901,8 @@ class JobRunner:
             watermark=(self.watermarks.current if any(s.event_time for s in self.spec.sources)
                        else None),
             checkpoint_id=checkpoint_id if checkpoint_id in self.completed else None,
-            checkpoint_ms=checkpoint_ms)
+            checkpoint_ms=checkpoint_ms, moves=moves, restores=restores,
+            restore_ms=round(restore_ms, 1))
 
     # ------------------------------------------------------------------------ checkpoints
     def _begin_checkpoint(self) -> int | None:

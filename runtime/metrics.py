@@ -33,6 +33,11 @@ class EpochMetrics:
     #: The checkpoint this epoch completed, and how long completing it took (ms).
     checkpoint_id: int | None = None
     checkpoint_ms: float | None = None
+    #: Keyed subtasks that ran on another executor than in the epoch before (on a cluster),
+    #: subtasks that restored their state, and the slowest restore (ms).
+    moves: int = 0
+    restores: int = 0
+    restore_ms: float = 0.0
 
     @property
     def total_in(self) -> int:
