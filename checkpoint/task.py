@@ -98,6 +98,12 @@ def _restore_savepoint(cfg: Any, chk: TaskCheckpointing, subtask: int) -> dict[s
             "restored_entries": counts}
 
 
+def has_checkpoint(cfg: Any, subtask: int) -> bool:
+    """Whether the latest completed checkpoint holds the subtask's state."""
+    chk: TaskCheckpointing | None = cfg.checkpointing
+    return chk is not None and subtask in chk.last
+
+
 def outdated(cfg: Any, subtask: int, done: int | None) -> bool:
     """Whether the working state (at epoch `done`) is older than the epoch before this one
     while the latest checkpoint holds a newer version: the subtask ran elsewhere since it

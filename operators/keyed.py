@@ -267,6 +267,7 @@ def _merge(accs: list[tuple[Any, int]], a: list[Any] | None, b: list[Any]) -> li
 def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator[Any]:
     """Process one subtask's rows of one epoch; yield the output batch (with a meta row)."""
     from streamer.state import StateDescriptor, StateKind, key_group_range, open_backend
+    from streamer.state.exceptions import CorruptStateError
 
     rows: Any = _read_input(cfg, batches, subtask)
     if not (cfg.kind == "aggregate" or (cfg.kind == "window"
@@ -288,7 +289,15 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
                             states=[StateDescriptor("acc", StateKind.AGGREGATING)])
 
     restored = checkpointing.prepare(cfg, subtask)
-    backend = open_state()
+    try:
+        backend = open_state()
+    except CorruptStateError:
+        if not (cfg.executor_scoped and checkpointing.has_checkpoint(cfg, subtask)):
+            raise
+        # On a cluster the working state is a cache of the checkpoint: a task killed while
+        # it wrote (a lost executor's straggler) may have left it damaged; fetch it again.
+        restored = checkpointing.prepare(cfg, subtask, replace=True)
+        backend = open_state()
     if checkpointing.outdated(cfg, subtask, backend.version()):
         # Left here by an earlier epoch, since run elsewhere: the checkpoint is newer.
         backend.close()

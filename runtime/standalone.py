@@ -93,6 +93,10 @@ class StandaloneCluster:
     daemon_opts: str = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
     port: int = 0
     webui_port: int = 0
+    #: Seconds without a heartbeat after which the master declares a worker dead (Spark's
+    #: default; a killed worker is noticed at once, by its closed connection).
+    worker_timeout: int = 60
+    worker_ports: list[int] = field(default_factory=list)
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     worker_procs: list[subprocess.Popen[bytes] | None] = field(default_factory=list)
 
@@ -112,6 +116,7 @@ class StandaloneCluster:
                    SPARK_LOG_DIR=str(self.root / "logs"),
                    SPARK_DAEMON_MEMORY=self.daemon_memory,
                    SPARK_DAEMON_JAVA_OPTS=self.daemon_opts,
+                   SPARK_MASTER_OPTS=f"-Dspark.worker.timeout={self.worker_timeout}",
                    SPARK_WORKER_DIR=str(self.root / "work"),
                    PYSPARK_PYTHON=sys.executable)
         for name in ("PYSPARK_GATEWAY_PORT", "PYSPARK_GATEWAY_SECRET"):
@@ -137,6 +142,7 @@ class StandaloneCluster:
                     "--webui-port", str(self.webui_port))
         self._wait(lambda s: s is not None, timeout, "the master", "master.out")
         for i in range(self.workers):
+            self.worker_ports.append(free_port())
             self.worker_procs.append(self._start_worker(i))
         self._wait(lambda s: s is not None and self.alive_workers(s) >= self.workers,
                    timeout, f"{self.workers} workers", "worker-0.out")
@@ -149,7 +155,7 @@ class StandaloneCluster:
                            "org.apache.spark.deploy.worker.Worker", self.master_url,
                            "--cores", str(self.cores), "--memory", self.memory,
                            "--work-dir", str(work), "--host", "127.0.0.1",
-                           "--webui-port", "0")
+                           "--port", str(self.worker_ports[i]), "--webui-port", "0")
 
     def state(self) -> dict[str, Any] | None:
         """The master's JSON state, or None while it does not answer."""
@@ -193,6 +199,20 @@ class StandaloneCluster:
         kill_session(proc.pid)
         proc.wait()
         self.worker_procs[i] = None
+        self.procs.remove(proc)
+
+    def restart_worker(self, i: int, timeout: float = 90.0) -> None:
+        """Start worker `i` again (after `kill_worker`) and wait until every worker is up."""
+        before = {w["id"] for w in (self.state() or {}).get("workers", [])}
+        if self.worker_procs[i] is None:
+            self.worker_procs[i] = self._start_worker(i)
+
+        def registered(state: dict[str, Any] | None) -> bool:
+            return state is not None and any(
+                w.get("state") == "ALIVE" and w["id"] not in before
+                and w.get("port") == self.worker_ports[i] for w in state.get("workers", []))
+
+        self._wait(registered, timeout, f"worker {i}", f"worker-{i}.out")
 
     def stop(self) -> None:
         """Stop every process of the cluster (TERM, then KILL)."""
