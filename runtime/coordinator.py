@@ -336,6 +336,15 @@ class JobRunner:
 
                 for root in self.state_roots:
                     shutil.rmtree(root, ignore_errors=True)
+                if self.on_cluster:
+                    # The next application has other executors: their local copies would
+                    # never be read again. (Only those on this host are reachable here.)
+                    from streamer.runtime.keyed import local_recovery_root
+
+                    copies = local_recovery_root(self.spec.job.state_local_dir)
+                    for executor in self.placement.executors():
+                        shutil.rmtree(os.path.join(copies, f"executor-{executor}"),
+                                      ignore_errors=True)
         result.restarts = restarts
         result.savepoints = list(self.savepoints)
         if self.registry is not None:
@@ -843,6 +852,7 @@ class JobRunner:
             for df in cached:
                 df.unpersist()
         moves, restores, restore_ms = 0, 0, 0.0
+        executors: set[str] = set()
         for node_id, metas in keyed_metas.items():  # complete now that the jobs have run
             found = list(metas)
             if len(found) != self.keyed[node_id].parallelism:
@@ -850,6 +860,7 @@ class JobRunner:
                        f"{self.keyed[node_id].parallelism} subtasks; its output was not read")
                 raise JobFailedError(msg)
             moves += self.placement.update(node_id, found)
+            executors.update(str(m["executor"]) for m in found if m.get("executor"))
             restored = [m for m in found if m.get("restored")]
             restores += len(restored)
             restore_ms = max([restore_ms, *(float(m.get("restore_ms", 0)) for m in restored)])
@@ -902,7 +913,7 @@ class JobRunner:
                        else None),
             checkpoint_id=checkpoint_id if checkpoint_id in self.completed else None,
             checkpoint_ms=checkpoint_ms, moves=moves, restores=restores,
-            restore_ms=round(restore_ms, 1))
+            restore_ms=round(restore_ms, 1), executors=sorted(executors))
 
     # ------------------------------------------------------------------------ checkpoints
     def _begin_checkpoint(self) -> int | None:

@@ -38,6 +38,8 @@ class EpochMetrics:
     moves: int = 0
     restores: int = 0
     restore_ms: float = 0.0
+    #: The executors that ran keyed subtasks (on a cluster).
+    executors: list[str] = field(default_factory=list)
 
     @property
     def total_in(self) -> int:

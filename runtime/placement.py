@@ -47,6 +47,8 @@ class Placement:
     """The executor of each keyed subtask in the last epoch, per operator; counts moves."""
 
     last: dict[str, dict[int, str]] = field(default_factory=dict)
+    #: Every executor any subtask ran on.
+    seen: set[str] = field(default_factory=set)
 
     def update(self, node_id: str, metas: list[dict[str, Any]]) -> int:
         """Record where `node_id`'s subtasks ran this epoch; how many ran elsewhere than in
@@ -54,5 +56,10 @@ class Placement:
         now = {int(m["subtask"]): str(m["executor"]) for m in metas if m.get("executor")}
         before = self.last.get(node_id, {})
         moves = sum(1 for s, e in now.items() if s in before and before[s] != e)
+        self.seen.update(now.values())
         self.last[node_id] = {**before, **now}
         return moves
+
+    def executors(self) -> set[str]:
+        """Every executor a keyed subtask ran on."""
+        return set(self.seen)
