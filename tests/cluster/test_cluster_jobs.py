@@ -164,7 +164,8 @@ def test_a_killed_worker_is_recovered_with_the_same_output(standalone: Standalon
     assert got.committed() == want, diff(got.committed(), want)
     assert got.leftovers() == []
     after = [e for e in epochs(run) if e["epoch"] > 3]
-    assert after and sum(e["restores"] for e in after) >= 1, \
+    assert any(len(e["executors"]) == 1 for e in after), "no epoch ran without the worker"
+    assert sum(e["restores"] for e in after) >= 1, \
         "the subtask of the lost executor did not restore its state elsewhere"
     print(f"worker killed at {killed[0]:.1f}s; restarts {run.finished['restarts']}; "
           f"messages: {run.messages()}")
@@ -173,7 +174,8 @@ def test_a_killed_worker_is_recovered_with_the_same_output(standalone: Standalon
 #: Driver crashes (SIGKILL of the Python driver at a fail point) in one lap of the job; the
 #: executors' own fail points cannot be armed through spark-submit (the worker-kill test
 #: covers executors dying).
-KILLS = ("after-snapshot:3", "after-metadata:5", "mid-commit:7", "epoch-start:10")
+#: (`epoch-start` kills, where no checkpoint is in flight, are left to tests/runtime.)
+KILLS = ("after-snapshot:3", "after-metadata:5", "mid-commit:7")
 
 
 def test_driver_crashes_on_the_cluster_keep_exactly_once(standalone: StandaloneCluster,
