@@ -19,8 +19,9 @@ so an epoch's duration is almost all fixed cost.
 
 Printed per configuration: records/s (input records over the summed epoch durations, and over
 the whole process including JVM and cluster application start), median epoch ms, median
-checkpoint ms, subtask moves per epoch, restores per epoch and the median restore ms when one
-happened, and the median near-empty epoch ms. The outputs of the three configurations are
+checkpoint duration (the subtasks' snapshot uploads included) and upload size, subtask moves
+per epoch, restores per epoch and the median restore ms when one happened, and the median
+near-empty epoch ms. The outputs of the three configurations are
 compared row for row. The load average before and after is printed: the machine has 2 cores
 and is shared, so numbers move with the load.
 """
@@ -135,6 +136,11 @@ class Result:
                   and (not nonzero or e[key])]
         return statistics.median(values) if values else None
 
+    def checkpoint_median(self, key: str) -> float | None:
+        values = [float(e[key]) for e in self.events if e.get("event") == "checkpoint"
+                  and e.get("status") == "completed"]
+        return statistics.median(values) if values else None
+
     def per_epoch(self, key: str) -> float:
         return sum(e[key] for e in self.epochs) / max(1, len(self.epochs))
 
@@ -204,13 +210,17 @@ def main() -> None:
     table = Table(title=f"keyed windows, {args.rows:,} rows, {args.files} epochs, "
                         f"{args.keys:,} keys, {args.backend}, parallelism 2")
     for col in ("configuration", "records/s (epochs)", "records/s (process)",
-                "epoch ms (median)", "checkpoint ms (median)", "moves / epoch",
+                "epoch ms (median)", "checkpoints", "checkpoint ms (median)",
+                "uploaded KB (median)", "moves / epoch",
                 "restores / epoch", "restore ms (median)", "near-empty epoch ms (median)"):
         table.add_column(col, justify="right" if col != "configuration" else "left")
     for windows, empty in results:
         table.add_row(windows.label, fmt(windows.records / windows.epoch_seconds),
                       fmt(windows.records / windows.seconds), fmt(windows.median("duration_ms")),
-                      fmt(windows.median("checkpoint_ms")), fmt(windows.per_epoch("moves"), ".2f"),
+                      str(sum(1 for e in windows.epochs if e.get("checkpoint_id") is not None)),
+                      fmt(windows.checkpoint_median("duration_ms")),
+                      fmt((windows.checkpoint_median("uploaded_bytes") or 0) / 1024),
+                      fmt(windows.per_epoch("moves"), ".2f"),
                       fmt(windows.per_epoch("restores"), ".2f"),
                       fmt(windows.median("restore_ms", nonzero=True), ",.1f"),
                       fmt(empty.median("duration_ms")))
