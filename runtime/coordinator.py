@@ -200,7 +200,9 @@ class JobRunner:
         for sink in self.sinks.values():
             sink.open()
         self.offsets = {sid: dict(src.initial_offsets()) for sid, src in self.sources.items()}
-        self.on_cluster = not (self.spark.sparkContext.master or "local").startswith("local")
+        from streamer.runtime.placement import on_cluster
+
+        self.on_cluster = on_cluster(self.spark.sparkContext.master)
         self._plan_keyed()
         if self.on_cluster and self.keyed and not self.options.checkpoints:
             from streamer.exceptions import ConfigError

@@ -22,6 +22,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 
+def on_cluster(master: str | None) -> bool:
+    """Whether tasks run in executors apart from the driver: any master but `local` and
+    `local[...]` (`local-cluster[...]` has executors of its own, as a real cluster does)."""
+    master = master or "local"
+    return not (master == "local" or master.startswith("local["))
+
+
 def executor_identity() -> str:
     """The identity of the Spark executor whose Python worker runs this: the host name plus a
     digest of the executor's own scratch directories (`SPARK_EXECUTOR_DIRS` on standalone,

@@ -14,7 +14,7 @@ import pytest
 
 from streamer.checkpoint import task as checkpointing
 from streamer.checkpoint.task import STATE_BEHIND, TaskCheckpointing
-from streamer.runtime.placement import Placement, executor_identity, scoped
+from streamer.runtime.placement import Placement, executor_identity, on_cluster, scoped
 from streamer.state import StateDescriptor, open_backend
 from streamer.state.codec import encode_key
 from streamer.state.snapshot import take_snapshot
@@ -103,3 +103,10 @@ def test_moves_are_counted_per_operator() -> None:
                                   {"subtask": 1, "executor": "b"}]) == 1
     assert placement.update("other", [{"subtask": 0, "executor": "a"}]) == 0
     assert placement.executors() == {"a", "b"}
+
+
+def test_which_masters_are_clusters() -> None:
+    assert not on_cluster(None) and not on_cluster("local") and not on_cluster("local[2]")
+    assert not on_cluster("local[*]")
+    assert on_cluster("spark://127.0.0.1:7077") and on_cluster("local-cluster[2,1,1024]")
+    assert on_cluster("yarn") and on_cluster("k8s://https://host:6443")
