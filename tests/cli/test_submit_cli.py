@@ -64,3 +64,14 @@ def test_the_spark_submit_command(tmp_path: Path) -> None:
     assert cmd[-4:] == [str(entry), "run", str(EXAMPLE), "--json"]
     assert cmd[-6:-4] == ["--total-executor-cores", "2"]
     assert "from streamer.cli.main import main" in entry.read_text()
+
+
+def test_an_unreachable_master_is_one_line(tmp_path: Path) -> None:
+    from streamer.runtime.standalone import free_port
+
+    master = f"spark://127.0.0.1:{free_port()}"
+    for args in (["--submit", "--master", master], ["--master", master]):
+        result = runner.invoke(app, ["run", str(EXAMPLE), *args, "--storage", str(tmp_path)])
+        assert result.exit_code == 1, result.output
+        assert f"cannot reach the Spark master {master}" in result.output
+        assert "Traceback" not in result.output
