@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import shutil
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ def epochs(run: Run) -> list[dict[str, Any]]:
 
 
 def executors_used(local_dir: Path) -> list[str]:
-    """The executors whose keyed subtasks kept local recovery copies under `local_dir`."""
+    """The per-executor local recovery directories left under `local_dir`."""
     return sorted(p.name for p in (local_dir / ".local-recovery").glob("executor-*"))
 
 
@@ -134,8 +135,15 @@ def local_reference(root: Path) -> Counter[str]:
     return FilesOutput(root / "out").committed()
 
 
-def test_a_killed_worker_is_recovered_with_the_same_output(standalone: StandaloneCluster,
-                                                            tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Future[Counter[str]]]:
+    """The local[*] output of the crash job, computed once, beside the first cluster run."""
+    with ThreadPoolExecutor(1) as pool:
+        yield pool.submit(local_reference, tmp_path_factory.mktemp("local-reference"))
+
+
+def test_a_killed_worker_is_recovered_with_the_same_output(
+        standalone: StandaloneCluster, reference: Future[Counter[str]], tmp_path: Path) -> None:
     killed: list[float] = []
     armed: list[float] = []
 
@@ -149,14 +157,12 @@ def test_a_killed_worker_is_recovered_with_the_same_output(standalone: Standalon
             killed.append(elapsed)
         return False
 
-    with ThreadPoolExecutor(1) as pool:
-        reference = pool.submit(local_reference, tmp_path / "local")
-        try:
-            run = run_streamer(write_job(tmp_path / "cluster"), *submit_args(standalone),
-                               watch=kill_during_epoch_4)
-        finally:
-            standalone.restart_worker(1)
-        want = reference.result()
+    try:
+        run = run_streamer(write_job(tmp_path / "cluster"), *submit_args(standalone),
+                           watch=kill_during_epoch_4)
+    finally:
+        standalone.restart_worker(1)
+    want = reference.result()
     assert killed, "the worker was never killed"
     assert run.returncode == 0 and run.finished and run.finished["status"] == "finished", \
         run.describe()
@@ -178,25 +184,23 @@ def test_a_killed_worker_is_recovered_with_the_same_output(standalone: Standalon
 KILLS = ("after-snapshot:3", "after-metadata:5", "mid-commit:7")
 
 
-def test_driver_crashes_on_the_cluster_keep_exactly_once(standalone: StandaloneCluster,
-                                                         tmp_path: Path) -> None:
-    with ThreadPoolExecutor(1) as pool:
-        reference = pool.submit(local_reference, tmp_path / "local")
-        root = tmp_path / "cluster"
-        pipeline = write_job(root)
-        store = CheckpointStore(str(root / "storage"), JOB)
-        log = []
-        for point in (*KILLS, None):
-            env = {"STREAMER_FAILPOINTS": point} if point else {}
-            run = run_streamer(pipeline, *submit_args(standalone), env=env,
-                               stderr_file=root / f"run-{len(log)}.stderr")
-            latest = store.latest()
-            log.append(f"{point or 'last run'}: exit {run.returncode}, resumable from "
-                       f"epoch {latest.epoch if latest else 0}")
-            if point:
-                # The driver died of SIGKILL; spark-submit reports it as its exit code.
-                assert run.returncode != 0 and run.finished is None, "\n".join(log)
-        want = reference.result()
+def test_driver_crashes_on_the_cluster_keep_exactly_once(
+        standalone: StandaloneCluster, reference: Future[Counter[str]], tmp_path: Path) -> None:
+    root = tmp_path / "cluster"
+    pipeline = write_job(root)
+    store = CheckpointStore(str(root / "storage"), JOB)
+    log = []
+    for point in (*KILLS, None):
+        env = {"STREAMER_FAILPOINTS": point} if point else {}
+        run = run_streamer(pipeline, *submit_args(standalone), env=env,
+                           stderr_file=root / f"run-{len(log)}.stderr")
+        latest = store.latest()
+        log.append(f"{point or 'last run'}: exit {run.returncode}, resumable from "
+                   f"epoch {latest.epoch if latest else 0}")
+        if point:
+            # The driver died of SIGKILL; spark-submit reports it as its exit code.
+            assert run.returncode != 0 and run.finished is None, "\n".join(log)
+    want = reference.result()
     assert run.returncode == 0 and run.finished and run.finished["status"] == "finished", \
         "\n".join(log) + "\n" + run.describe()
     assert run.finished["restored_from"] is not None, run.finished
