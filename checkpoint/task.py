@@ -4,6 +4,8 @@ Per task, around the epoch's work:
 1. `prepare`: a subtask whose working state is missing (a new run attempt, or a task that
    landed where its state is not) restores it from the latest completed checkpoint: from the
    local recovery copy when it is intact, else from checkpoint storage (checksums verified).
+   So does one whose state is `outdated`: older than the checkpoint, left by an earlier
+   epoch on an executor the subtask has since moved away from (runtime/placement.py).
 2. `check_version`: the working state must be exactly at the previous epoch. If it is behind
    (its state was lost after the last checkpoint), the task fails with `STATE_BEHIND`, and the
    driver restarts the job from that checkpoint: sources rewind, every subtask restores.
@@ -54,15 +56,16 @@ def _handle_file(state_root: str, job: str, uid: str, subtask: int, cid: int) ->
     return Path(state_root) / job / uid / f"subtask-{subtask}.snapshots" / f"chk-{cid}.json"
 
 
-def prepare(cfg: Any, subtask: int) -> dict[str, Any]:
-    """Restore the subtask's working state if it has none and a checkpoint has it."""
+def prepare(cfg: Any, subtask: int, *, replace: bool = False) -> dict[str, Any]:
+    """Restore the subtask's working state if it has none (or, with `replace`, over an
+    outdated one) and a checkpoint has it."""
     chk: TaskCheckpointing | None = cfg.checkpointing
     if chk is None:
         return {}
     from streamer.state import SubtaskLocation
 
     location = SubtaskLocation(cfg.state_root, cfg.job, cfg.uid, subtask)
-    if location.path.exists() and any(location.path.iterdir()):
+    if not replace and location.path.exists() and any(location.path.iterdir()):
         return {}
     handle = chk.last.get(subtask)
     if handle is None and chk.savepoint_restore is not None:
@@ -93,6 +96,23 @@ def _restore_savepoint(cfg: Any, chk: TaskCheckpointing, subtask: int) -> dict[s
         backend.commit(chk.first_epoch - 1)
     return {"restored": "savepoint", "restore_ms": round((time.monotonic() - started) * 1000, 1),
             "restored_entries": counts}
+
+
+def has_checkpoint(cfg: Any, subtask: int) -> bool:
+    """Whether the latest completed checkpoint holds the subtask's state."""
+    chk: TaskCheckpointing | None = cfg.checkpointing
+    return chk is not None and subtask in chk.last
+
+
+def outdated(cfg: Any, subtask: int, done: int | None) -> bool:
+    """Whether the working state (at epoch `done`) is older than the epoch before this one
+    while the latest checkpoint holds a newer version: the subtask ran elsewhere since it
+    left this state (on a cluster, another executor), and restores instead."""
+    chk: TaskCheckpointing | None = cfg.checkpointing
+    if chk is None or done is None or done >= cfg.epoch - 1:
+        return False
+    handle = chk.last.get(subtask)
+    return handle is not None and int(handle.get("version", -1)) > done
 
 
 def check_version(cfg: Any, subtask: int, done: int | None) -> None:

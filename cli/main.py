@@ -155,6 +155,29 @@ def run(
     allow_non_restored_state: Annotated[bool, typer.Option(
         "--allow-non-restored-state", help="With --from-savepoint: drop state whose operator "
         "uid is no longer in the pipeline instead of refusing.")] = False,
+    submit: Annotated[bool, typer.Option(
+        "--submit", help="Launch the job with spark-submit on the cluster of --master "
+        "(spark://HOST:PORT): streamer, the pipeline and its modules are shipped, and this "
+        "runtime runs as the Spark driver here (client deploy mode).")] = False,
+    deploy_mode: Annotated[str, typer.Option(
+        "--deploy-mode", help="With --submit: client (default). cluster is refused: Spark "
+        "standalone does not run Python applications in cluster mode.")] = "client",
+    executor_memory: Annotated[str | None, typer.Option(
+        "--executor-memory", help="With --submit: memory per executor, e.g. 2g.")] = None,
+    num_executors: Annotated[int | None, typer.Option(
+        "--num-executors", min=1, help="With --submit: number of executors (YARN and "
+        "Kubernetes; on standalone use --spark-arg=--total-executor-cores=N).")] = None,
+    python_env: Annotated[str | None, typer.Option(
+        "--python-env", help="With --submit: a packed Python environment (venv-pack or "
+        "conda-pack tar.gz with streamer's dependencies) for the executors; default: they "
+        "run this interpreter.")] = None,
+    spark_arg: Annotated[list[str] | None, typer.Option(
+        "--spark-arg", help="With --submit: one more spark-submit argument, passed as is "
+        "(repeatable; e.g. --spark-arg=--total-executor-cores=2). Arguments after `--` are "
+        "passed too.")] = None,
+    extra: Annotated[list[str] | None, typer.Argument(
+        help="After `--`: spark-submit arguments (with --submit).", show_default=False)
+    ] = None,
 ) -> None:
     """Run a pipeline. Bounded sources end the job (exit 0); unbounded ones run until Ctrl-C,
     which stops cleanly at the next epoch boundary (after a final checkpoint).
@@ -166,11 +189,76 @@ def run(
     """
     from streamer.pipeline.validate import load_pipeline
 
+    spark_args = [*(spark_arg or []), *(extra or [])]
+    submit_only = {"--deploy-mode": deploy_mode != "client", "--executor-memory":
+                   executor_memory, "--num-executors": num_executors,
+                   "--python-env": python_env, "--spark-arg / --": spark_args}
+    if not submit and any(submit_only.values()):
+        from streamer.exceptions import ConfigError
+
+        given = ", ".join(k for k, v in submit_only.items() if v)
+        msg = f"{given} only apply with --submit (launching the job through spark-submit)"
+        raise ConfigError(msg)
     spec = load_pipeline(str(file))
+    if submit:
+        from streamer.runtime.submit import SubmitOptions, submit_job
+
+        args = _run_args(quiet=quiet, json_lines=json_lines, conf=conf, max_epochs=max_epochs,
+                         no_ui=no_ui, from_checkpoint=from_checkpoint, fresh=fresh,
+                         no_checkpoints=no_checkpoints, storage=storage,
+                         from_savepoint=from_savepoint,
+                         allow_non_restored_state=allow_non_restored_state)
+        options = SubmitOptions(master=master or "", deploy_mode=deploy_mode,
+                                conf=_parse_conf(conf), executor_memory=executor_memory,
+                                num_executors=num_executors, python_env=python_env,
+                                spark_args=spark_args)
+        code = submit_job(spec, file, args, options, debug=state["debug"])
+        if code:
+            raise typer.Exit(code)
+        return
     run_job(spec, quiet=quiet, json_lines=json_lines, master=master, conf=conf,
             max_epochs=max_epochs, no_ui=no_ui, from_checkpoint=from_checkpoint, fresh=fresh,
             no_checkpoints=no_checkpoints, storage=storage, from_savepoint=from_savepoint,
             allow_non_restored_state=allow_non_restored_state)
+
+
+def _parse_conf(conf: list[str] | None) -> dict[str, str]:
+    """`--conf KEY=VALUE` items as a dict, or a clear error."""
+    extra = {}
+    for item in conf or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            from streamer.exceptions import ConfigError
+
+            msg = (f"--conf {item!r} must be KEY=VALUE, e.g. "
+                   "--conf spark.sql.shuffle.partitions=4")
+            raise ConfigError(msg)
+        extra[key.strip()] = value
+    return extra
+
+
+def _run_args(*, quiet: bool, json_lines: bool, conf: list[str] | None,
+              max_epochs: int | None, no_ui: bool, from_checkpoint: str | None, fresh: bool,
+              no_checkpoints: bool, storage: str | None, from_savepoint: str | None,
+              allow_non_restored_state: bool) -> list[str]:
+    """The `streamer run` options the driver of a submitted job runs with (paths absolute:
+    the driver may not share the working directory's meaning)."""
+    args = [flag for flag, on in (("--quiet", quiet), ("--json", json_lines), ("--no-ui", no_ui),
+                                  ("--fresh", fresh), ("--no-checkpoints", no_checkpoints),
+                                  ("--allow-non-restored-state", allow_non_restored_state))
+            if on]
+    for item in conf or []:
+        args += ["--conf", item]
+    if max_epochs is not None:
+        args += ["--max-epochs", str(max_epochs)]
+    if from_checkpoint is not None:
+        args += ["--from-checkpoint", from_checkpoint]
+    if storage is not None:
+        args += ["--storage", storage if "://" in storage else str(Path(storage).resolve())]
+    if from_savepoint is not None:
+        args += ["--from-savepoint", from_savepoint if "://" in from_savepoint
+                 else str(Path(from_savepoint).resolve())]
+    return args
 
 
 def run_job(spec: object, *, quiet: bool = False, json_lines: bool = False,
@@ -183,18 +271,7 @@ def run_job(spec: object, *, quiet: bool = False, json_lines: bool = False,
     from streamer.runtime.coordinator import JobRunner, RunOptions
     from streamer.runtime.metrics import JsonReporter, LiveReporter, QuietReporter, Reporter
 
-    extra = {}
-    for item in conf or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            from streamer.exceptions import ConfigError
-
-            msg = (
-                f"--conf {item!r} must be KEY=VALUE, e.g. "
-                              "--conf spark.sql.shuffle.partitions=4"
-            )
-            raise ConfigError(msg)
-        extra[key.strip()] = value
+    extra = _parse_conf(conf)
     reporter: Reporter
     console = Console(stderr=False, highlight=False)
     if quiet:

@@ -67,6 +67,8 @@ class KeyedConfig:
     extra: dict[str, Any] = field(default_factory=dict)
     #: Checkpoint restore/snapshot instructions (`checkpoint.task.TaskCheckpointing`).
     checkpointing: Any = None
+    #: On a cluster: keep working state per executor (`runtime/placement.py`).
+    executor_scoped: bool = False
 
 
 def output_schema(spark: Any, op: Any, input_schema: Any) -> Any:
@@ -266,6 +268,7 @@ def _merge(accs: list[tuple[Any, int]], a: list[Any] | None, b: list[Any]) -> li
 def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator[Any]:
     """Process one subtask's rows of one epoch; yield the output batch (with a meta row)."""
     from streamer.state import StateDescriptor, StateKind, key_group_range, open_backend
+    from streamer.state.exceptions import CorruptStateError
 
     rows: Any = _read_input(cfg, batches, subtask)
     began = time.perf_counter()  # after the input arrived: the stage's own work
@@ -275,10 +278,33 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
     from streamer.checkpoint import task as checkpointing
     from streamer.runtime import failpoints
 
+    executor = None
+    if cfg.executor_scoped:
+        from streamer.runtime.placement import executor_identity, scoped
+
+        executor = executor_identity()
+        cfg = scoped(cfg, executor)
+
+    def open_state() -> Any:
+        return open_backend(cfg.backend, cfg.state_root, cfg.job, cfg.uid, subtask,
+                            key_group_range(subtask, cfg.parallelism, cfg.max_parallelism),
+                            states=[StateDescriptor("acc", StateKind.AGGREGATING)])
+
     restored = checkpointing.prepare(cfg, subtask)
-    backend = open_backend(cfg.backend, cfg.state_root, cfg.job, cfg.uid, subtask,
-                           key_group_range(subtask, cfg.parallelism, cfg.max_parallelism),
-                           states=[StateDescriptor("acc", StateKind.AGGREGATING)])
+    try:
+        backend = open_state()
+    except CorruptStateError:
+        if not (cfg.executor_scoped and checkpointing.has_checkpoint(cfg, subtask)):
+            raise
+        # On a cluster the working state is a cache of the checkpoint: a task killed while
+        # it wrote (a lost executor's straggler) may have left it damaged; fetch it again.
+        restored = checkpointing.prepare(cfg, subtask, replace=True)
+        backend = open_state()
+    if checkpointing.outdated(cfg, subtask, backend.version()):
+        # Left here by an earlier epoch, since run elsewhere: the checkpoint is newer.
+        backend.close()
+        restored = checkpointing.prepare(cfg, subtask, replace=True)
+        backend = open_state()
     ok = False
     try:
         done = backend.version()
@@ -311,7 +337,7 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
             _count_windows(cfg, backend, rows, out)
         else:
             _time_windows(cfg, backend, rows, out)
-        meta: dict[str, Any] = {"subtask": subtask, "out": len(out),
+        meta: dict[str, Any] = {"subtask": subtask, "out": len(out), "executor": executor,
                                 "next_event": backend.next_timer("event"),
                                 "next_processing": backend.next_timer("processing"),
                                 "task_ms": round((time.perf_counter() - began) * 1000, 3)}

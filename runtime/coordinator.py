@@ -140,6 +140,12 @@ class JobRunner:
         self.state_roots: list[str] = []
         #: Per restore: operator, subtasks restored locally / remotely, slowest (ms).
         self.restore_report: list[dict[str, Any]] = []
+        #: On a cluster (not `local[...]`): working state per executor, a checkpoint every
+        #: epoch so a subtask that moves restores the latest version (runtime/placement.py).
+        self.on_cluster = False
+        from streamer.runtime.placement import Placement
+
+        self.placement = Placement()
         self.first_epoch = 1
         self.storage_url = self.options.storage or spec.storage
         # Savepoints, the job registry and the control channel.
@@ -201,7 +207,18 @@ class JobRunner:
         for sink in self.sinks.values():
             sink.open()
         self.offsets = {sid: dict(src.initial_offsets()) for sid, src in self.sources.items()}
+        from streamer.runtime.placement import on_cluster
+
+        self.on_cluster = on_cluster(self.spark.sparkContext.master)
         self._plan_keyed()
+        if self.on_cluster and self.keyed and not self.options.checkpoints:
+            from streamer.exceptions import ConfigError
+
+            msg = ("on a cluster, keyed state follows its subtasks from executor to executor "
+                   "through checkpoint storage, so --no-checkpoints cannot run this pipeline's "
+                   f"keyed operators ({', '.join(map(repr, self.keyed))}); run it with "
+                   "checkpoints, or with --master local[*]")
+            raise ConfigError(msg)
 
     def _ship_user_code(self) -> None:
         """Import the modules named in `process:` (next to the pipeline file first) and ship
@@ -258,6 +275,10 @@ class JobRunner:
                     schema = StructType([*schema.fields, StructField("__ts", TimestampType())])
                 stage = KeyedStage(self.spark, op, self.spec.job, self.spec.name,  # type: ignore
                                    schema, has_ts, self.state_root)
+                if self.on_cluster:
+                    from dataclasses import replace
+
+                    stage.base_config = replace(stage.base_config, executor_scoped=True)
                 self.keyed[node.id] = stage
                 self.event_time[node.id] = stage.kind == "window" or (
                     stage.kind == "dedupe" and has_ts)
@@ -327,6 +348,15 @@ class JobRunner:
 
                 for root in self.state_roots:
                     shutil.rmtree(root, ignore_errors=True)
+                if self.on_cluster:
+                    # The next application has other executors: their local copies would
+                    # never be read again. (Only those on this host are reachable here.)
+                    from streamer.runtime.keyed import local_recovery_root
+
+                    copies = local_recovery_root(self.spec.job.state_local_dir)
+                    for executor in self.placement.executors():
+                        shutil.rmtree(os.path.join(copies, f"executor-{executor}"),
+                                      ignore_errors=True)
         result.restarts = restarts
         result.savepoints = list(self.savepoints)
         if self.registry is not None:
@@ -606,6 +636,8 @@ class JobRunner:
         return False
 
     def _checkpoint_due(self) -> bool:
+        if self.options.checkpoints and self.on_cluster and self.keyed:
+            return True  # every epoch: a moved subtask restores the latest version
         return self.options.checkpoints and (
             time.monotonic() - self.last_checkpoint_at
             >= self.spec.job.checkpoint.interval_ms / 1000)
@@ -837,6 +869,8 @@ class JobRunner:
                 df.unpersist()
         keyed_ms: float | None = None
         snapshot_ms: float | None = None
+        moves, restores, restore_ms = 0, 0, 0.0
+        executors: set[str] = set()
         for node_id, metas in keyed_metas.items():  # complete now that the jobs have run
             found = list(metas)
             keyed_ms = max([keyed_ms or 0.0, *(float(m["task_ms"]) for m in found
@@ -848,13 +882,19 @@ class JobRunner:
                 msg = (f"epoch {epoch}: operator {node_id!r} reported {len(found)} of "
                        f"{self.keyed[node_id].parallelism} subtasks; its output was not read")
                 raise JobFailedError(msg)
+            moves += self.placement.update(node_id, found)
+            executors.update(str(m["executor"]) for m in found if m.get("executor"))
             restored = [m for m in found if m.get("restored")]
+            restores += len(restored)
+            restore_ms = max([restore_ms, *(float(m.get("restore_ms", 0)) for m in restored)])
             if restored:
                 local = sum(1 for m in restored if m["restored"] == "local")
                 slowest = max(float(m.get("restore_ms", 0)) for m in restored)
                 self.restore_report.append({"operator": node_id, "local": local,
                                             "remote": len(restored) - local,
-                                            "ms": slowest})
+                                            "ms": slowest, "epoch": epoch})
+            if restored and (not self.on_cluster or epoch == self.first_epoch):
+                # (On a cluster, subtasks that moved restore every epoch: see the metrics.)
                 self.reporter.message(
                     f"operator {node_id!r}: restored {local} subtasks from local copies and "
                     f"{len(restored) - local} from checkpoint storage (slowest "
@@ -896,7 +936,8 @@ class JobRunner:
                        else None),
             checkpoint_id=checkpoint_id if checkpoint_id in self.completed else None,
             checkpoint_ms=checkpoint_ms, keyed_ms=keyed_ms, snapshot_ms=snapshot_ms,
-            small=small)
+            small=small, moves=moves, restores=restores, restore_ms=round(restore_ms, 1),
+            executors=sorted(executors))
 
     def _small_epoch(self, slices: Mapping[str, SourceSlice]) -> bool:
         """Whether the epoch runs in the small-epoch mode (`runtime.spark.SMALL_EPOCH_CONF`):

@@ -17,3 +17,8 @@ class JobFailedError(StreamerError):
 
 class PipelineTestFailedError(StreamerError):
     """Raised by `streamer test` when a sink's rows differ from the test's `expect`."""
+
+
+class MasterUnreachableError(StreamerError):
+    """Raised when the Spark master of `--master spark://...` does not accept connections;
+    start the cluster, or check the host and port."""

@@ -39,6 +39,13 @@ class EpochMetrics:
     snapshot_ms: float | None = None
     #: Whether the epoch ran in the small-epoch mode (interpreted, no adaptive execution).
     small: bool = False
+    #: Keyed subtasks that ran on another executor than in the epoch before (on a cluster),
+    #: subtasks that restored their state, and the slowest restore (ms).
+    moves: int = 0
+    restores: int = 0
+    restore_ms: float = 0.0
+    #: The executors that ran keyed subtasks (on a cluster).
+    executors: list[str] = field(default_factory=list)
 
     @property
     def total_in(self) -> int:

@@ -105,6 +105,10 @@ def create_session(app_name: str = "streamer", master: str | None = None,
     from pyspark.sql import SparkSession
 
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ
+    if master and not submitted:
+        from streamer.runtime.submit import check_master
+
+        check_master(master)
     settings = dict(DEFAULT_CONF)
     if not submitted:
         # Python workers must run this interpreter (the one streamer is installed in), not

@@ -1,0 +1,101 @@
+"""Job control of a job submitted to the standalone cluster, from another process through the
+shared storage: `list`, `checkpoint list`, `savepoint trigger` and `stop` on one run, then the
+job resumes from its checkpoint on the cluster and is cancelled with `cancel`."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from streamer_process import run_streamer
+from test_cluster_jobs import submit_args
+from typer.testing import CliRunner
+
+from streamer.cli.main import app
+from streamer.runtime.standalone import StandaloneCluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+PIPELINE = """\
+    name: live-cluster-job
+    job:
+      parallelism: 2
+      epoch: 500ms
+      state: {backend: rocksdb, local_dir: LOCAL}
+    sources:
+      - id: gen
+        type: datagen
+        rows_per_second: 200
+        fields:
+          user: "concat('u', cast(offset % 11 as string))"
+          ts: "timestamp_millis(1767225600000 + offset * 50)"
+        event_time: ts
+    operators:
+      - id: per_second
+        uid: per-second-v1
+        input: gen
+        key_by: [user]
+        window: {tumbling: 1s}
+        aggregate: {n: count()}
+    sinks:
+      - id: out
+        type: files
+        input: per_second
+        path: OUT
+        format: jsonl
+"""
+
+
+def test_list_checkpoints_savepoint_stop_and_cancel_a_submitted_job(
+        standalone: StandaloneCluster, tmp_path: Path) -> None:
+    runner = CliRunner()
+    storage = tmp_path / "storage"
+    common = ["--storage", str(storage)]
+    path = tmp_path / "live.yaml"
+    path.write_text(textwrap.dedent(PIPELINE).replace("LOCAL", str(tmp_path / "local"))
+                    .replace("OUT", str(tmp_path / "out")))
+    seen: dict[str, Any] = {}
+
+    def cli(*args: str) -> Any:
+        return runner.invoke(app, [*args, *common])
+
+    def control(event: dict[str, Any] | None, elapsed: float) -> bool:
+        if event is None or event.get("event") != "epoch" or event["epoch"] < 3 or seen:
+            return False
+        seen["list"] = json.loads(cli("list", "--json").output)
+        seen["checkpoints"] = json.loads(cli("checkpoint", "list", "live-cluster-job",
+                                             "--json").output)
+        seen["savepoint"] = cli("savepoint", "trigger", "live-cluster-job")
+        seen["stop"] = cli("stop", "live-cluster-job")
+        return False
+
+    env = {"STREAMER_STORAGE": str(storage)}
+    first = run_streamer(path, *submit_args(standalone), watch=control, env=env,
+                         timeout=240)
+    assert seen, first.describe()
+    assert [(j["job"], j["state"]) for j in seen["list"]] == [("live-cluster-job", "running")]
+    assert seen["list"][0]["master"] == standalone.master_url
+    assert seen["checkpoints"], "no checkpoint listed"
+    assert seen["savepoint"].exit_code == 0, seen["savepoint"].output
+    savepoint = Path(seen["savepoint"].output.strip().splitlines()[-1])
+    assert (savepoint / "_metadata").is_file()
+    assert seen["stop"].exit_code == 0, seen["stop"].output
+    assert first.returncode == 0 and first.finished and first.finished["status"] == "stopped", \
+        first.describe()
+    assert json.loads(cli("list", "--json").output)[0]["state"] == "stopped"
+
+    cancelled: dict[str, Any] = {}
+
+    def cancel(event: dict[str, Any] | None, elapsed: float) -> bool:
+        if event is not None and event.get("event") == "epoch" and not cancelled:
+            cancelled["result"] = cli("cancel", "live-cluster-job")
+        return False
+
+    second = run_streamer(path, *submit_args(standalone), watch=cancel, env=env, timeout=240)
+    assert cancelled and cancelled["result"].exit_code == 0, cancelled
+    assert second.finished and second.finished["status"] == "cancelled", second.describe()
+    assert second.finished["restored_from"] is not None  # resumed from the first run's
+    assert json.loads(cli("list", "--json").output)[0]["state"] == "cancelled"
