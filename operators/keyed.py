@@ -69,6 +69,9 @@ class KeyedConfig:
     checkpointing: Any = None
     #: On a cluster: keep working state per executor (`runtime/placement.py`).
     executor_scoped: bool = False
+    #: A small epoch: keep the subtask's state open in the worker for the next task
+    #: (`KeyedStateBackend.park`). A big epoch closes it, as its open costs little next to it.
+    park: bool = False
 
 
 def output_schema(spark: Any, op: Any, input_schema: Any) -> Any:
@@ -350,7 +353,7 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
             yield extra
         ok = True
     finally:
-        if ok:
+        if ok and cfg.park:
             backend.park()  # rocksdb stays open for this process's next task of the subtask
         else:
             backend.close()

@@ -276,7 +276,7 @@ class KeyedStage:
                 self._dummies, allowMissingColumns=True)
             rows = self._routed(rows)
         cfg = replace(self.base_config, epoch=epoch, fire_up_to=fire_up_to, now_ms=now_ms,
-                      checkpointing=checkpointing)
+                      checkpointing=checkpointing, park=small)
         metas = self.spark.sparkContext.accumulator([], _ListParam())
 
         def task(batches: Any) -> Any:

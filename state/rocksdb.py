@@ -212,7 +212,7 @@ def _is_lock_error(exc: Exception) -> bool:
 #: holder's watcher closes its parked handle when it sees it.
 RELEASE_REQUEST = "RELEASE-REQUEST"
 #: How often the watcher looks for release requests, and how long a parked DB stays open unused.
-_WATCH_S = 0.01
+_WATCH_S = 0.005
 _PARK_IDLE_S = 120.0
 #: path -> the backend parked open in this process (see the module docstring).
 _PARKED: dict[str, RocksDBBackend] = {}
