@@ -297,7 +297,8 @@ def _open_db(path: Path, timeout_s: float) -> tuple[Rdict, list[str]]:
             if _is_lock_error(exc):
                 if "current process" in str(exc):
                     release_parked(path)  # parked here (same process): close it now
-                elif not asked:  # parked in another process: ask its watcher to close it
+                else:  # parked in another process: ask its watcher to close it (again, if
+                    # the holder took it back for a task and answered an earlier request)
                     with contextlib.suppress(OSError):
                         (path / RELEASE_REQUEST).touch()
                     asked = True
