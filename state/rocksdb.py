@@ -16,16 +16,17 @@ RocksDB's write-ahead log, with no partial epoch visible after a crash.
 partitions, so the next epoch of a subtask may run in another worker process; an Rdict simply
 cached open in a worker holds RocksDB's LOCK and the other process fails (the measured trap in
 ARCHITECTURE.md §4: 82 of 160 tasks). Opening and closing the DB in every task avoided that but
-cost 20-55 ms per task (flush, close, open), most of a near-empty keyed epoch. So a task that
-ends well *parks* the backend (`park`): it stays open in this process, idle, and the next task
-of the same subtask here takes it back without opening anything (~2 ms per task instead of
-~40 ms, measured at load 6). A process that finds the DB locked leaves a `RELEASE-REQUEST`
-file in the subtask directory; a watcher thread of the holding process closes its parked
-handle (flushing, as below) within `_WATCH_S` and removes the request, and the waiter's
-lock retry then succeeds. A parked handle is also closed when its directory is gone or was
-replaced (a restore), and after `_PARK_IDLE_S` unused. It is only ever reused while this
-process held the LOCK throughout, so it cannot be stale. The cost of the old way, measured on
-the 2-core CI machine kind: opening an
+cost 20-55 ms per task (flush, close, open), most of a near-empty keyed epoch. So a task of a
+small epoch (`KeyedConfig.park`) that ends well *parks* the backend (`park`): it stays open in
+this process, idle, and the next task of the same subtask here takes it back without opening
+anything (~0.4 ms per task instead of ~40 ms, measured at load 6). Big epochs close it: there a
+handoff to another worker costs more than the open it saves. A process that finds the DB locked
+leaves a `RELEASE-REQUEST` file in the subtask directory; a watcher thread of the holding
+process closes its parked handle (flushing, as below) within `_WATCH_S` and removes the request,
+and the waiter's lock retry then succeeds. A parked handle is also closed when its directory is
+gone or was replaced (a restore), and after `_PARK_IDLE_S` unused. It is only ever reused while
+this process held the LOCK throughout, so it cannot be stale. The cost of the old way, measured
+on the 2-core CI machine kind: opening an
 existing DB costs ~7-10 ms for a small DB and ~16-24 ms with 1 M keys (bench/state_backends.py),
 an empty epoch (open, commit, close) ~20 ms, against ~0.3 ms for the memory backend's cached
 dicts; for a 100 k-key epoch (~420 ms in all) the open is about 5 %. What must not be paid at open
