@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from streamer.runtime.standalone import session_members
+
 #: The `streamer` command of the interpreter running the tests (the project's venv).
 STREAMER = Path(sys.executable).with_name("streamer")
 #: Variables of the test process a run must not inherit (each test sets its own).
@@ -75,30 +77,12 @@ class Run:
         return f"exit {self.returncode} after {self.seconds:.1f}s; stderr ends:\n{tail}"
 
 
-def _session_members(sid: int) -> list[int]:
-    """The live (not zombie) processes of session `sid`."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        # After "pid (comm) ": state ppid pgrp session ...; comm may hold spaces and ')'.
-        fields = stat[stat.rfind(b")") + 2:].split()
-        if len(fields) > 3 and int(fields[3]) == sid and fields[0] != b"Z":
-            found.append(int(entry))
-    return found
-
-
 def crash(sid: int, timeout: float = 60.0) -> None:
     """SIGKILL every process of session `sid` and wait until none is left. (The PySpark
     daemon puts its workers in a process group of their own, so a process group is not
     enough; the session is.)"""
     deadline = time.monotonic() + timeout
-    while members := _session_members(sid):
+    while members := session_members(sid):
         for pid in members:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
