@@ -329,9 +329,9 @@ class FilesSource(Source):
                         f"cannot be read as {field.dataType.simpleString()}")
         return None
 
-    def _read_parquet(self, files: list[str]) -> SourceRead:
-        """Compatible files through Spark; each other file as one dead letter (or an error)."""
-        spark = self.ctx.spark
+    def _sort_parquet(self, files: list[str]) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """(the files readable with the schema, a dead letter for each other file); without
+        `on_error`, an unreadable file is an error."""
         schema = self.schema()
         good, dead = [], []
         for name in files:
@@ -345,12 +345,42 @@ class FilesSource(Source):
                        "sink")
                 raise DecodeError(msg)
             dead.append((self.spec.id, name, name, None, problem))
+        return good, dead
+
+    def _dead_frame(self, dead: list[tuple[Any, ...]]) -> DataFrame | None:
+        if self.spec.on_error is None:
+            return None
+        return self.ctx.spark.createDataFrame(dead, DEAD_LETTER_DDL)
+
+    def plain_parquet(self, piece: SourceSlice, ts_column: str | None
+                      ) -> tuple[list[str], DataFrame | None] | None:
+        """For a keyed stage that reads the slice itself (`operators/direct.py`): (the local
+        parquet files it can read, the dead letters of the others), or None when it cannot,
+        so Spark reads the slice: a file's event-time column is a timestamp without a time
+        zone (whose instant Spark derives from its session time zone)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if self.format != "parquet" or not self.local:
+            return None
+        good, dead = self._sort_parquet(list(piece.payload["files"]))
+        if ts_column is not None:
+            for name in good:
+                found = pq.read_schema(name)
+                field = next(f for f in found if f.name.lower() == ts_column.lower())
+                if not (pa.types.is_timestamp(field.type) and field.type.tz):
+                    return None
+        return good, self._dead_frame(dead) if dead else None
+
+    def _read_parquet(self, files: list[str]) -> SourceRead:
+        """Compatible files through Spark; each other file as one dead letter (or an error)."""
+        spark = self.ctx.spark
+        schema = self.schema()
+        good, dead = self._sort_parquet(files)
         if good:
             paths = [spark_path(p) for p in self._spark_paths(good).values()]
             records: DataFrame = spark.read.schema(schema).parquet(*paths)
             records = records.select(*[column(n) for n in schema.fieldNames()])
         else:
             records = spark.createDataFrame([], schema)
-        dead_letters = (spark.createDataFrame(dead, DEAD_LETTER_DDL)
-                        if self.spec.on_error is not None else None)
-        return SourceRead(records=records, dead_letters=dead_letters)
+        return SourceRead(records=records, dead_letters=self._dead_frame(dead))

@@ -72,6 +72,8 @@ class KeyedConfig:
     #: A small epoch: keep the subtask's state open in the worker for the next task
     #: (`KeyedStateBackend.park`). A big epoch closes it, as its open costs little next to it.
     park: bool = False
+    #: The keyed stage reads this epoch's files itself (`operators.direct.DirectRead`).
+    direct: Any = None
 
 
 def output_schema(spark: Any, op: Any, input_schema: Any) -> Any:
@@ -273,8 +275,19 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
     from streamer.state import StateDescriptor, StateKind, key_group_range, open_backend
     from streamer.state.exceptions import CorruptStateError
 
-    rows: Any = _read_input(cfg, batches, subtask)
-    began = time.perf_counter()  # after the input arrived: the stage's own work
+    extra: dict[str, Any] = {}
+    if cfg.direct is not None:  # the task reads the epoch's files itself
+        from streamer.operators.direct import read_direct
+
+        for _ in batches:  # (the one row that starts the task)
+            pass
+        began = time.perf_counter()
+        table, extra = read_direct(cfg, cfg.direct, subtask)
+        rows: Any = _Input(table)
+        extra["read_ms"] = round((time.perf_counter() - began) * 1000, 3)
+    else:
+        rows = _read_input(cfg, batches, subtask)
+        began = time.perf_counter()  # after the input arrived: the stage's own work
     if not (cfg.kind == "aggregate" or (cfg.kind == "window"
                                         and cfg.window_kind in ("tumbling", "sliding"))):
         rows = rows.table.to_pylist()  # the operators that work row by row
@@ -343,7 +356,8 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
         meta: dict[str, Any] = {"subtask": subtask, "out": len(out), "executor": executor,
                                 "next_event": backend.next_timer("event"),
                                 "next_processing": backend.next_timer("processing"),
-                                "task_ms": round((time.perf_counter() - began) * 1000, 3)}
+                                "task_ms": round((time.perf_counter() - began) * 1000, 3),
+                                **extra}
         batch = out.batch(meta)
         failpoints.reached("in-task", cfg.epoch)
         backend.commit(cfg.epoch, pickle.dumps(batch, protocol=5))
@@ -392,38 +406,60 @@ def _fire_time_windows(cfg: KeyedConfig, backend: Any, accs: list[tuple[Any, int
     from streamer.state.codec import decode_key
 
     # A timer with a key is the timer of one (key, window), as state written before window
-    # key lists had; the others name a list of the keys a window got in one epoch.
+    # key lists had; the others name one epoch's entry of a window in `WINDOW_KEYS`: a dict
+    # of the window's partials by key (emit: final), or a list of the keys whose
+    # accumulators are in "acc" (emit: updates, and state written before the dicts).
     cells = [(t.key_group, t.key, t.namespace) for t in due if t.key]
     lists = [(t.key_group, t.key, t.namespace) for t in due if not t.key]
+    partials: dict[tuple[int, bytes, bytes], Any] = {}
     if lists:
         for (kg, _, list_ns), members in zip(lists, backend.get_many(WINDOW_KEYS, lists),
                                               strict=True):
             ns = list_ns[:8]
-            cells.extend((kg, key_bytes, ns) for key_bytes in members or ())
+            if isinstance(members, dict):
+                for key_bytes, acc in members.items():
+                    cell = (kg, key_bytes, ns)
+                    before = partials.get(cell)
+                    partials[cell] = acc if before is None else _merge(accs, before, acc)
+            else:
+                cells.extend((kg, key_bytes, ns) for key_bytes in members or ())
         backend.delete_many(WINDOW_KEYS, lists)
     keys, starts, states = [], [], []
     decoded: dict[bytes, tuple[Any, ...]] = {}
     start_of: dict[bytes, int] = {}
-    for (_, key_bytes, ns), state in zip(cells, backend.get_many("acc", cells), strict=True):
-        if state is not None:
-            key = decoded.get(key_bytes)
-            if key is None:
-                key = decoded[key_bytes] = decode_key(key_bytes)
-            start = start_of.get(ns)
-            if start is None:
-                start = start_of[ns] = _I64.unpack(ns)[0]
-            keys.append(key)
-            starts.append(start)
-            states.append(state)
+
+    def add(key_bytes: bytes, ns: bytes, state: Any) -> None:
+        key = decoded.get(key_bytes)
+        if key is None:
+            key = decoded[key_bytes] = decode_key(key_bytes)
+        start = start_of.get(ns)
+        if start is None:
+            start = start_of[ns] = _I64.unpack(ns)[0]
+        keys.append(key)
+        starts.append(start)
+        states.append(state)
+
+    if cells:
+        for cell, state in zip(cells, backend.get_many("acc", cells), strict=True):
+            extra = partials.pop(cell, None)
+            if extra is not None:
+                state = extra if state is None else _merge(accs, state, extra)
+            if state is not None:
+                add(cell[1], cell[2], state)
+        backend.delete_many("acc", cells)
+    for (_, key_bytes, ns), state in partials.items():
+        add(key_bytes, ns, state)
     out.columns(keys, _final_columns(accs, states), starts, cfg.size_ms or 0)
-    backend.delete_many("acc", cells)
 
 
 def _time_windows(cfg: KeyedConfig, backend: Any, rows: _Input, out: _Emitter) -> None:
-    """Tumbling and sliding windows. Each (key, window) has one accumulator entry; its
-    firing goes by window, not by key: per key group, window and epoch, one timer and one
-    list of the keys that window got in that epoch (`WINDOW_KEYS`), so a subtask registers
-    and scans hundreds of timers per epoch instead of one per (key, window)."""
+    """Tumbling and sliding windows. Firing goes by window, not by key: per key group,
+    window and epoch, one timer and one `WINDOW_KEYS` entry, so a subtask registers and
+    scans hundreds of timers per epoch instead of one per (key, window). With `emit: final`
+    that entry holds the epoch's partials of the window by key (merged when it fires); with
+    `emit: updates`, whose every epoch emits the merged value, each (key, window) has an
+    accumulator entry and the `WINDOW_KEYS` entry lists the keys the window got that
+    epoch."""
     from streamer.state import StateDescriptor, StateKind
 
     backend.declare(StateDescriptor(WINDOW_KEYS, StateKind.VALUE))
@@ -434,6 +470,26 @@ def _time_windows(cfg: KeyedConfig, backend: Any, rows: _Input, out: _Emitter) -
     size = cfg.size_ms or 0
     keys = rows.keys(cfg.keys)
     starts = rows.column("__start")
+    delay = size - 1 + cfg.lateness_ms
+    epoch = _I64.pack(cfg.epoch)
+    if cfg.emit == "final":
+        # Nothing is emitted before the window fires, so nothing needs the stored value now:
+        # the epoch's partials of each (key group, window) go into one `WINDOW_KEYS` entry,
+        # merged per key when the window fires. No reads; one write per window, not per key.
+        windows: dict[tuple[int, int], dict[bytes, Any]] = {}
+        for kg, start, key_bytes, acc in zip(rows.column("__kg"), starts, _encode_keys(keys),
+                                             _lift_columns(accs, rows), strict=True):
+            cell = windows.get((kg, start))
+            if cell is None:
+                cell = windows[(kg, start)] = {}
+            cell[key_bytes] = acc
+        entries = [(kg, b"", ns_of(start) + epoch, members)
+                   for (kg, start), members in windows.items()]
+        backend.put_many(WINDOW_KEYS, entries)
+        backend.add_timers(cfg.domain, [(kg, start + delay, b"", ns)
+                                        for (kg, start), (_, _, ns, _) in zip(
+                                            windows, entries, strict=True)])
+        return
     cells = list(zip(rows.column("__kg"), _encode_keys(keys), _namespaces(starts), strict=True))
     stored = backend.get_many("acc", cells)
     updates, merged_all = [], []
@@ -449,8 +505,6 @@ def _time_windows(cfg: KeyedConfig, backend: Any, rows: _Input, out: _Emitter) -
         out.columns(keys, _final_columns(accs, merged_all), starts, size)
     backend.put_many("acc", updates)
     if fresh:
-        epoch = _I64.pack(cfg.epoch)
-        delay = size - 1 + cfg.lateness_ms
         backend.put_many(WINDOW_KEYS, [(kg, b"", ns + epoch, members)
                                        for (kg, ns), members in fresh.items()])
         backend.add_timers(cfg.domain, [(kg, _I64.unpack(ns)[0] + delay, b"", ns + epoch)

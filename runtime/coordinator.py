@@ -100,6 +100,21 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+class _DirectSeen:
+    """What an `Observation` of a source scan gives (`n`, `ts0`), for a slice its keyed
+    stage read itself: every subtask reads all of the slice, so any one's metadata has it."""
+
+    def __init__(self, metas: Any) -> None:
+        self.metas = metas
+
+    @property
+    def get(self) -> dict[str, Any]:
+        for meta in self.metas:
+            if "records_in" in meta:
+                return {"n": meta["records_in"], "ts0": meta["max_ts"]}
+        return {}
+
+
 class JobRunner:
     """Runs one pipeline: sources, operators and sinks wired per the dataflow."""
 
@@ -255,7 +270,12 @@ class JobRunner:
         """Which nodes carry event time, and a `KeyedStage` per keyed operator."""
         from pyspark.sql.types import StructField, StructType, TimestampType
 
-        from streamer.runtime.keyed import KeyedStage, default_state_root
+        from streamer.runtime.keyed import (
+            DirectShape,
+            KeyedStage,
+            default_state_root,
+            direct_plan,
+        )
 
         self.event_time = {}
         self.keyed = {}
@@ -282,6 +302,12 @@ class JobRunner:
                 self.keyed[node.id] = stage
                 self.event_time[node.id] = stage.kind == "window" or (
                     stage.kind == "dedupe" and has_ts)
+                source_id = op.inputs[0]  # type: ignore[union-attr]
+                if len(op.inputs) == 1 and source_id in self.sources:  # type: ignore[union-attr]
+                    plan = direct_plan(stage, self.sources[source_id], self.schemas[source_id],
+                                       len(self.flow.consumers(source_id)))
+                    if isinstance(plan, DirectShape):
+                        stage.direct = plan
 
     # ------------------------------------------------------------------------ the loop
     def run(self) -> JobResult:
@@ -777,11 +803,19 @@ class JobRunner:
         keyed_metas: dict[str, Any] = {}
         seen_in: dict[str, Observation] = {}
         cached: list[DataFrame] = []
+        direct = self._direct_reads(slices, watermark if flush is None else flush)
         for node in self.flow.nodes:
             if node.role == "source":
                 piece = slices.get(node.id)
                 if piece is None:
                     frames[node.id] = None
+                    continue
+                if node.id in direct:  # its keyed stage reads the slice itself
+                    frames[node.id] = None
+                    dead_letters = direct[node.id][2]
+                    on_error = node.spec.on_error  # type: ignore[union-attr]
+                    if dead_letters is not None and on_error:
+                        dead.setdefault(on_error, []).append(dead_letters)
                     continue
                 read = self.sources[node.id].read(piece)
                 obs = Observation(f"in_{node.id}_{epoch}")
@@ -812,11 +846,16 @@ class JobRunner:
                     stage = self.keyed[node.id]
                     fire = flush if flush is not None else (
                         now if stage.domain == "processing" else watermark)
-                    result = self._guarded(epoch, f"operator {node.id!r}", partial(
-                        stage.run, union(present) if present else None, epoch, now,
-                        watermark if flush is None else flush, fire,
-                        self._task_checkpointing(node.id, checkpoint_id, savepoint_url),
-                        small))
+                    tasks = self._task_checkpointing(node.id, checkpoint_id, savepoint_url)
+                    reads = stage.direct and direct.get(stage.direct.source_id)
+                    if reads:
+                        result = self._guarded(epoch, f"operator {node.id!r}", partial(
+                            stage.run_direct, reads[1], epoch, now, fire, tasks, small))
+                        seen_in[reads[0]] = _DirectSeen(result.metas)  # type: ignore[assignment]
+                    else:
+                        result = self._guarded(epoch, f"operator {node.id!r}", partial(
+                            stage.run, union(present) if present else None, epoch, now,
+                            watermark if flush is None else flush, fire, tasks, small))
                     keyed_metas[node.id] = result.metas
                     frames[node.id] = result.output
                     late_sink = node.spec.window.late if node.spec.window else None  # type: ignore
@@ -936,8 +975,32 @@ class JobRunner:
                        else None),
             checkpoint_id=checkpoint_id if checkpoint_id in self.completed else None,
             checkpoint_ms=checkpoint_ms, keyed_ms=keyed_ms, snapshot_ms=snapshot_ms,
-            small=small, moves=moves, restores=restores, restore_ms=round(restore_ms, 1),
+            small=small, direct=sorted(n for n, s in self.keyed.items()
+                                       if s.direct and s.direct.source_id in direct),
+            moves=moves, restores=restores, restore_ms=round(restore_ms, 1),
             executors=sorted(executors))
+
+    def _direct_reads(self, slices: Mapping[str, SourceSlice], watermark: int
+                      ) -> dict[str, tuple[str, Any, Any]]:
+        """Per source id: (that id, the `DirectRead` of its keyed stage, dead letters or None)
+        for this epoch's slices that keyed stages read themselves (`runtime.keyed.
+        direct_plan`); a slice whose files do not allow it is read by Spark instead."""
+        from streamer.operators.direct import DirectRead
+
+        out: dict[str, tuple[str, Any, Any]] = {}
+        for stage in self.keyed.values():
+            shape = stage.direct
+            if shape is None or shape.source_id not in slices:
+                continue
+            found = self.sources[shape.source_id].plain_parquet(slices[shape.source_id],
+                                                                shape.ts_column)
+            if found is None:
+                continue
+            files, dead_letters = found
+            out[shape.source_id] = (shape.source_id, DirectRead(
+                files=tuple(files), columns=shape.columns, key_types=shape.key_types,
+                ts_column=shape.ts_column, watermark=watermark), dead_letters)
+        return out
 
     def _small_epoch(self, slices: Mapping[str, SourceSlice]) -> bool:
         """Whether the epoch runs in the small-epoch mode (`runtime.spark.SMALL_EPOCH_CONF`):

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.accumulators import AccumulatorParam
 
 from streamer.operators.aggregates import accumulator
+from streamer.operators.direct import DIRECT_AGGREGATES, DirectRead
 from streamer.operators.keyed import META, OUT, KeyedConfig, output_schema, run_task
 from streamer.pipeline.spec import JobSpec, OperatorSpec
 
@@ -92,6 +93,72 @@ class KeyedResult:
     sides: dict[str, DataFrame] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class DirectShape:
+    """How a keyed stage reads its parquet source itself (fixed for the run)."""
+
+    source_id: str
+    columns: tuple[tuple[str, Any], ...]
+    key_types: tuple[str, ...]
+    ts_column: str | None
+
+
+#: Spark types whose values Arrow aggregates as Spark's partial aggregates do.
+_NUMERIC = ("tinyint", "smallint", "int", "bigint", "float", "double")
+
+
+def direct_plan(stage: KeyedStage, source: Any, source_schema: StructType,
+                consumers: int) -> DirectShape | str:
+    """Whether `stage`'s subtasks can read `source` themselves (operators/direct.py), or
+    why not. They can when the operator's only input is that source and nothing else reads
+    it; the source is local parquet files; the operator is a rolling aggregate or a tumbling
+    or sliding window without a `late:` output; its aggregates are count, or sum, min, max
+    and avg of numeric columns; its keys are string, integer, boolean or date columns; its
+    event time (if any) is a timestamp column as it is. `STREAMER_DIRECT_READ=0` turns it
+    off."""
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    from streamer.state.keygroups import PYTHON_HASHED_TYPES
+
+    if os.environ.get("STREAMER_DIRECT_READ", "1") == "0":
+        return "STREAMER_DIRECT_READ=0"
+    op, spec = stage.op, source.spec
+    window = op.window
+    if stage.kind not in ("window", "aggregate"):
+        return f"a {stage.kind} operator"
+    if window is not None and (window.kind not in ("tumbling", "sliding") or window.late):
+        return "a session/count window or a late: output"
+    if op.inputs != (spec.id,) or consumers != 1:
+        return "the source has other readers, or the operator other inputs"
+    if spec.type != "files" or getattr(source, "format", None) != "parquet" or not getattr(
+            source, "local", False):
+        return "not a local parquet files source"
+    types = {f.name: f.dataType for f in source_schema.fields}
+    wanted: dict[str, Any] = {}
+    key_types = []
+    for key in op.key_by:
+        if key not in types or types[key].simpleString() not in PYTHON_HASHED_TYPES:
+            return f"key {key!r} is not a plain string, integer, boolean or date column"
+        key_types.append(types[key].simpleString())
+        wanted[key] = to_arrow_type(types[key])
+    for agg in op.aggregates:
+        if agg.function not in DIRECT_AGGREGATES:
+            return f"aggregate {agg.function}"
+        if agg.arg is not None:
+            if agg.arg not in types or types[agg.arg].simpleString() not in _NUMERIC:
+                return f"{agg.function}({agg.arg}) is not over a numeric column"
+            wanted[agg.arg] = to_arrow_type(types[agg.arg])
+    ts_column = None
+    if stage.domain == "event":
+        ts_column = (spec.event_time or "").strip()
+        if ts_column not in types or types[ts_column].simpleString() != "timestamp":
+            return "the event time is not a timestamp column"
+        import pyarrow as pa
+
+        wanted[ts_column] = pa.timestamp("us", tz="UTC")
+    return DirectShape(spec.id, tuple(wanted.items()), tuple(key_types), ts_column)
+
+
 class KeyedStage:
     """One keyed operator's per-epoch Spark plan."""
 
@@ -105,6 +172,9 @@ class KeyedStage:
         self._dummies: DataFrame | None = None  # see _constants
         self._routed_dummies: DataFrame | None = None
         self._route: Any = None
+        self._starts: DataFrame | None = None  # see run_direct
+        #: The parquet source this stage reads itself, when `direct_plan` allows it.
+        self.direct: DirectShape | None = None
         self.input_schema = input_schema
         window = op.window
         self.domain = "event"
@@ -254,7 +324,6 @@ class KeyedStage:
         `fire_up_to` which timers fire (the watermark, or wall clock for processing time).
         `small`: the epoch has few rows, so they are routed before they are aggregated (one
         shuffle, see `_prepare`)."""
-        from pyspark import TaskContext
         from pyspark.sql import functions as F
 
         if df is None:
@@ -277,6 +346,26 @@ class KeyedStage:
             rows = self._routed(rows)
         cfg = replace(self.base_config, epoch=epoch, fire_up_to=fire_up_to, now_ms=now_ms,
                       checkpointing=checkpointing, park=small)
+        return self._launch(rows, cfg, late)
+
+    def run_direct(self, read: DirectRead, epoch: int, now_ms: int, fire_up_to: int,
+                   checkpointing: Any = None, small: bool = False) -> KeyedResult:
+        """Run the keyed stage for one epoch whose subtasks read the epoch's files
+        themselves (`direct_plan` said they can): one Spark task per subtask, no scan and no
+        shuffle; each task's metadata carries the epoch's `records_in` and `max_ts`."""
+        if self._starts is None:
+            # Partition i holds the one row i: Spark partition index == subtask.
+            self._starts = self.spark.range(0, self.parallelism, 1, self.parallelism)
+        cfg = replace(self.base_config, epoch=epoch, fire_up_to=fire_up_to, now_ms=now_ms,
+                      checkpointing=checkpointing, park=small, direct=read)
+        return self._launch(self._starts, cfg, None)
+
+    def _launch(self, rows: DataFrame, cfg: KeyedConfig, late: DataFrame | None) -> KeyedResult:
+        """`run_task` over `rows` (partition i = subtask i), lazily: the stage runs inside
+        whichever job first reads its output."""
+        from pyspark import TaskContext
+        from pyspark.sql import functions as F
+
         metas = self.spark.sparkContext.accumulator([], _ListParam())
 
         def task(batches: Any) -> Any:

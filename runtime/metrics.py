@@ -39,6 +39,9 @@ class EpochMetrics:
     snapshot_ms: float | None = None
     #: Whether the epoch ran in the small-epoch mode (interpreted, no adaptive execution).
     small: bool = False
+    #: Keyed operators whose subtasks read the epoch's files themselves (runtime/keyed.py
+    #: `direct_plan`), not through a Spark scan and shuffle.
+    direct: list[str] = field(default_factory=list)
     #: Keyed subtasks that ran on another executor than in the epoch before (on a cluster),
     #: subtasks that restored their state, and the slowest restore (ms).
     moves: int = 0

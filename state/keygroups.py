@@ -82,3 +82,96 @@ def subtask_sql(key_group_expr: str, parallelism: int, max_parallelism: int) -> 
     """The Spark SQL expression of `assign_subtask` over a key-group expression or column."""
     check_parallelism(parallelism, max_parallelism)
     return f"CAST(({key_group_expr}) * {parallelism} DIV {max_parallelism} AS INT)"
+
+
+# ------------------------------------------------------------------ key groups in Python
+# The same key groups as `key_group_sql`, computed without Spark, for the keyed stages that
+# read their input themselves (runtime/direct.py). Spark's xxhash64(c1, c2, ...) starts at
+# seed 42 and hashes each non-null value with the previous result as its seed: strings as
+# their UTF-8 bytes, byte/short/int/boolean/date as a 4-byte int, bigint as an 8-byte long,
+# each with the standard XXH64 algorithm (Spark's `XXH64.hashUnsafeBytes`, `hashInt`,
+# `hashLong`). A null leaves the running hash as it is.
+
+_M = (1 << 64) - 1
+_P1, _P2, _P3 = 11400714785074694791, 14029467366897019727, 1609587929392839161
+_P4, _P5 = 9650029242287828579, 2870177450012600261
+SPARK_HASH_SEED = 42
+#: Spark types (simpleString) whose values `key_groups` hashes as Spark does.
+PYTHON_HASHED_TYPES = ("string", "tinyint", "smallint", "int", "bigint", "boolean", "date")
+
+
+def _rotl(x: int, r: int) -> int:
+    return ((x << r) | (x >> (64 - r))) & _M
+
+
+def _round(acc: int, lane: int) -> int:
+    return (_rotl((acc + lane * _P2) & _M, 31) * _P1) & _M
+
+
+def _avalanche(h: int) -> int:
+    h = ((h ^ (h >> 33)) * _P2) & _M
+    h = ((h ^ (h >> 29)) * _P3) & _M
+    return h ^ (h >> 32)
+
+
+def xxhash64(data: bytes, seed: int) -> int:
+    """The standard XXH64 of `data` with a 64-bit `seed` (unsigned in, unsigned out)."""
+    n, i, seed = len(data), 0, seed & _M
+    if n >= 32:
+        v = [(seed + _P1 + _P2) & _M, (seed + _P2) & _M, seed, (seed - _P1) & _M]
+        while i + 32 <= n:
+            for j in range(4):
+                v[j] = _round(v[j], int.from_bytes(data[i + 8 * j:i + 8 * j + 8], "little"))
+            i += 32
+        h = (_rotl(v[0], 1) + _rotl(v[1], 7) + _rotl(v[2], 12) + _rotl(v[3], 18)) & _M
+        for lane in v:
+            h = ((h ^ _round(0, lane)) * _P1 + _P4) & _M
+    else:
+        h = (seed + _P5) & _M
+    h = (h + n) & _M
+    while i + 8 <= n:
+        h ^= _round(0, int.from_bytes(data[i:i + 8], "little"))
+        h = (_rotl(h, 27) * _P1 + _P4) & _M
+        i += 8
+    if i + 4 <= n:
+        h ^= (int.from_bytes(data[i:i + 4], "little") * _P1) & _M
+        h = (_rotl(h, 23) * _P2 + _P3) & _M
+        i += 4
+    while i < n:
+        h ^= (data[i] * _P5) & _M
+        h = (_rotl(h, 11) * _P1) & _M
+        i += 1
+    return _avalanche(h)
+
+
+def spark_hash_value(value: object, type_name: str, seed: int) -> int:
+    """One step of Spark's xxhash64: `value` (of Spark type `type_name`) hashed with `seed`;
+    a null returns the seed."""
+    if value is None:
+        return seed
+    if type_name == "string":
+        assert isinstance(value, str)
+        return xxhash64(value.encode("utf-8", "surrogatepass"), seed)
+    if type_name == "bigint":
+        assert isinstance(value, int)
+        return xxhash64((value & _M).to_bytes(8, "little"), seed)
+    if type_name == "date":
+        import datetime
+
+        assert isinstance(value, datetime.date)
+        value = (value - datetime.date(1970, 1, 1)).days
+    if type_name in ("tinyint", "smallint", "int", "boolean", "date"):
+        assert isinstance(value, int)
+        return xxhash64((int(value) & 0xFFFFFFFF).to_bytes(4, "little"), seed)
+    msg = f"no Python key-group hash for Spark type {type_name!r}"
+    raise KeyGroupError(msg)
+
+
+def key_group_of(values: Sequence[object], types: Sequence[str], max_parallelism: int) -> int:
+    """The key group `key_group_sql` gives a row whose key columns (Spark types `types`)
+    hold `values`."""
+    h = SPARK_HASH_SEED
+    for value, type_name in zip(values, types, strict=True):
+        h = spark_hash_value(value, type_name, h)
+    signed = h - (1 << 64) if h >> 63 else h
+    return signed % max_parallelism  # Python's % is pmod for a positive divisor

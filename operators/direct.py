@@ -1,0 +1,197 @@
+"""A keyed stage that reads its own input: the task side of `runtime.keyed.DirectRead`.
+
+When a keyed operator reads a parquet `files` source directly (nothing in between, and the
+shapes listed in `runtime/keyed.py`), Spark does not scan, pre-aggregate and shuffle the
+records. Each subtask's task reads the epoch's files with pyarrow, computes every row's key
+group with Spark's own hash (`state.keygroups.key_group_of`, cached per distinct key), keeps
+its own key groups, drops late records, assigns windows and pre-aggregates by (key, window) in
+Arrow. What it hands to the keyed operator is exactly what the Spark plan of
+`KeyedStage._prepare` would have delivered: `__kg`, the keys, `__start`, `__p<i>`, so both
+paths share state, checkpoints and savepoints, and an epoch may take either.
+
+Every subtask reads all of the epoch's rows (and keeps its share), so it also reports the
+epoch's record count and maximum event time, which the driver uses for metrics and the
+watermark in place of the source scan's observation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+#: Per worker process: (key types, max_parallelism) -> key -> key group.
+_KEY_GROUPS: dict[tuple[tuple[str, ...], int], dict[Any, int]] = {}
+_KEY_GROUP_CACHE_LIMIT = 2_000_000
+
+
+@dataclass(frozen=True)
+class DirectRead:
+    """One epoch's input of a keyed stage that reads it itself (plain picklable data)."""
+
+    #: Local parquet files, in the source's order.
+    files: tuple[str, ...]
+    #: Column name wanted -> Arrow type to cast to (keys, aggregate arguments, event time).
+    columns: tuple[tuple[str, Any], ...]
+    #: Spark type names of the key columns (`state.keygroups.PYTHON_HASHED_TYPES`).
+    key_types: tuple[str, ...]
+    #: The event-time column (a timestamp), or None for processing time.
+    ts_column: str | None
+    #: The watermark at the epoch's start: what decides lateness.
+    watermark: int
+
+
+def _read(d: DirectRead) -> Any:
+    """The wanted columns of every file, cast to their types (names matched without case,
+    as Spark does)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([pa.field(name, dtype) for name, dtype in d.columns])
+    tables = []
+    for path in d.files:
+        found = pq.ParquetFile(path).schema_arrow.names
+        by_lower = {n.lower(): n for n in found}
+        names = [by_lower[name.lower()] for name, _ in d.columns]
+        table = pq.read_table(path, columns=names)
+        tables.append(table.rename_columns([n for n, _ in d.columns]).cast(schema))
+    if not tables:
+        return schema.empty_table()
+    return pa.concat_tables(tables)
+
+
+def _codes(table: Any, keys: tuple[str, ...]) -> tuple[Any, list[tuple[Any, ...]]]:
+    """(per row the index of its distinct key, the distinct keys as tuples)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    code: Any = None
+    distinct: list[tuple[Any, ...]] = [()]
+    for name in keys:
+        encoded = pc.dictionary_encode(table.column(name).combine_chunks())
+        values = [*encoded.dictionary.to_pylist(), None]  # the last stands for null
+        index = encoded.indices.fill_null(len(values) - 1).to_numpy().astype(np.int64)
+        if code is None:
+            code, distinct = index, [(v,) for v in values]
+            continue
+        # Combine with the columns before, then renumber densely.
+        combined = code * len(values) + index
+        uniq, code = np.unique(combined, return_inverse=True)
+        distinct = [(*distinct[c // len(values)], values[c % len(values)]) for c in uniq.tolist()]
+    if code is None:
+        code = np.zeros(table.num_rows, dtype=np.int64)
+    return code, distinct
+
+
+def _key_groups(distinct: list[tuple[Any, ...]], key_types: tuple[str, ...],
+                max_parallelism: int) -> Any:
+    import numpy as np
+
+    from streamer.state.keygroups import key_group_of
+
+    cache = _KEY_GROUPS.setdefault((key_types, max_parallelism), {})
+    if len(cache) > _KEY_GROUP_CACHE_LIMIT:
+        cache.clear()
+    out = np.empty(len(distinct), dtype=np.int32)
+    for i, key in enumerate(distinct):
+        kg = cache.get(key)
+        if kg is None:
+            kg = cache[key] = key_group_of(key, key_types, max_parallelism)
+        out[i] = kg
+    return out
+
+
+def read_direct(cfg: Any, d: DirectRead, subtask: int) -> tuple[Any, dict[str, Any]]:
+    """The pre-aggregated rows of `subtask` in the epoch (what `operators.keyed._Input`
+    wraps) and the epoch's `records_in` and `max_ts` (ms, or None)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from streamer.operators.aggregates import accumulator
+
+    table = _read(d)
+    n = table.num_rows
+    info: dict[str, Any] = {"records_in": n, "max_ts": None}
+    if d.ts_column is not None:
+        micros = table.column(d.ts_column).cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())
+        valid = pc.is_valid(micros).to_numpy(zero_copy_only=False)
+        ts_ms = micros.fill_null(0).to_numpy() // 1000  # floor, as Spark's unix_millis
+        if valid.any():
+            info["max_ts"] = int(ts_ms[valid].max())
+    else:
+        valid = np.ones(n, dtype=bool)
+        ts_ms = np.full(n, cfg.now_ms, dtype=np.int64)
+    code, distinct = _codes(table, cfg.keys)
+    kg_of = _key_groups(distinct, d.key_types, cfg.max_parallelism)
+    kg = kg_of[code]
+    owner = kg.astype(np.int64) * cfg.parallelism // cfg.max_parallelism
+    keep = owner == subtask
+    event = cfg.domain == "event"
+    if cfg.kind == "window":
+        if event:  # a row without event time has no window (the Spark plan drops it too)
+            keep &= valid
+        size, slide = cfg.size_ms or 0, cfg.slide_ms or cfg.size_ms or 0
+        last = ts_ms - np.mod(ts_ms, slide)
+        if event:
+            keep &= last + (size - 1 + cfg.lateness_ms) > d.watermark
+        rows = np.flatnonzero(keep)
+        back = ((size - 1) // slide) * slide
+        copies = back // slide + 1
+        if copies > 1:
+            rows = np.repeat(rows, copies)
+            starts = last[rows] - np.tile(np.arange(copies - 1, -1, -1, dtype=np.int64) * slide,
+                                          len(rows) // copies)
+            fits = starts + size > ts_ms[rows]
+            if event:
+                fits &= starts + (size - 1 + cfg.lateness_ms) > d.watermark
+            rows, starts = rows[fits], starts[fits]
+        else:
+            starts = last[rows]
+    else:
+        rows = np.flatnonzero(keep)
+        starts = np.zeros(len(rows), dtype=np.int64)
+    picked = table.take(pa.array(rows, pa.int64()))
+    columns: dict[str, Any] = {"__kg": pa.array(kg[rows], pa.int32())}
+    for name in cfg.keys:
+        columns[name] = picked.column(name)
+    columns["__start"] = pa.array(starts, pa.int64())
+    aggregations: list[tuple[Any, ...]] = []
+    j = 0
+    for spec in cfg.aggregates:
+        for fn, arg in _partial_functions(spec.function, spec.arg):
+            name = f"__in{j}"
+            if arg is None:
+                columns[name] = columns["__kg"]
+                aggregations.append((name, "count", pc.CountOptions(mode="all")))
+            else:
+                values = picked.column(arg)
+                if fn == "sum" and (spec.function == "avg" or pa.types.is_floating(values.type)):
+                    values = values.cast(pa.float64())  # as Spark: double sums
+                aggregations.append((name, fn))
+                columns[name] = values
+            j += 1
+    if j != sum(len(accumulator(a, "0", "0").sql) for a in cfg.aggregates):
+        msg = f"direct read of {cfg.uid!r}: partials do not match the accumulators"
+        raise RuntimeError(msg)
+    grouped = pa.table(columns).group_by(["__kg", *cfg.keys, "__start"], use_threads=False)
+    result = grouped.aggregate(aggregations)
+    out = {"__kg": result.column("__kg")}
+    for name in cfg.keys:
+        out[name] = result.column(name)
+    out["__start"] = result.column("__start")
+    for i, agg in enumerate(aggregations):
+        out[f"__p{i}"] = result.column(f"{agg[0]}_{agg[1]}")
+    return pa.table(out), info
+
+
+#: Aggregate functions whose partials Arrow computes: function -> [(Arrow function, argument
+#: or None for count of rows)], in the order of `operators.aggregates.accumulator`'s SQL.
+DIRECT_AGGREGATES = ("count", "sum", "min", "max", "avg")
+
+
+def _partial_functions(function: str, arg: str | None) -> list[tuple[str, str | None]]:
+    if function == "count":
+        return [("count", None)]
+    if function == "avg":
+        return [("sum", arg), ("count", arg)]
+    return [(function, arg)]
