@@ -10,6 +10,9 @@ event-time windows, count and sum(amount), watermark 5 s, bounded, `local[2]`.
 
 - streamer: a files source (parquet, `max_files_per_epoch`), key_by [user], tumbling 1m
   window, parallelism 2, with the rocksdb and the memory backend; also session windows (gap 30s).
+  The tumbling runs read the files in the keyed subtasks (operators/direct.py); the "Spark
+  reads" runs turn that off (`STREAMER_DIRECT_READ=0`): Spark scans, pre-aggregates and
+  shuffles, as for any source. Session windows always take the Spark path.
 - Spark Structured Streaming: `readStream.parquet` with `maxFilesPerTrigger` equal to
   streamer's files per epoch, `withWatermark`, `groupBy(window(ts, '1 minute'), user)`, append
   mode, parquet sink, `trigger(availableNow=True)`; the HDFS-backed (default) and the RocksDB
@@ -590,13 +593,27 @@ def main() -> None:
         def streamer(name: str, backend: str, window: str, source: Path = data,
                      driver_profile: cProfile.Profile | None = None) -> Run:
             out = fresh("out")
-            yaml_text = pipeline_yaml(re.sub(r"[^A-Za-z0-9_.-]+", "-", name), source, out, backend,
-                                      fresh("state"), per, window, COUNT_SUM)
+            job = re.sub(r"[^a-z0-9]+", "-", name.lower())
+            yaml_text = pipeline_yaml(job, source, out, backend, fresh("state"), per, window,
+                                      COUNT_SUM)
             return run_streamer(spark, name, yaml_text, out, driver_profile)
 
         def sss(name: str, provider: str, partitions: int, source: Path = data) -> Run:
             return run_sss(spark, name, source, fresh("out"), fresh("checkpoint"), per,
                            provider, partitions)
+
+        def spark_reads(fn: Callable[[], Run]) -> Run:
+            """`fn` with the keyed stage's direct read off: Spark scans, pre-aggregates and
+            shuffles the files (the path every other source takes)."""
+            saved = os.environ.get("STREAMER_DIRECT_READ")
+            os.environ["STREAMER_DIRECT_READ"] = "0"
+            try:
+                return fn()
+            finally:
+                if saved is None:
+                    os.environ.pop("STREAMER_DIRECT_READ", None)
+                else:
+                    os.environ["STREAMER_DIRECT_READ"] = saved
 
         configs: dict[str, Callable[[], Run]] = {
             "SSS hdfs, 2 partitions": lambda: sss("SSS hdfs, 2 partitions", HDFS_PROVIDER, 2),
@@ -605,6 +622,10 @@ def main() -> None:
             "SSS rocksdb, 4 partitions": lambda: sss("SSS rocksdb, 4 partitions", rocksdb, 4),
             "streamer rocksdb": lambda: streamer("streamer rocksdb", "rocksdb", TUMBLING),
             "streamer memory": lambda: streamer("streamer memory", "memory", TUMBLING),
+            "streamer rocksdb, Spark reads": lambda: spark_reads(
+                lambda: streamer("streamer rocksdb, Spark reads", "rocksdb", TUMBLING)),
+            "streamer memory, Spark reads": lambda: spark_reads(
+                lambda: streamer("streamer memory, Spark reads", "memory", TUMBLING)),
             "streamer rocksdb, sessions 30s": lambda: streamer(
                 "streamer rocksdb, sessions 30s", "rocksdb", SESSION),
             "streamer memory, sessions 30s": lambda: streamer(
@@ -639,7 +660,8 @@ def main() -> None:
         best_sss = max((n for n in runs if n.startswith("SSS")),
                        key=lambda n: args.rows / statistics.median(r.seconds for r in runs[n]))
         checks = {}
-        for name in ("streamer rocksdb", "streamer memory"):
+        for name in ("streamer rocksdb", "streamer memory", "streamer rocksdb, Spark reads",
+                     "streamer memory, Spark reads"):
             checks[name] = compare_outputs(spark, runs[name][-1].extra["out"],
                                            runs[best_sss][-1].extra["out"])
 

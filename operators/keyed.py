@@ -10,6 +10,7 @@ commit state, timers and output atomically under the epoch number.
 
 from __future__ import annotations
 
+import itertools
 import json
 import pickle
 import struct
@@ -126,7 +127,7 @@ class _Emitter:
     def __init__(self, cfg: KeyedConfig) -> None:
         self.cfg = cfg
         self.rows: list[dict[str, Any]] = []
-        self.chunks: list[tuple[int, dict[str, list[Any]]]] = []
+        self.chunks: list[tuple[int, dict[str, Any]]] = []
 
     def __len__(self) -> int:
         return len(self.rows) + sum(n for n, _ in self.chunks)
@@ -137,16 +138,26 @@ class _Emitter:
         `starts`, of the windows [start, start + size)."""
         if not keys:
             return
-        cols: dict[str, list[Any]] = {}
-        for i, name in enumerate(self.cfg.keys):
-            cols[name] = [k[i] for k in keys]
+        self.key_columns([[k[i] for k in keys] for i in range(len(self.cfg.keys))], values,
+                         starts, size)
+
+    def key_columns(self, keys: list[list[Any]], values: list[list[Any]],
+                    starts: list[int] | None = None, size: int = 0) -> None:
+        """`columns`, with the keys given a column (list) per key column."""
+        n = len(values[0]) if values else len(starts or ())
+        if not n:
+            return
+        cols: dict[str, Any] = dict(zip(self.cfg.keys, keys, strict=True))
         if starts is not None:
-            cols["window_start"] = [s * 1000 for s in starts]
-            cols["window_end"] = [(s + size) * 1000 for s in starts]
-            cols["__ts"] = [(s + size - 1) * 1000 for s in starts]
+            import numpy as np
+
+            micros = np.asarray(starts, dtype=np.int64) * 1000  # (window times in microseconds)
+            cols["window_start"] = micros
+            cols["window_end"] = micros + size * 1000
+            cols["__ts"] = micros + (size - 1) * 1000
         for agg, column in zip(self.cfg.aggregates, values, strict=True):
             cols[agg.name] = column
-        self.chunks.append((len(keys), cols))
+        self.chunks.append((n, cols))
 
     def window(self, key: Sequence[Any], start: int, end: int, values: list[Any]) -> None:
         row: dict[str, Any] = {"__kind": OUT, "__meta": None}
@@ -411,19 +422,28 @@ def _fire_time_windows(cfg: KeyedConfig, backend: Any, accs: list[tuple[Any, int
     # accumulators are in "acc" (emit: updates, and state written before the dicts).
     cells = [(t.key_group, t.key, t.namespace) for t in due if t.key]
     lists = [(t.key_group, t.key, t.namespace) for t in due if not t.key]
-    partials: dict[tuple[int, bytes, bytes], Any] = {}
+    # Columnar partials of a window by (key group, namespace): [(key columns, acc columns)].
+    chunks: dict[tuple[int, bytes], list[tuple[Any, Any]]] = {}
     if lists:
         for (kg, _, list_ns), members in zip(lists, backend.get_many(WINDOW_KEYS, lists),
                                               strict=True):
             ns = list_ns[:8]
-            if isinstance(members, dict):
-                for key_bytes, acc in members.items():
-                    cell = (kg, key_bytes, ns)
-                    before = partials.get(cell)
-                    partials[cell] = acc if before is None else _merge(accs, before, acc)
+            if isinstance(members, tuple):
+                chunks.setdefault((kg, ns), []).append(members)
             else:
                 cells.extend((kg, key_bytes, ns) for key_bytes in members or ())
         backend.delete_many(WINDOW_KEYS, lists)
+    if not cells:
+        _fire_chunks(cfg, accs, chunks, out)
+        return
+    partials: dict[tuple[int, bytes, bytes], Any] = {}
+    for (kg, ns), parts in chunks.items():  # next to older layouts: merge by key
+        for key_columns, acc_columns in parts:
+            for key, acc in zip(zip(*key_columns, strict=True), zip(*acc_columns, strict=True),
+                                strict=True):
+                cell = (kg, _key_bytes(key), ns)
+                before = partials.get(cell)
+                partials[cell] = list(acc) if before is None else _merge(accs, before, list(acc))
     keys, starts, states = [], [], []
     decoded: dict[bytes, tuple[Any, ...]] = {}
     start_of: dict[bytes, int] = {}
@@ -452,6 +472,37 @@ def _fire_time_windows(cfg: KeyedConfig, backend: Any, accs: list[tuple[Any, int
     out.columns(keys, _final_columns(accs, states), starts, cfg.size_ms or 0)
 
 
+def _fire_chunks(cfg: KeyedConfig, accs: list[tuple[Any, int]],
+                 chunks: dict[tuple[int, bytes], list[tuple[Any, Any]]], out: _Emitter) -> None:
+    """Emit fired windows stored as columnar partials: a window written in one epoch is
+    emitted column by column as it is; one written in several is merged by key first."""
+    width = len(cfg.keys)
+    keys: list[list[Any]] = [[] for _ in range(width)]
+    values: list[list[Any]] = [[] for _ in accs]
+    starts: list[int] = []
+    for (_, ns), parts in chunks.items():
+        if len(parts) > 1:
+            merged: dict[bytes, tuple[tuple[Any, ...], list[Any]]] = {}
+            for key_columns, acc_columns in parts:
+                for key, acc in zip(zip(*key_columns, strict=True),
+                                    zip(*acc_columns, strict=True), strict=True):
+                    key_bytes = _key_bytes(key)
+                    before = merged.get(key_bytes)
+                    merged[key_bytes] = (key, list(acc) if before is None
+                                         else _merge(accs, before[1], list(acc)))
+            rows = list(merged.values())
+            parts = [([[k[i] for k, _ in rows] for i in range(width)],
+                      [[a[j] for _, a in rows] for j in range(len(accs))])]
+        key_columns, acc_columns = parts[0]
+        for column, part in zip(keys, key_columns, strict=True):
+            column.extend(part)
+        for column, part in zip(values, acc_columns, strict=True):
+            column.extend(part)
+        starts.extend([_I64.unpack(ns)[0]] * len(acc_columns[0] if accs else key_columns[0]))
+    finals = [acc.final_rows(column) for (acc, _), column in zip(accs, values, strict=True)]
+    out.key_columns(keys, finals, starts, cfg.size_ms or 0)
+
+
 def _time_windows(cfg: KeyedConfig, backend: Any, rows: _Input, out: _Emitter) -> None:
     """Tumbling and sliding windows. Firing goes by window, not by key: per key group,
     window and epoch, one timer and one `WINDOW_KEYS` entry, so a subtask registers and
@@ -468,28 +519,17 @@ def _time_windows(cfg: KeyedConfig, backend: Any, rows: _Input, out: _Emitter) -
     if not len(rows):
         return
     size = cfg.size_ms or 0
-    keys = rows.keys(cfg.keys)
-    starts = rows.column("__start")
     delay = size - 1 + cfg.lateness_ms
     epoch = _I64.pack(cfg.epoch)
     if cfg.emit == "final":
         # Nothing is emitted before the window fires, so nothing needs the stored value now:
-        # the epoch's partials of each (key group, window) go into one `WINDOW_KEYS` entry,
-        # merged per key when the window fires. No reads; one write per window, not per key.
-        windows: dict[tuple[int, int], dict[bytes, Any]] = {}
-        for kg, start, key_bytes, acc in zip(rows.column("__kg"), starts, _encode_keys(keys),
-                                             _lift_columns(accs, rows), strict=True):
-            cell = windows.get((kg, start))
-            if cell is None:
-                cell = windows[(kg, start)] = {}
-            cell[key_bytes] = acc
-        entries = [(kg, b"", ns_of(start) + epoch, members)
-                   for (kg, start), members in windows.items()]
-        backend.put_many(WINDOW_KEYS, entries)
-        backend.add_timers(cfg.domain, [(kg, start + delay, b"", ns)
-                                        for (kg, start), (_, _, ns, _) in zip(
-                                            windows, entries, strict=True)])
+        # the epoch's partials of each (key group, window) go into one `WINDOW_KEYS` entry
+        # as columns (keys, accumulators), merged when the window fires. No reads, and one
+        # write per window instead of a read and a write per (key, window).
+        _window_chunks(cfg, backend, accs, rows, epoch, delay)
         return
+    keys = rows.keys(cfg.keys)
+    starts = rows.column("__start")
     cells = list(zip(rows.column("__kg"), _encode_keys(keys), _namespaces(starts), strict=True))
     stored = backend.get_many("acc", cells)
     updates, merged_all = [], []
@@ -509,6 +549,36 @@ def _time_windows(cfg: KeyedConfig, backend: Any, rows: _Input, out: _Emitter) -
                                        for (kg, ns), members in fresh.items()])
         backend.add_timers(cfg.domain, [(kg, _I64.unpack(ns)[0] + delay, b"", ns + epoch)
                                         for kg, ns in fresh])
+
+
+def _window_chunks(cfg: KeyedConfig, backend: Any, accs: list[tuple[Any, int]], rows: _Input,
+                   epoch: bytes, delay: int) -> None:
+    """Store the epoch's partials as one columnar entry per (key group, window)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    table = rows.table
+    order = pc.sort_indices(table, [("__kg", "ascending"), ("__start", "ascending")])
+    table = table.take(order)
+    kgs = table.column("__kg").to_numpy()
+    starts = table.column("__start").to_numpy()
+    bounds = [0, *(np.flatnonzero((kgs[1:] != kgs[:-1]) | (starts[1:] != starts[:-1])) + 1)
+              .tolist(), len(kgs)]
+    key_lists = [table.column(k).to_pylist() for k in cfg.keys]
+    sorted_rows = _Input(table)
+    acc_lists, i = [], 0
+    for acc, n in accs:
+        acc_lists.append(acc.lift_rows([sorted_rows.column(f"__p{i + j}") for j in range(n)]))
+        i += n
+    entries, timers = [], []
+    for a, b in itertools.pairwise(bounds):
+        kg, start = int(kgs[a]), int(starts[a])
+        ns = ns_of(start) + epoch
+        entries.append((kg, b"", ns, ([k[a:b] for k in key_lists],
+                                      [c[a:b] for c in acc_lists])))
+        timers.append((kg, start + delay, b"", ns))
+    backend.put_many(WINDOW_KEYS, entries)
+    backend.add_timers(cfg.domain, timers)
 
 
 def _rolling(cfg: KeyedConfig, backend: Any, rows: _Input, out: _Emitter) -> None:

@@ -851,7 +851,8 @@ class JobRunner:
                     if reads:
                         result = self._guarded(epoch, f"operator {node.id!r}", partial(
                             stage.run_direct, reads[1], epoch, now, fire, tasks, small))
-                        seen_in[reads[0]] = _DirectSeen(result.metas)  # type: ignore[assignment]
+                        if reads[0] is not None:
+                            seen_in[reads[0]] = _DirectSeen(result.metas)  # type: ignore
                     else:
                         result = self._guarded(epoch, f"operator {node.id!r}", partial(
                             stage.run, union(present) if present else None, epoch, now,
@@ -976,24 +977,33 @@ class JobRunner:
             checkpoint_id=checkpoint_id if checkpoint_id in self.completed else None,
             checkpoint_ms=checkpoint_ms, keyed_ms=keyed_ms, snapshot_ms=snapshot_ms,
             small=small, direct=sorted(n for n, s in self.keyed.items()
-                                       if s.direct and s.direct.source_id in direct),
+                                       if s.direct and direct.get(s.direct.source_id)),
             moves=moves, restores=restores, restore_ms=round(restore_ms, 1),
             executors=sorted(executors))
 
     def _direct_reads(self, slices: Mapping[str, SourceSlice], watermark: int
-                      ) -> dict[str, tuple[str, Any, Any]]:
+                      ) -> dict[str, tuple[str | None, Any, Any]]:
         """Per source id: (that id, the `DirectRead` of its keyed stage, dead letters or None)
         for this epoch's slices that keyed stages read themselves (`runtime.keyed.
-        direct_plan`); a slice whose files do not allow it is read by Spark instead."""
+        direct_plan`); a slice whose files do not allow it is read by Spark instead. A stage
+        whose source has no slice this epoch gets an empty read (and None for the id)."""
+        from streamer.connectors.files import FilesSource
         from streamer.operators.direct import DirectRead
 
-        out: dict[str, tuple[str, Any, Any]] = {}
+        out: dict[str, tuple[str | None, Any, Any]] = {}
         for stage in self.keyed.values():
             shape = stage.direct
-            if shape is None or shape.source_id not in slices:
+            if shape is None:
                 continue
-            found = self.sources[shape.source_id].plain_parquet(slices[shape.source_id],
-                                                                shape.ts_column)
+            if shape.source_id not in slices:
+                # No input this epoch (timers only, or the end of input): no Spark plan either.
+                out[shape.source_id] = (None, DirectRead(
+                    files=(), columns=shape.columns, key_types=shape.key_types,
+                    ts_column=shape.ts_column, watermark=watermark), None)
+                continue
+            source = self.sources[shape.source_id]
+            assert isinstance(source, FilesSource)  # (direct_plan takes only these)
+            found = source.plain_parquet(slices[shape.source_id], shape.ts_column)
             if found is None:
                 continue
             files, dead_letters = found
