@@ -54,7 +54,8 @@ starts with `$`:
 A dict whose keys are all str not starting with `$` is a plain JSON object. This covers every
 value the built-in operators keep (accumulator lists of numbers, strings, None, (time, seq,
 value) tuples, frozensets, Decimals and datetimes from Arrow; session and count-window tuples;
-window key lists of bytes). Only objects of other types (a process function's own classes,
+window key lists of bytes, and per-window columns of keys and accumulators). Only objects of
+other types (a process function's own classes,
 numpy scalars, subclasses such as named tuples) fall back to pickle, which is Python-only and
 needs the class at restore time; a handle counts them in `pickled_values` so the caller can warn.
 
@@ -102,6 +103,7 @@ from decimal import Decimal
 from typing import Any, cast
 
 from streamer.checkpoint.storage import MissingFileError, Storage, StorageError
+from streamer.operators.keyed import WINDOW_KEYS
 from streamer.savepoint.exceptions import (
     CorruptSavepointError,
     IncompatibleSavepointError,
@@ -763,11 +765,16 @@ def _export_rows(table: Any, key_group: int, as_text: bool) -> list[dict[str, An
     encode = _json_text if as_text else (lambda v: v)
     for row in table.to_pylist():
         ns = row["namespace"]
+        timer = row["kind"] == TIMER
+        if not timer and row["state"] == WINDOW_KEYS and len(ns) == 16:
+            window = _window_partials(row, key_group, encode)
+            if window is not None:
+                rows.extend(window)
+                continue
         try:
             key = _plain(list(decode_key(row["key"])))
         except StateError:
             key = row["key"].hex()
-        timer = row["kind"] == TIMER
         rows.append({
             "key_group": key_group,
             "state": row["state"],
@@ -782,6 +789,30 @@ def _export_rows(table: Any, key_group: int, as_text: bool) -> list[dict[str, An
             "time_ms": row["time_ms"],
         })
     return rows
+
+
+def _window_partials(row: dict[str, Any], key_group: int, encode: Any
+                     ) -> list[dict[str, Any]] | None:
+    """An `emit: final` window's entry of one epoch (columns of keys and accumulators,
+    `operators.keyed._window_chunks`) as one "acc" row per key, as per-key state reads;
+    the namespace keeps the epoch (window start + epoch), so a window written over several
+    epochs shows one partial per epoch. None for an entry of another layout."""
+    try:
+        value = decode_value(row["value"])
+    except Exception:  # a pickled object whose class is not importable here
+        return None
+    if not (isinstance(value, tuple) and len(value) == 2):
+        return None
+    ns = row["namespace"]
+    key_columns, acc_columns = value
+    return [{
+        "key_group": key_group, "state": "acc", "kind": row["kind"],
+        "key": encode(_plain(list(key))), "namespace": ns.hex(),
+        "window_start_ms": int.from_bytes(ns[:8], "big", signed=True), "user_key": None,
+        "value": encode(_plain(list(acc))), "expires_at_ms": row["expires_at_ms"],
+        "domain": row["domain"], "time_ms": row["time_ms"],
+    } for key, acc in zip(zip(*key_columns, strict=True), zip(*acc_columns, strict=True),
+                          strict=True)]
 
 
 def _export_schema() -> Any:
@@ -810,6 +841,8 @@ def export_operator(savepoint_url: str, operator_files: Sequence[Mapping[str, An
     key_group, state, kind, key (decoded key columns, a JSON array; Parquet: its JSON text),
     namespace (hex), window_start_ms (for an 8-byte namespace), user_key (UTF-8, else hex),
     value (decoded, as plain JSON; Parquet: its JSON text), expires_at_ms, domain, time_ms.
+    An `emit: final` window's per-epoch entry is shown as one "acc" row per key (a partial
+    per epoch that touched the window; its value is their merge).
     Returns {"path", "format", "rows", "entries", "timers", "key_groups"}.
     """
     import fsspec
