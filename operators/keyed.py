@@ -417,9 +417,9 @@ def _fire_time_windows(cfg: KeyedConfig, backend: Any, accs: list[tuple[Any, int
     from streamer.state.codec import decode_key
 
     # A timer with a key is the timer of one (key, window), as state written before window
-    # key lists had; the others name one epoch's entry of a window in `WINDOW_KEYS`: a dict
-    # of the window's partials by key (emit: final), or a list of the keys whose
-    # accumulators are in "acc" (emit: updates, and state written before the dicts).
+    # key lists had; the others name one epoch's entry of a window in `WINDOW_KEYS`: a tuple
+    # (key columns, accumulator columns) of the window's partials (emit: final), or a list
+    # of the keys whose accumulators are in "acc" (emit: updates, and older state).
     cells = [(t.key_group, t.key, t.namespace) for t in due if t.key]
     lists = [(t.key_group, t.key, t.namespace) for t in due if not t.key]
     # Columnar partials of a window by (key group, namespace): [(key columns, acc columns)].
