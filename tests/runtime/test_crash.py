@@ -26,6 +26,7 @@ import os
 import random
 import statistics
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -267,12 +268,34 @@ class Campaign:
                           *self.log])
 
 
-def run_lap(campaign: Campaign, root: Path, kills_wanted: int, planner: Planner) -> Lap:
+@dataclass(frozen=True)
+class LapJob:
+    """What a crash campaign runs: the job's name (whose checkpoints a lap resumes from), and
+    per lap directory, how to write the pipeline file and how to read what the finished lap
+    committed (into `Lap.rows` and `Lap.leftovers`). test_kafka_crash.py runs its own."""
+
+    name: str
+    write: Callable[[Path], Path]
+    collect: Callable[[Path, Lap], None]
+
+
+def files_job(backend: str) -> LapJob:
+    """This module's datagen -> windows -> files job on `backend`."""
+
+    def collect(root: Path, lap: Lap) -> None:
+        output = FilesOutput(root / "out")
+        lap.rows, lap.leftovers = output.committed(), output.leftovers()
+
+    return LapJob(JOB, lambda root: write_job(root, backend), collect)
+
+
+def run_lap(campaign: Campaign, root: Path, kills_wanted: int, planner: Planner,
+            job: LapJob) -> Lap:
     """Run the job in `root`, killing it up to `kills_wanted` times, until a run finishes."""
     lap = Lap(root)
     campaign.laps.append(lap)
-    pipeline = write_job(root, campaign.backend)
-    store = CheckpointStore(str(root / "storage"), JOB)
+    pipeline = job.write(root)
+    store = CheckpointStore(str(root / "storage"), job.name)
     while True:
         latest = store.latest()
         resumed_at = latest.epoch if latest else 0
@@ -303,22 +326,21 @@ def run_lap(campaign: Campaign, root: Path, kills_wanted: int, planner: Planner)
         assert run.returncode == 0 and run.finished is not None \
             and run.finished["status"] == "finished", \
             f"the run after kill {len(lap.kills)} failed: {run.describe()}"
-        output = FilesOutput(root / "out")
-        lap.rows, lap.leftovers = output.committed(), output.leftovers()
+        job.collect(root, lap)
         final = store.latest()
         lap.final_epoch = final.epoch if final else None
         return lap
 
 
-def crash_campaign(backend: str, root: Path) -> Campaign:
-    """Laps of the job on `backend` until `KILLS` kills are done."""
-    campaign = Campaign(backend)
-    planner = Planner(random.Random(f"{SEED}-{backend}"))
+def crash_campaign(label: str, root: Path, job: LapJob, kills: int = KILLS) -> Campaign:
+    """Laps of `job` (log and seed named `label`) until `kills` kills are done."""
+    campaign = Campaign(label)
+    planner = Planner(random.Random(f"{SEED}-{label}"))
     try:
-        while len(campaign.kills) < KILLS:
-            assert len(campaign.laps) < 2 * KILLS, "the kills do not take effect"
+        while len(campaign.kills) < kills:
+            assert len(campaign.laps) < 2 * kills, "the kills do not take effect"
             run_lap(campaign, root / f"lap-{len(campaign.laps) + 1}",
-                    min(KILLS - len(campaign.kills), EPOCHS), planner)
+                    min(kills - len(campaign.kills), EPOCHS), planner, job)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{campaign.schedule}") from exc
     return campaign
@@ -338,7 +360,8 @@ def campaigns(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     print(f"crash test seed {SEED} (STREAMER_CRASH_SEED), {KILLS} kills per backend in {root}")
     with ThreadPoolExecutor(max_workers=1 + len(backends)) as pool:
         reference = pool.submit(reference_output, root / "reference")
-        runs = {backend: pool.submit(crash_campaign, backend, root / backend)
+        runs = {backend: pool.submit(crash_campaign, backend, root / backend,
+                                     files_job(backend))
                 for backend in backends}
     return reference, runs
 

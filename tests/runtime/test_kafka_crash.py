@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -23,9 +22,7 @@ from typing import Any
 
 import pytest
 from streamer_process import diff, quick_jvm, run_streamer
-from test_crash import EPOCHS, SEED, Campaign, Kill, Lap, Planner, RandomCrash
-
-from streamer.checkpoint.metadata import CheckpointStore
+from test_crash import EPOCHS, SEED, Lap, LapJob, crash_campaign
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.kafka]
 
@@ -106,61 +103,20 @@ def reference_output(root: Path, kafka: Any, source: str) -> Counter[str]:
     return rows
 
 
-def run_lap(campaign: Campaign, root: Path, kills_wanted: int, planner: Planner, kafka: Any,
-            source: str) -> tuple[Lap, str]:
-    """Run the job in `root`, killing it up to `kills_wanted` times, until a run finishes."""
-    lap = Lap(root)
-    campaign.laps.append(lap)
-    pipeline, sink = write_job(root, kafka, source)
-    store = CheckpointStore(str(root / "storage"), JOB)
-    while True:
-        latest = store.latest()
-        resumed_at = latest.epoch if latest else 0
-        kills_left = kills_wanted - len(lap.kills)
-        kill: Kill | None = None
-        if kills_left > 0 and resumed_at < EPOCHS:
-            kill = planner.next(EPOCHS - resumed_at, kills_left, resumed_at, store.next_id())
-        watch = RandomCrash(kill.number, kill.delay) if kill and kill.point == "random" \
-            else None
-        run = run_streamer(pipeline, env=kill.env() if kill else {}, watch=watch,
-                           stderr_file=root / f"run-{lap.runs}.stderr")
-        lap.runs += 1
-        planner.timing.learn(run)
-        done = [e["id"] for e in run.checkpoints("completed")]
-        outcome = (f"{'killed' if run.killed else f'exit {run.returncode}'} after "
-                   f"{run.seconds:.1f}s, checkpoints completed {done}")
-        if kill is not None:
-            kill.outcome = outcome
-            campaign.note(f"{root.name} kill {len(lap.kills) + 1}: {kill}")
-        else:
-            campaign.note(f"{root.name} last run: {outcome}")
-        if run.killed:
-            assert kill is not None, f"an unplanned SIGKILL\n{run.describe()}"
-            lap.kills.append(kill)
-            continue
-        assert run.returncode == 0 and run.finished is not None \
-            and run.finished["status"] == "finished", \
-            f"the run after kill {len(lap.kills)} failed: {run.describe()}"
-        lap.rows = committed(kafka, sink)
+def kafka_job(kafka: Any, source: str) -> LapJob:
+    """This module's job for test_crash.py's campaign: each lap writes a topic of its own."""
+    sinks: dict[Path, str] = {}
+
+    def write(root: Path) -> Path:
+        path, sinks[root] = write_job(root, kafka, source)
+        return path
+
+    def collect(root: Path, lap: Lap) -> None:
+        lap.rows = committed(kafka, sinks[root])
         staged = root / "storage" / JOB / "sinks" / "out"
         lap.leftovers = sorted(p.name for p in staged.iterdir()) if staged.exists() else []
-        final = store.latest()
-        lap.final_epoch = final.epoch if final else None
-        return lap, sink
 
-
-def crash_campaign(root: Path, kafka: Any, source: str) -> Campaign:
-    """Laps until `KILLS` kills are done."""
-    campaign = Campaign("kafka")
-    planner = Planner(random.Random(f"{SEED}-kafka"))
-    try:
-        while len(campaign.kills) < KILLS:
-            assert len(campaign.laps) < 2 * KILLS, "the kills do not take effect"
-            run_lap(campaign, root / f"lap-{len(campaign.laps) + 1}",
-                    min(KILLS - len(campaign.kills), EPOCHS), planner, kafka, source)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{campaign.schedule}") from exc
-    return campaign
+    return LapJob(JOB, write, collect)
 
 
 def test_sigkill_kafka_to_windows_to_kafka_then_read_committed_sees_each_record_once(
@@ -169,7 +125,8 @@ def test_sigkill_kafka_to_windows_to_kafka_then_read_committed_sees_each_record_
     print(f"kafka crash test seed {SEED} (STREAMER_CRASH_SEED), {KILLS} kills in {tmp_path}")
     with ThreadPoolExecutor(max_workers=2) as pool:
         reference_f = pool.submit(reference_output, tmp_path / "reference", kafka, source)
-        campaign_f = pool.submit(crash_campaign, tmp_path / "kafka", kafka, source)
+        campaign_f = pool.submit(crash_campaign, "kafka", tmp_path / "kafka",
+                                 kafka_job(kafka, source), KILLS)
         reference, campaign = reference_f.result(), campaign_f.result()
     for lap in campaign.laps:
         assert lap.rows == reference, f"{diff(lap.rows, reference)}\n{campaign.schedule}"
