@@ -203,13 +203,18 @@ def _final_columns(accs: list[tuple[Any, int]], states: list[list[Any]]) -> list
     return [acc.final_rows([state[i] for state in states]) for i, (acc, _) in enumerate(accs)]
 
 
-def _lift_columns(accs: list[tuple[Any, int]], rows: _Input) -> list[list[Any]]:
-    """The mergeable accumulators of every input row (a list per row, like `_lift`)."""
+def _lifted(accs: list[tuple[Any, int]], rows: _Input) -> list[list[Any]]:
+    """The mergeable accumulators of every input row, a column (list) per aggregate."""
     per_agg, i = [], 0
     for acc, n in accs:
         per_agg.append(acc.lift_rows([rows.column(f"__p{i + j}") for j in range(n)]))
         i += n
-    return [list(values) for values in zip(*per_agg, strict=True)]
+    return per_agg
+
+
+def _lift_columns(accs: list[tuple[Any, int]], rows: _Input) -> list[list[Any]]:
+    """The mergeable accumulators of every input row (a list per row, like `_lift`)."""
+    return [list(values) for values in zip(*_lifted(accs, rows), strict=True)]
 
 
 class _Input:
@@ -565,11 +570,7 @@ def _window_chunks(cfg: KeyedConfig, backend: Any, accs: list[tuple[Any, int]], 
     bounds = [0, *(np.flatnonzero((kgs[1:] != kgs[:-1]) | (starts[1:] != starts[:-1])) + 1)
               .tolist(), len(kgs)]
     key_lists = [table.column(k).to_pylist() for k in cfg.keys]
-    sorted_rows = _Input(table)
-    acc_lists, i = [], 0
-    for acc, n in accs:
-        acc_lists.append(acc.lift_rows([sorted_rows.column(f"__p{i + j}") for j in range(n)]))
-        i += n
+    acc_lists = _lifted(accs, _Input(table))
     entries, timers = [], []
     for a, b in itertools.pairwise(bounds):
         kg, start = int(kgs[a]), int(starts[a])
