@@ -9,7 +9,13 @@ Two-phase commit per epoch:
 3. `abort` removes the staging directory.
 
 Readers see only `part-*` files outside `_staging`; a rename on a local file system makes
-each file appear whole. Spark writes to other file systems (`memory://`, object stores) go
+each file appear whole.
+
+A local parquet sink fed by nothing but one keyed operator lets that operator's Spark tasks
+write the staging files themselves (`task_target`, `TaskFile`): each subtask writes its
+output rows with pyarrow as Spark would (its schema in the footer, timestamps as
+`spark.sql.parquet.outputTimestampType` says), and the rows never cross into the JVM; the
+commit is the same. Spark writes to other file systems (`memory://`, object stores) go
 to a local temporary directory first and are then uploaded to the staging directory.
 """
 
@@ -18,6 +24,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import uuid
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +35,9 @@ from streamer.connectors.files import is_local, spark_path
 from streamer.connectors.formats import timestamps_as_iso
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
 
     from streamer.pipeline.spec import SinkSpec
 
@@ -51,6 +61,75 @@ def _has_rows(local_file: str, fmt: str) -> bool:
             handle.readline()  # the header
             return bool(handle.read(1))
     return os.path.getsize(local_file) > 0
+
+
+#: Footer key under which Spark keeps a parquet file's Spark schema (read back as is).
+SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
+
+
+@dataclass(frozen=True)
+class TaskTarget:
+    """Where the tasks of an epoch's keyed stage write the sink's rows themselves: the
+    epoch's staging directory; the rows' Spark schema (JSON); the session's
+    `spark.sql.parquet.outputTimestampType` (INT96, TIMESTAMP_MICROS or TIMESTAMP_MILLIS)."""
+
+    directory: str
+    spark_schema: str
+    timestamps: str
+
+
+class TaskFile:
+    """One subtask's staging file of a `TaskTarget`: `take` writes the output rows
+    (`kind_column == out_kind`, hidden `__` columns dropped) of a batch and returns the rest;
+    `close` publishes the file as `part-<subtask>.parquet` with one rename (a retried task
+    replaces it whole) and returns the rows written."""
+
+    def __init__(self, target: TaskTarget, subtask: int, kind_column: str, out_kind: str) -> None:
+        self.target = target
+        self.subtask = subtask
+        self.kind_column = kind_column
+        self.out_kind = out_kind
+        self.rows = 0
+        self._writer: Any = None
+        self._tmp = os.path.join(target.directory,
+                                 f".part-{subtask:05d}-{uuid.uuid4().hex}.tmp")
+
+    def take(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """Write `batch`'s output rows; return its other rows."""
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        is_out = pc.equal(batch.column(self.kind_column), self.out_kind)
+        out = batch.filter(is_out)
+        if out.num_rows:
+            out = out.select([n for n in batch.schema.names if not n.startswith("__")])
+            if self._writer is None:
+                schema = out.schema.with_metadata(
+                    {SPARK_SCHEMA_KEY: self.target.spark_schema.encode()})
+                self._writer = pq.ParquetWriter(
+                    self._tmp, schema, compression="snappy", store_schema=False,
+                    use_deprecated_int96_timestamps=self.target.timestamps == "INT96",
+                    coerce_timestamps={"TIMESTAMP_MICROS": "us", "TIMESTAMP_MILLIS": "ms"}.get(
+                        self.target.timestamps),
+                    allow_truncated_timestamps=True)
+            self._writer.write_batch(out)
+            self.rows += out.num_rows
+        return batch.filter(pc.invert(is_out))
+
+    def close(self) -> int:
+        """Publish the file (if any row was written); the number of rows written."""
+        if self._writer is not None:
+            self._writer.close()
+            os.replace(self._tmp, os.path.join(self.target.directory,
+                                               f"part-{self.subtask:05d}.parquet"))
+        return self.rows
+
+    def discard(self) -> None:
+        """Drop a half-written file (the task failed)."""
+        if self._writer is not None:
+            self._writer.close()
+        if os.path.exists(self._tmp):
+            os.remove(self._tmp)
 
 
 class FilesSink(Sink):
@@ -114,10 +193,37 @@ class FilesSink(Sink):
         finally:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
+        return self._handle(epoch, staged)
+
+    def _handle(self, epoch: int, staged: list[str]) -> dict[str, Any]:
+        """The commit handle of the staged files `staged` (names in staging order)."""
+        staging = self.staging_dir(epoch)
         if not staged and self.fs.exists(staging):
             self.fs.rm(staging, recursive=True)  # an empty epoch leaves nothing behind
         return {"epoch": epoch,
                 "files": [[name, self.final_name(epoch, i)] for i, name in enumerate(staged)]}
+
+    def task_target(self, epoch: int, schema: StructType) -> TaskTarget | None:
+        """Where the epoch's keyed tasks may write rows of `schema` themselves (an empty
+        staging directory), or None: only a local parquet sink takes task-written files."""
+        if self.format != "parquet" or not self.local:
+            return None
+        staging = self.staging_dir(epoch)
+        if self.fs.exists(staging):
+            self.fs.rm(staging, recursive=True)
+        self.fs.makedirs(staging, exist_ok=True)
+        conf = self.ctx.spark.conf.get("spark.sql.parquet.outputTimestampType", "INT96")
+        return TaskTarget(directory=staging, spark_schema=schema.json(),
+                          timestamps=str(conf).upper())
+
+    def tasks_wrote(self, epoch: int, run: Any) -> dict[str, Any]:
+        """Stage the epoch's task-written files: `run()` runs the Spark job whose tasks write
+        them into `task_target(epoch)`; the handle is `write`'s."""
+        run()
+        staging = self.staging_dir(epoch)
+        staged = sorted(n for n in os.listdir(staging)
+                        if n.startswith("part-") and n.endswith(".parquet"))
+        return self._handle(epoch, staged)
 
     def _move(self, source: str, target: str) -> None:
         if self.local:

@@ -115,6 +115,18 @@ class _DirectSeen:
         return {}
 
 
+class _TaskRows:
+    """What an `Observation` of a sink's input gives (`n`), for a sink whose files the
+    keyed tasks wrote themselves: the sum of their `sink_rows`."""
+
+    def __init__(self, metas: Any) -> None:
+        self.metas = metas
+
+    @property
+    def get(self) -> dict[str, Any]:
+        return {"n": sum(int(m.get("sink_rows", 0)) for m in self.metas)}
+
+
 class JobRunner:
     """Runs one pipeline: sources, operators and sinks wired per the dataflow."""
 
@@ -136,6 +148,8 @@ class JobRunner:
         self.offsets: dict[str, dict[str, Any]] = {}
         self.run_id = f"{int(time.time() * 1000):x}-{os.getpid()}"
         self.keyed: dict[str, Any] = {}
+        #: keyed operator id -> the sink whose files its tasks write (`_task_written_sink`)
+        self.task_sinks: dict[str, str] = {}
         self.event_time: dict[str, bool] = {}
         self.state_root = ""
         self.next_timers: dict[str, dict[str, int | None]] = {}
@@ -279,6 +293,7 @@ class JobRunner:
 
         self.event_time = {}
         self.keyed = {}
+        self.task_sinks = {}
         self.state_root = default_state_root(self.spec.job.state_local_dir, self.spec.name,
                                              self.run_id)
         for node in self.flow.nodes:
@@ -308,6 +323,29 @@ class JobRunner:
                                        len(self.flow.consumers(source_id)))
                     if isinstance(plan, DirectShape):
                         stage.direct = plan
+                sink_id = self._task_written_sink(node.id, stage)
+                if sink_id is not None:
+                    self.task_sinks[node.id] = sink_id
+
+    def _task_written_sink(self, node_id: str, stage: Any) -> str | None:
+        """The sink whose files the keyed stage `node_id`'s tasks write themselves
+        (`FilesSink.task_target`), or None: the stage's only consumer is that sink, the sink
+        reads nothing else (no dead letters, late or side outputs), the stage has no side
+        outputs, and the sink is local parquet. `STREAMER_TASK_SINK=0` turns it off."""
+        from streamer.connectors.files_sink import FilesSink
+
+        if os.environ.get("STREAMER_TASK_SINK", "1") == "0" or stage.side_schemas:
+            return None
+        consumers = self.flow.consumers(node_id)
+        if len(consumers) != 1:
+            return None
+        sink_id = consumers[0].id
+        sink = self.sinks.get(sink_id)
+        if (not isinstance(sink, FilesSink) or sink.format != "parquet" or not sink.local
+                or self.flow.node(sink_id).inputs != (node_id,)
+                or sink_id in self.spec.dead_letter_sinks):
+            return None
+        return sink_id
 
     # ------------------------------------------------------------------------ the loop
     def run(self) -> JobResult:
@@ -803,6 +841,8 @@ class JobRunner:
         keyed_metas: dict[str, Any] = {}
         seen_in: dict[str, Observation] = {}
         cached: list[DataFrame] = []
+        #: sink id -> (the job whose keyed tasks write its files, their metadata)
+        task_jobs: dict[str, tuple[Callable[[], Any], Any]] = {}
         direct = self._direct_reads(slices, watermark if flush is None else flush)
         for node in self.flow.nodes:
             if node.role == "source":
@@ -848,16 +888,27 @@ class JobRunner:
                         now if stage.domain == "processing" else watermark)
                     tasks = self._task_checkpointing(node.id, checkpoint_id, savepoint_url)
                     reads = stage.direct and direct.get(stage.direct.source_id)
+                    write_to = None
+                    if node.id in self.task_sinks:
+                        sink = self.sinks[self.task_sinks[node.id]]
+                        write_to = self._guarded(
+                            epoch, f"writing sink {self.task_sinks[node.id]!r}",
+                            partial(sink.task_target, epoch,  # type: ignore[attr-defined]
+                                    stage.visible_schema))
                     if reads:
                         result = self._guarded(epoch, f"operator {node.id!r}", partial(
-                            stage.run_direct, reads[1], epoch, now, fire, tasks, small))
+                            stage.run_direct, reads[1], epoch, now, fire, tasks, small,
+                            write_to))
                         if reads[0] is not None:
                             seen_in[reads[0]] = _DirectSeen(result.metas)  # type: ignore
                     else:
                         result = self._guarded(epoch, f"operator {node.id!r}", partial(
                             stage.run, union(present) if present else None, epoch, now,
-                            watermark if flush is None else flush, fire, tasks, small))
+                            watermark if flush is None else flush, fire, tasks, small,
+                            write_to))
                     keyed_metas[node.id] = result.metas
+                    if result.run_job is not None:
+                        task_jobs[self.task_sinks[node.id]] = (result.run_job, result.metas)
                     frames[node.id] = result.output
                     late_sink = node.spec.window.late if node.spec.window else None  # type: ignore
                     if result.late is not None and late_sink:
@@ -875,10 +926,16 @@ class JobRunner:
                 cached.append(df)
 
         handles: dict[str, Any] = {}
-        seen_out: dict[str, Observation] = {}
+        seen_out: dict[str, Any] = {}
         try:
             for sink_id, sink in self.sinks.items():
                 node = self.flow.node(sink_id)
+                if sink_id in task_jobs:
+                    run_job, metas = task_jobs[sink_id]
+                    handles[sink_id] = self._guarded(epoch, f"writing sink {sink_id!r}", partial(
+                        sink.tasks_wrote, epoch, run_job))  # type: ignore[attr-defined]
+                    seen_out[sink_id] = _TaskRows(metas)
+                    continue
                 present = [f for i in node.inputs if (f := frames.get(i)) is not None]
                 present += dead.get(sink_id, [])
                 if not present:

@@ -91,6 +91,9 @@ class KeyedResult:
     metas: Any
     #: process only: side output name -> its rows.
     sides: dict[str, DataFrame] = field(default_factory=dict)
+    #: With a `TaskTarget`: runs the stage's job, whose tasks write the output rows to the
+    #: sink's staging files themselves (`output` is then empty).
+    run_job: Any = None
 
 
 @dataclass(frozen=True)
@@ -319,11 +322,13 @@ class KeyedStage:
         return rows, late
 
     def run(self, df: DataFrame | None, epoch: int, now_ms: int, watermark: int,
-            fire_up_to: int, checkpointing: Any = None, small: bool = False) -> KeyedResult:
+            fire_up_to: int, checkpointing: Any = None, small: bool = False,
+            write_to: Any = None) -> KeyedResult:
         """Run the keyed stage for one epoch (one Spark job); `watermark` decides lateness,
         `fire_up_to` which timers fire (the watermark, or wall clock for processing time).
         `small`: the epoch has few rows, so they are routed before they are aggregated (one
-        shuffle, see `_prepare`)."""
+        shuffle, see `_prepare`). `write_to`: the tasks write the output rows to this
+        files-sink `TaskTarget` (see `_launch`)."""
         from pyspark.sql import functions as F
 
         if df is None:
@@ -346,10 +351,11 @@ class KeyedStage:
             rows = self._routed(rows)
         cfg = replace(self.base_config, epoch=epoch, fire_up_to=fire_up_to, now_ms=now_ms,
                       checkpointing=checkpointing, park=small)
-        return self._launch(rows, cfg, late)
+        return self._launch(rows, cfg, late, write_to)
 
     def run_direct(self, read: DirectRead, epoch: int, now_ms: int, fire_up_to: int,
-                   checkpointing: Any = None, small: bool = False) -> KeyedResult:
+                   checkpointing: Any = None, small: bool = False,
+                   write_to: Any = None) -> KeyedResult:
         """Run the keyed stage for one epoch whose subtasks read the epoch's files
         themselves (`direct_plan` said they can): one Spark task per subtask, no scan and no
         shuffle; each task's metadata carries the epoch's `records_in` and `max_ts`."""
@@ -358,25 +364,45 @@ class KeyedStage:
             self._starts = self.spark.range(0, self.parallelism, 1, self.parallelism)
         cfg = replace(self.base_config, epoch=epoch, fire_up_to=fire_up_to, now_ms=now_ms,
                       checkpointing=checkpointing, park=small, direct=read)
-        return self._launch(self._starts, cfg, None)
+        return self._launch(self._starts, cfg, None, write_to)
 
-    def _launch(self, rows: DataFrame, cfg: KeyedConfig, late: DataFrame | None) -> KeyedResult:
+    def _launch(self, rows: DataFrame, cfg: KeyedConfig, late: DataFrame | None,
+                write_to: Any = None) -> KeyedResult:
         """`run_task` over `rows` (partition i = subtask i), lazily: the stage runs inside
-        whichever job first reads its output."""
+        whichever job first reads its output. With `write_to` (a files sink's `TaskTarget`)
+        each task writes its output rows to the sink's staging directory itself and hands
+        Spark only its metadata, so the rows never cross into the JVM; `run_job` runs it."""
         from pyspark import TaskContext
         from pyspark.sql import functions as F
+
+        from streamer.connectors.files_sink import TaskFile
 
         metas = self.spark.sparkContext.accumulator([], _ListParam())
 
         def task(batches: Any) -> Any:
+            import json
+
             ctx = TaskContext.get()
             assert ctx is not None
-            for batch in run_task(cfg, batches, ctx.partitionId()):
-                kinds = batch.column(0).to_pylist()
-                for i, kind in enumerate(kinds):
-                    if kind == META:
-                        metas.add([batch.column(1)[i].as_py()])
-                yield batch
+            subtask = ctx.partitionId()
+            out = None if write_to is None else TaskFile(write_to, subtask, "__kind", OUT)
+            try:
+                for batch in run_task(cfg, batches, subtask):
+                    kinds = batch.column(0).to_pylist()
+                    for i, kind in enumerate(kinds):
+                        if kind == META:
+                            metas.add([batch.column(1)[i].as_py()])
+                    if out is not None:
+                        batch = out.take(batch)
+                    if batch.num_rows:
+                        yield batch
+                if out is not None:
+                    written = out.close()
+                    metas.add([json.dumps({"subtask": subtask, "sink_rows": written})])
+            except BaseException:
+                if out is not None:
+                    out.discard()
+                raise
 
         # No eager materialization: the stage runs inside whichever job first reads it
         # (usually the sink's). A second evaluation is safe: every task finds its epoch
@@ -387,7 +413,8 @@ class KeyedStage:
         for name, ddl in self.side_schemas.items():
             rows_of = result.filter((F.col("__kind") == "side") & (F.col("__side") == name))
             sides[name] = rows_of.select(F.from_json("__meta", ddl).alias("r")).select("r.*")
-        return KeyedResult(output, late, _Metas(metas), sides)
+        run_job = None if write_to is None else result.select("__kind").collect
+        return KeyedResult(output, late, _Metas(metas), sides, run_job)
 
 
 def local_state_base(local_dir: str | None) -> str:
