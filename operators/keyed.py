@@ -71,7 +71,8 @@ class KeyedConfig:
     #: On a cluster: keep working state per executor (`runtime/placement.py`).
     executor_scoped: bool = False
     #: A small epoch: keep the subtask's state open in the worker for the next task
-    #: (`KeyedStateBackend.park`). A big epoch closes it, as its open costs little next to it.
+    #: (`KeyedStateBackend.park`). A big epoch on the Spark path closes it, as its open costs
+    #: little next to it; direct-read epochs always park (`KeyedStage.run_direct`).
     park: bool = False
     #: The keyed stage reads this epoch's files itself (`operators.direct.DirectRead`).
     direct: Any = None

@@ -897,8 +897,7 @@ class JobRunner:
                                     stage.visible_schema))
                     if reads:
                         result = self._guarded(epoch, f"operator {node.id!r}", partial(
-                            stage.run_direct, reads[1], epoch, now, fire, tasks, small,
-                            write_to))
+                            stage.run_direct, reads[1], epoch, now, fire, tasks, write_to))
                         if reads[0] is not None:
                             seen_in[reads[0]] = _DirectSeen(result.metas)  # type: ignore
                     else:

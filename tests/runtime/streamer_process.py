@@ -164,15 +164,23 @@ def run_streamer(pipeline: Path, *args: str, env: Mapping[str, str] | None = Non
 
 @dataclass
 class FilesOutput:
-    """The jsonl output directory of a files sink."""
+    """The jsonl (or parquet) output directory of a files sink."""
 
     path: Path
+    extension: str = "jsonl"
 
     def committed(self) -> Counter[str]:
-        """The committed rows (every `part-*.jsonl` directly under the path) as a multiset of
-        canonical JSON lines."""
+        """The committed rows (every `part-*.<extension>` directly under the path) as a
+        multiset of canonical JSON lines (parquet values as JSON gives them, timestamps as
+        ISO text)."""
         rows: Counter[str] = Counter()
-        for part in sorted(self.path.glob("part-*.jsonl")):
+        for part in sorted(self.path.glob(f"part-*.{self.extension}")):
+            if self.extension == "parquet":
+                import pyarrow.parquet as pq
+
+                for row in pq.read_table(part).to_pylist():
+                    rows[json.dumps(row, sort_keys=True, default=str)] += 1
+                continue
             for line in part.read_text().splitlines():
                 if line.strip():
                     rows[json.dumps(json.loads(line), sort_keys=True)] += 1
@@ -184,7 +192,7 @@ class FilesOutput:
         return sorted(str(p.relative_to(self.path)) for p in self.path.rglob("*")
                       if p.is_file() and not (p.parent == self.path
                                               and p.name.startswith("part-")
-                                              and p.name.endswith(".jsonl")))
+                                              and p.name.endswith(f".{self.extension}")))
 
 
 def diff(got: Counter[str], want: Counter[str], limit: int = 10) -> str:

@@ -1,13 +1,15 @@
 """Exactly-once recovery under SIGKILL, end to end through the CLI.
 
-One bounded job (datagen -> event-time tumbling windows at parallelism 2 -> jsonl files,
-a checkpoint every epoch) is started with `streamer run` and killed with SIGKILL, every one of
+One bounded job (datagen -> event-time tumbling windows at parallelism 2 -> files, a
+checkpoint every epoch) is started with `streamer run` and killed with SIGKILL, every one of
 its processes at once as in a machine crash, then started again, until a run finishes. The
 kills land at fail points (`runtime/failpoints.py`: at the start of an epoch, inside a keyed
 task, in the middle of a snapshot upload, after the snapshots, between `_metadata` and the sink
 commit, right after a sink commit) and at random moments after a few of the run's JSON events.
 The committed output must then equal an uninterrupted run's row for row (nothing lost, nothing
-duplicated), with nothing staged left behind. Both state backends run the same schedule shape.
+duplicated), with nothing staged left behind. Both state backends run the same schedule shape:
+rocksdb writes jsonl (Spark writes the sink's files), memory parquet (the keyed tasks write
+them, `connectors/files_sink.TaskFile`), whose reference run has Spark write them.
 
 Kills per backend: `STREAMER_CRASH_KILLS` (default 10, so 20 in all; raise it for longer local
 runs). A lap runs the job from scratch to its end with at most one kill per epoch on average;
@@ -76,30 +78,34 @@ sinks:
     type: files
     input: per_window
     path: {root}/out
-    format: jsonl
+    format: {fmt}
 """ + quick_jvm().replace("{", "{{").replace("}", "}}")
 
 
-def write_job(root: Path, backend: str) -> Path:
+def write_job(root: Path, backend: str, fmt: str = "jsonl") -> Path:
     """The pipeline file of the job in `root` (its storage, state and output there too)."""
     root.mkdir(parents=True, exist_ok=True)
     path = root / "job.yaml"
     path.write_text(PIPELINE.format(job=JOB, root=root, backend=backend, limit=LIMIT,
-                                    per_epoch=PER_EPOCH))
+                                    per_epoch=PER_EPOCH, fmt=fmt))
     return path
 
 
 BACKENDS = ("rocksdb", "memory")
+#: The sink format of each backend's campaign: parquet output is written by the keyed tasks.
+FORMATS = {"rocksdb": "jsonl", "memory": "parquet"}
 #: Epochs of the job: its data, then the final one (end of input: every window fires).
 EPOCHS = 2 * LIMIT // PER_EPOCH + 1
 
 
-def reference_output(root: Path) -> Counter[str]:
-    """What one uninterrupted `streamer run --no-checkpoints` of the job commits."""
-    run = run_streamer(write_job(root, "rocksdb"), "--no-checkpoints")
+def reference_output(root: Path, fmt: str = "jsonl") -> Counter[str]:
+    """What one uninterrupted `streamer run --no-checkpoints` of the job commits (Spark
+    writing the files, also in parquet)."""
+    run = run_streamer(write_job(root, "rocksdb", fmt), "--no-checkpoints",
+                       env={"STREAMER_TASK_SINK": "0"})
     assert run.returncode == 0 and run.finished, run.describe()
     assert run.finished["epochs"] == EPOCHS, run.finished
-    rows = FilesOutput(root / "out").committed()
+    rows = FilesOutput(root / "out", fmt).committed()
     assert sum(rows.values()) > 100
     return rows
 
@@ -279,14 +285,14 @@ class LapJob:
     collect: Callable[[Path, Lap], None]
 
 
-def files_job(backend: str) -> LapJob:
-    """This module's datagen -> windows -> files job on `backend`."""
+def files_job(backend: str, fmt: str = "jsonl") -> LapJob:
+    """This module's datagen -> windows -> files job on `backend`, writing `fmt` files."""
 
     def collect(root: Path, lap: Lap) -> None:
-        output = FilesOutput(root / "out")
+        output = FilesOutput(root / "out", fmt)
         lap.rows, lap.leftovers = output.committed(), output.leftovers()
 
-    return LapJob(JOB, lambda root: write_job(root, backend), collect)
+    return LapJob(JOB, lambda root: write_job(root, backend, fmt), collect)
 
 
 def run_lap(campaign: Campaign, root: Path, kills_wanted: int, planner: Planner,
@@ -348,30 +354,32 @@ def crash_campaign(label: str, root: Path, job: LapJob, kills: int = KILLS) -> C
 
 @pytest.fixture(scope="module")
 def campaigns(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-              ) -> tuple[Future[Counter[str]], dict[str, Future[Campaign]]]:
-    """The reference run and the kill campaigns of the backends the selected tests need, run
-    side by side (each run pays seconds of JVM start; together they share the machine better
-    than one after another)."""
+              ) -> tuple[dict[str, Future[Counter[str]]], dict[str, Future[Campaign]]]:
+    """The reference runs (one per sink format) and the kill campaigns of the backends the
+    selected tests need, run side by side (each run pays seconds of JVM start; together they
+    share the machine better than one after another)."""
     selected = {getattr(item, "callspec", None) and item.callspec.params.get("backend")
                 for item in request.session.items
                 if getattr(item, "module", None) is request.module}
     backends = [backend for backend in BACKENDS if backend in selected]
     root = tmp_path_factory.mktemp("crash")
     print(f"crash test seed {SEED} (STREAMER_CRASH_SEED), {KILLS} kills per backend in {root}")
-    with ThreadPoolExecutor(max_workers=1 + len(backends)) as pool:
-        reference = pool.submit(reference_output, root / "reference")
+    formats = sorted({FORMATS[backend] for backend in backends})
+    with ThreadPoolExecutor(max_workers=len(formats) + len(backends)) as pool:
+        references = {fmt: pool.submit(reference_output, root / f"reference-{fmt}", fmt)
+                      for fmt in formats}
         runs = {backend: pool.submit(crash_campaign, backend, root / backend,
-                                     files_job(backend))
+                                     files_job(backend, FORMATS[backend]))
                 for backend in backends}
-    return reference, runs
+    return references, runs
 
 
 # ------------------------------------------------------------------------------ the tests
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_sigkill_at_any_moment_then_restart_commits_exactly_the_reference_output(
-        campaigns: tuple[Future[Counter[str]], dict[str, Future[Campaign]]],
+        campaigns: tuple[dict[str, Future[Counter[str]]], dict[str, Future[Campaign]]],
         backend: str) -> None:
-    reference = campaigns[0].result()
+    reference = campaigns[0][FORMATS[backend]].result()
     campaign = campaigns[1][backend].result()
     for lap in campaign.laps:
         assert lap.rows == reference, f"{diff(lap.rows, reference)}\n{campaign.schedule}"

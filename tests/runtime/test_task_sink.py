@@ -1,0 +1,158 @@
+"""Keyed tasks that write a parquet files sink themselves (`connectors/files_sink.TaskFile`)
+commit the same files Spark's writer would: the same rows, the same Spark schema, the same
+parquet types (INT96 timestamps, as the session says), the same counts in the epoch metrics,
+and nothing left in the staging directory. `STREAMER_TASK_SINK=0` gives Spark's writer."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from test_direct import write_events
+
+from streamer.pipeline.validate import load_pipeline_text
+from streamer.runtime.coordinator import JobRunner, RunOptions
+
+pytestmark = pytest.mark.spark
+
+PIPELINE = """
+name: {name}
+job:
+  parallelism: 2
+  max_parallelism: 16
+  state: {{backend: {backend}, local_dir: "{state}"}}
+  checkpoint: {{interval: 1ms, mode: exactly_once}}
+sources:
+  - id: events
+    type: files
+    path: "{data}"
+    format: parquet
+    schema: {{user: string, grp: int, ts: timestamp, amount: double, qty: bigint}}
+    max_files_per_epoch: 2
+    event_time: ts
+    watermark: {{max_out_of_orderness: 5s}}
+operators:
+{operators}
+sinks:
+  - id: out
+    type: files
+    input: {last}
+    path: "{out}"
+    format: parquet
+"""
+
+CASES = {  # name: (backend, operators, the operator the sink reads, what reads the files)
+    "tumbling, direct read": ("rocksdb", """
+  - id: agg
+    input: events
+    key_by: [user]
+    window: {tumbling: 1m}
+    aggregate: {n: count(), total: sum(amount), low: min(qty)}""", "agg", "direct"),
+    "sliding with a filter first, Spark read": ("memory", """
+  - id: some
+    input: events
+    filter: "qty > 0"
+  - id: agg
+    input: some
+    key_by: [grp]
+    window: {sliding: {size: 1m, slide: 20s}}
+    aggregate: {n: count(), high: max(amount)}""", "agg", "spark"),
+    "dedupe": ("rocksdb", """
+  - id: timed
+    input: events
+    filter: "ts IS NOT NULL"
+  - id: agg
+    input: timed
+    key_by: [user]
+    dedupe: {within: 1m}""", "agg", "spark"),
+}
+
+
+def run(spark, tmp_path: Path, case: str, mode: str):
+    backend, operators, last, _ = CASES[case]
+    out = tmp_path / f"out-{mode}"
+    spec = load_pipeline_text(textwrap.dedent(PIPELINE.format(
+        name=f"task-sink-{mode}", data=tmp_path / "data", out=out, backend=backend,
+        state=tmp_path / f"state-{mode}", operators=operators, last=last)))
+    runner = JobRunner(spec, RunOptions(ui=False, checkpoints=True, fresh=True,
+                                        storage=str(tmp_path / f"storage-{mode}")),
+                       spark=spark)
+    return runner, runner.run(), out
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_task_written_parquet_equals_sparks(spark, tmp_path: Path, monkeypatch,
+                                            case: str) -> None:
+    write_events(tmp_path / "data", files=5, rows=300, seed=len(case))
+    found = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("STREAMER_TASK_SINK", mode)
+        runner, result, out = run(spark, tmp_path, case, mode)
+        assert result.status == "finished"
+        assert runner.task_sinks == ({"agg": "out"} if mode == "1" else {})
+        assert (runner.keyed["agg"].direct is not None) == (CASES[case][3] == "direct")
+        files = sorted(out.glob("part-*.parquet"))
+        assert files, "the pipeline produced nothing to compare"
+        assert sorted(p for p in out.rglob("*") if p.is_file()) == files, \
+            "something besides committed files was left"
+        frame = spark.read.parquet(str(out))
+        found[mode] = {
+            "rows": sorted(map(repr, frame.collect())),
+            "spark schema": frame.schema,
+            "parquet types": {tuple((c.name, c.physical_type, str(c.logical_type))
+                                    for c in pq.ParquetFile(p).schema) for p in files},
+            "counts": [(m.records_in, m.records_out) for m in result.metrics],
+        }
+    assert found["1"]["rows"] == found["0"]["rows"]
+    assert found["1"]["spark schema"] == found["0"]["spark schema"]
+    assert found["1"]["parquet types"] == found["0"]["parquet types"]
+    assert found["1"]["counts"] == found["0"]["counts"]
+
+
+ROLLING = """
+name: task-sink-or-not
+sources:
+  - id: events
+    type: files
+    path: "{data}"
+    format: jsonl
+    schema: {{user: string}}
+operators:
+  - id: agg
+    input: events
+    key_by: [user]
+    aggregate: {{n: count()}}
+{more}sinks:
+  - id: out
+    type: files
+    input: {last}
+    path: "{out}"
+    format: {fmt}
+{extra}"""
+BIG = """  - id: big
+    input: agg
+    filter: "n > 1"
+"""
+CONSOLE = """  - id: other
+    type: console
+    input: big
+"""
+WRITERS = {  # name: (format, operators after agg, the sink's input, more sinks, task-written)
+    "a parquet sink fed by the keyed stage": ("parquet", "", "agg", "", True),
+    "a jsonl sink": ("jsonl", "", "agg", "", False),
+    "an operator between": ("parquet", BIG, "big", "", False),
+    "a second reader of the keyed output": ("parquet", BIG, "agg", CONSOLE, False),
+}
+
+
+@pytest.mark.parametrize("case", list(WRITERS))
+def test_only_a_parquet_sink_fed_by_the_keyed_stage_alone_is_task_written(
+        spark, tmp_path: Path, case: str) -> None:
+    fmt, more, last, extra, written = WRITERS[case]
+    text = ROLLING.format(data=tmp_path, out=tmp_path / "out", fmt=fmt, more=more, last=last,
+                          extra=extra)
+    runner = JobRunner(load_pipeline_text(text), RunOptions(ui=False), spark=spark)
+    runner.prepare()
+    assert runner.task_sinks == ({"agg": "out"} if written else {})
