@@ -12,7 +12,9 @@ event-time windows, count and sum(amount), watermark 5 s, bounded, `local[2]`.
   window, parallelism 2, with the rocksdb and the memory backend; also session windows (gap 30s).
   The tumbling runs read the files in the keyed subtasks (operators/direct.py); the "Spark
   reads" runs turn that off (`STREAMER_DIRECT_READ=0`): Spark scans, pre-aggregates and
-  shuffles, as for any source. Session windows always take the Spark path.
+  shuffles, as for any source. Session windows always take the Spark path. The keyed tasks
+  write the parquet sink's files themselves (connectors/files_sink.TaskFile); "Spark writes"
+  turns that off (`STREAMER_TASK_SINK=0`): the output goes through the JVM to Spark's writer.
 - Spark Structured Streaming: `readStream.parquet` with `maxFilesPerTrigger` equal to
   streamer's files per epoch, `withWatermark`, `groupBy(window(ts, '1 minute'), user)`, append
   mode, parquet sink, `trigger(availableNow=True)`; the HDFS-backed (default) and the RocksDB
@@ -602,18 +604,19 @@ def main() -> None:
             return run_sss(spark, name, source, fresh("out"), fresh("checkpoint"), per,
                            provider, partitions)
 
-        def spark_reads(fn: Callable[[], Run]) -> Run:
-            """`fn` with the keyed stage's direct read off: Spark scans, pre-aggregates and
-            shuffles the files (the path every other source takes)."""
-            saved = os.environ.get("STREAMER_DIRECT_READ")
-            os.environ["STREAMER_DIRECT_READ"] = "0"
+        def env_off(variable: str, fn: Callable[[], Run]) -> Run:
+            """`fn` with `variable` set to 0: `STREAMER_DIRECT_READ` (Spark scans,
+            pre-aggregates and shuffles the files, the path every other source takes) or
+            `STREAMER_TASK_SINK` (Spark writes the sink's files from the keyed output)."""
+            saved = os.environ.get(variable)
+            os.environ[variable] = "0"
             try:
                 return fn()
             finally:
                 if saved is None:
-                    os.environ.pop("STREAMER_DIRECT_READ", None)
+                    os.environ.pop(variable, None)
                 else:
-                    os.environ["STREAMER_DIRECT_READ"] = saved
+                    os.environ[variable] = saved
 
         configs: dict[str, Callable[[], Run]] = {
             "SSS hdfs, 2 partitions": lambda: sss("SSS hdfs, 2 partitions", HDFS_PROVIDER, 2),
@@ -622,10 +625,12 @@ def main() -> None:
             "SSS rocksdb, 4 partitions": lambda: sss("SSS rocksdb, 4 partitions", rocksdb, 4),
             "streamer rocksdb": lambda: streamer("streamer rocksdb", "rocksdb", TUMBLING),
             "streamer memory": lambda: streamer("streamer memory", "memory", TUMBLING),
-            "streamer rocksdb, Spark reads": lambda: spark_reads(
-                lambda: streamer("streamer rocksdb, Spark reads", "rocksdb", TUMBLING)),
-            "streamer memory, Spark reads": lambda: spark_reads(
-                lambda: streamer("streamer memory, Spark reads", "memory", TUMBLING)),
+            "streamer rocksdb, Spark writes": lambda: env_off("STREAMER_TASK_SINK", lambda: (
+                streamer("streamer rocksdb, Spark writes", "rocksdb", TUMBLING))),
+            "streamer rocksdb, Spark reads": lambda: env_off("STREAMER_DIRECT_READ", lambda: (
+                streamer("streamer rocksdb, Spark reads", "rocksdb", TUMBLING))),
+            "streamer memory, Spark reads": lambda: env_off("STREAMER_DIRECT_READ", lambda: (
+                streamer("streamer memory, Spark reads", "memory", TUMBLING))),
             "streamer rocksdb, sessions 30s": lambda: streamer(
                 "streamer rocksdb, sessions 30s", "rocksdb", SESSION),
             "streamer memory, sessions 30s": lambda: streamer(
@@ -660,8 +665,8 @@ def main() -> None:
         best_sss = max((n for n in runs if n.startswith("SSS")),
                        key=lambda n: args.rows / statistics.median(r.seconds for r in runs[n]))
         checks = {}
-        for name in ("streamer rocksdb", "streamer memory", "streamer rocksdb, Spark reads",
-                     "streamer memory, Spark reads"):
+        for name in ("streamer rocksdb", "streamer memory", "streamer rocksdb, Spark writes",
+                     "streamer rocksdb, Spark reads", "streamer memory, Spark reads"):
             checks[name] = compare_outputs(spark, runs[name][-1].extra["out"],
                                            runs[best_sss][-1].extra["out"])
 
