@@ -890,10 +890,10 @@ class JobRunner:
                     reads = stage.direct and direct.get(stage.direct.source_id)
                     write_to = None
                     if node.id in self.task_sinks:
-                        sink = self.sinks[self.task_sinks[node.id]]
+                        target = self.sinks[self.task_sinks[node.id]]
                         write_to = self._guarded(
                             epoch, f"writing sink {self.task_sinks[node.id]!r}",
-                            partial(sink.task_target, epoch,  # type: ignore[attr-defined]
+                            partial(target.task_target, epoch,  # type: ignore[attr-defined]
                                     stage.visible_schema))
                     if reads:
                         result = self._guarded(epoch, f"operator {node.id!r}", partial(

@@ -62,13 +62,8 @@ def write_events(directory: Path, files: int, rows: int, seed: int, *,
         pq.write_table(table, directory / f"part-{f:03d}.parquet")
 
 
-PIPELINE = """
-name: {name}
-job:
-  parallelism: {parallelism}
-  max_parallelism: 16
-  state: {{backend: {backend}, local_dir: "{state}"}}
-sources:
+#: The events of `write_events` as a parquet source, 2 files per epoch (a format string).
+SOURCE = """sources:
   - id: events
     type: files
     path: "{data}"
@@ -77,7 +72,15 @@ sources:
     max_files_per_epoch: 2
     event_time: ts
     watermark: {{max_out_of_orderness: 5s}}
-operators:
+"""
+
+PIPELINE = """
+name: {name}
+job:
+  parallelism: {parallelism}
+  max_parallelism: 16
+  state: {{backend: {backend}, local_dir: "{state}"}}
+""" + SOURCE + """operators:
   - id: agg
     input: events
     key_by: {keys}

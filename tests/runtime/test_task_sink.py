@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from test_direct import write_events
+from test_direct import SOURCE, write_events
 
 from streamer.pipeline.validate import load_pipeline_text
 from streamer.runtime.coordinator import JobRunner, RunOptions
@@ -24,16 +24,7 @@ job:
   max_parallelism: 16
   state: {{backend: {backend}, local_dir: "{state}"}}
   checkpoint: {{interval: 1ms, mode: exactly_once}}
-sources:
-  - id: events
-    type: files
-    path: "{data}"
-    format: parquet
-    schema: {{user: string, grp: int, ts: timestamp, amount: double, qty: bigint}}
-    max_files_per_epoch: 2
-    event_time: ts
-    watermark: {{max_out_of_orderness: 5s}}
-operators:
+""" + SOURCE + """operators:
 {operators}
 sinks:
   - id: out
