@@ -352,7 +352,7 @@ def dir_bytes(path: Path) -> int:
 
 def measure_state(kind: str, copies: Path, job: str, uid: str, keys: int) -> dict[str, int]:
     """Size the last copied state of both subtasks: the directory on disk; the state alone
-    (rocksdb: SST bytes of the state and timer column families, after the flush at close;
+    (rocksdb: SST bytes of the state and timer column families, flushed;
     memory: a full snapshot written now, minus the kept outputs in it); and for memory the
     Python heap the loaded state takes (tracemalloc around open, kept outputs excluded)."""
     import gc
@@ -375,6 +375,9 @@ def measure_state(kind: str, copies: Path, job: str, uid: str, keys: int) -> dic
             for name in names:
                 if name.startswith("state:") or name == "_timers":
                     family = db.get_column_family(name)
+                    # A subtask parked open (direct reads) was never flushed: the copy's
+                    # WAL holds its last writes, so flush them into SSTs before sizing.
+                    family.flush()
                     sizes["state"] += family.property_int_value(
                         "rocksdb.total-sst-files-size") or 0
                     del family
