@@ -292,16 +292,16 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
     from streamer.state import StateDescriptor, StateKind, key_group_range, open_backend
     from streamer.state.exceptions import CorruptStateError
 
-    extra: dict[str, Any] = {}
+    read_info: dict[str, Any] = {}  # (records_in, max_ts, read_ms of a direct read)
     if cfg.direct is not None:  # the task reads the epoch's files itself
         from streamer.operators.direct import read_direct
 
         for _ in batches:  # (the one row that starts the task)
             pass
         began = time.perf_counter()
-        table, extra = read_direct(cfg, cfg.direct, subtask)
+        table, read_info = read_direct(cfg, cfg.direct, subtask)
         rows: Any = _Input(table)
-        extra["read_ms"] = round((time.perf_counter() - began) * 1000, 3)
+        read_info["read_ms"] = round((time.perf_counter() - began) * 1000, 3)
     else:
         rows = _read_input(cfg, batches, subtask)
         began = time.perf_counter()  # after the input arrived: the stage's own work
@@ -374,7 +374,7 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
                                 "next_event": backend.next_timer("event"),
                                 "next_processing": backend.next_timer("processing"),
                                 "task_ms": round((time.perf_counter() - began) * 1000, 3),
-                                **extra}
+                                **read_info}
         batch = out.batch(meta)
         failpoints.reached("in-task", cfg.epoch)
         backend.commit(cfg.epoch, pickle.dumps(batch, protocol=5))
@@ -444,12 +444,8 @@ def _fire_time_windows(cfg: KeyedConfig, backend: Any, accs: list[tuple[Any, int
         return
     partials: dict[tuple[int, bytes, bytes], Any] = {}
     for (kg, ns), parts in chunks.items():  # next to older layouts: merge by key
-        for key_columns, acc_columns in parts:
-            for key, acc in zip(zip(*key_columns, strict=True), zip(*acc_columns, strict=True),
-                                strict=True):
-                cell = (kg, _key_bytes(key), ns)
-                before = partials.get(cell)
-                partials[cell] = list(acc) if before is None else _merge(accs, before, list(acc))
+        for key_bytes, (_, acc) in _merge_by_key(accs, parts).items():
+            partials[(kg, key_bytes, ns)] = acc
     keys, starts, states = [], [], []
     decoded: dict[bytes, tuple[Any, ...]] = {}
     start_of: dict[bytes, int] = {}
@@ -478,6 +474,21 @@ def _fire_time_windows(cfg: KeyedConfig, backend: Any, accs: list[tuple[Any, int
     out.columns(keys, _final_columns(accs, states), starts, cfg.size_ms or 0)
 
 
+def _merge_by_key(accs: list[tuple[Any, int]], parts: list[tuple[Any, Any]]
+                  ) -> dict[bytes, tuple[tuple[Any, ...], list[Any]]]:
+    """Columnar partials of one window (key columns, accumulator columns), from one or more
+    epochs, merged per key in the order given: key bytes -> (key, accumulator)."""
+    merged: dict[bytes, tuple[tuple[Any, ...], list[Any]]] = {}
+    for key_columns, acc_columns in parts:
+        for key, acc in zip(zip(*key_columns, strict=True), zip(*acc_columns, strict=True),
+                            strict=True):
+            key_bytes = _key_bytes(key)
+            before = merged.get(key_bytes)
+            merged[key_bytes] = (key, list(acc) if before is None
+                                 else _merge(accs, before[1], list(acc)))
+    return merged
+
+
 def _fire_chunks(cfg: KeyedConfig, accs: list[tuple[Any, int]],
                  chunks: dict[tuple[int, bytes], list[tuple[Any, Any]]], out: _Emitter) -> None:
     """Emit fired windows stored as columnar partials: a window written in one epoch is
@@ -488,15 +499,7 @@ def _fire_chunks(cfg: KeyedConfig, accs: list[tuple[Any, int]],
     starts: list[int] = []
     for (_, ns), parts in chunks.items():
         if len(parts) > 1:
-            merged: dict[bytes, tuple[tuple[Any, ...], list[Any]]] = {}
-            for key_columns, acc_columns in parts:
-                for key, acc in zip(zip(*key_columns, strict=True),
-                                    zip(*acc_columns, strict=True), strict=True):
-                    key_bytes = _key_bytes(key)
-                    before = merged.get(key_bytes)
-                    merged[key_bytes] = (key, list(acc) if before is None
-                                         else _merge(accs, before[1], list(acc)))
-            rows = list(merged.values())
+            rows = list(_merge_by_key(accs, parts).values())
             parts = [([[k[i] for k, _ in rows] for i in range(width)],
                       [[a[j] for _, a in rows] for j in range(len(accs))])]
         key_columns, acc_columns = parts[0]
