@@ -276,3 +276,46 @@ def test_process_function_matches_a_brute_force_evaluation(spark, tmp_path, per_
     assert got == sorted(expected) and expected
     smalls = rows_of(tmp_path / "small")
     assert len(smalls) == sum(1 for _, _, v in events if v < 1)
+
+
+def test_a_window_stored_in_both_layouts_fires_once_with_every_partial(tmp_path) -> None:
+    """State written per key (`emit: updates`, as every version before the columnar layout
+    wrote `emit: final` windows too) and columnar partials of the same window from a later
+    epoch merge by key when the window fires."""
+    from dataclasses import replace
+
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
+
+    from streamer.operators.keyed import KeyedConfig, run_task
+    from streamer.pipeline.spec import AggregateSpec
+
+    schema = StructType([StructField("__kind", StringType()), StructField("__meta", StringType()),
+                         StructField("k", StringType()),
+                         StructField("window_start", TimestampType()),
+                         StructField("window_end", TimestampType()),
+                         StructField("__ts", TimestampType()), StructField("n", LongType())])
+    cfg = KeyedConfig(
+        uid="op", kind="window", keys=("k",), aggregates=(AggregateSpec("n", "count", None),),
+        window_kind="tumbling", size_ms=60_000, slide_ms=60_000, gap_ms=None, count=None,
+        lateness_ms=0, emit="updates", domain="event", dedupe_ms=None, record_columns=("k",),
+        out_schema=to_arrow_schema(schema, timezone="UTC"), backend="memory",
+        state_root=str(tmp_path), job="j", parallelism=1, max_parallelism=4, epoch=1,
+        fire_up_to=0)
+
+    def run(config: KeyedConfig, rows: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        batch = pa.RecordBatch.from_pylist(
+            [{"__subtask": 0, "__kg": 1, "k": k, "__start": 0, "__p0": n, "__dummy": False}
+             for k, n in rows] or [{"__subtask": 0, "__dummy": True}],
+            schema=pa.schema([("__subtask", pa.int32()), ("__kg", pa.int32()),
+                              ("k", pa.string()), ("__start", pa.int64()),
+                              ("__p0", pa.int64()), ("__dummy", pa.bool_())]))
+        (result,) = list(run_task(config, iter([batch]), 0))
+        return sorted((r["k"], r["n"]) for r in result.to_pylist() if r["__kind"] == "out")
+
+    assert run(cfg, [("a", 2), ("b", 1)]) == [("a", 2), ("b", 1)]  # updates: emitted at once
+    final = replace(cfg, emit="final")
+    assert run(replace(final, epoch=2), [("a", 3), ("c", 4)]) == []  # columnar, not yet due
+    assert run(replace(final, epoch=3, fire_up_to=60_000), []) == [("a", 5), ("b", 1), ("c", 4)]
+    assert run(replace(final, epoch=4, fire_up_to=120_000), []) == []  # fired once
