@@ -203,10 +203,15 @@ class FilesSink(Sink):
         return {"epoch": epoch,
                 "files": [[name, self.final_name(epoch, i)] for i, name in enumerate(staged)]}
 
+    @property
+    def takes_task_files(self) -> bool:
+        """Whether keyed tasks may write this sink's files themselves: local parquet only."""
+        return self.format == "parquet" and self.local
+
     def task_target(self, epoch: int, schema: StructType) -> TaskTarget | None:
         """Where the epoch's keyed tasks may write rows of `schema` themselves (an empty
-        staging directory), or None: only a local parquet sink takes task-written files."""
-        if self.format != "parquet" or not self.local:
+        staging directory), or None when the sink does not take task-written files."""
+        if not self.takes_task_files:
             return None
         staging = self.staging_dir(epoch)
         if self.fs.exists(staging):

@@ -341,7 +341,7 @@ class JobRunner:
             return None
         sink_id = consumers[0].id
         sink = self.sinks.get(sink_id)
-        if (not isinstance(sink, FilesSink) or sink.format != "parquet" or not sink.local
+        if (not isinstance(sink, FilesSink) or not sink.takes_task_files
                 or self.flow.node(sink_id).inputs != (node_id,)
                 or sink_id in self.spec.dead_letter_sinks):
             return None
