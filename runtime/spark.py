@@ -186,13 +186,24 @@ SMALL_EPOCH_CONF: dict[str, str] = {
 }
 
 
+def env_rows(variable: str, default: int) -> int:
+    """A row-count setting from the environment: `$variable` if set (0 = off), else
+    `default`; a value that is not a whole number >= 0 is an error, not a silent default."""
+    raw = os.environ.get(variable, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit():
+        from streamer.runtime.exceptions import JobFailedError
+
+        msg = (f"{variable}={raw!r} is not a row count; set a whole number (0 turns it "
+               f"off) or unset it for the default, {default}")
+        raise JobFailedError(msg)
+    return int(raw)
+
+
 def small_epoch_rows() -> int:
     """The small-epoch threshold in rows (0 = off)."""
-    value = os.environ.get("STREAMER_SMALL_EPOCH_ROWS")
-    try:
-        return max(0, int(value)) if value else SMALL_EPOCH_ROWS
-    except ValueError:
-        return SMALL_EPOCH_ROWS
+    return env_rows("STREAMER_SMALL_EPOCH_ROWS", SMALL_EPOCH_ROWS)
 
 
 class EpochConf:
