@@ -15,8 +15,10 @@ A local parquet sink fed by nothing but one keyed operator lets that operator's 
 write the staging files themselves (`task_target`, `TaskFile`): each subtask writes its
 output rows with pyarrow as Spark would (its schema in the footer, timestamps as
 `spark.sql.parquet.outputTimestampType` says), and the rows never cross into the JVM; the
-commit is the same. Spark writes to other file systems (`memory://`, object stores) go
-to a local temporary directory first and are then uploaded to the staging directory.
+commit is the same. A local epoch (`runtime.local`: rows Spark evaluated on the driver,
+without a job) is written the same way, from the driver (`write_table`). Spark writes to
+other file systems (`memory://`, object stores) go to a local temporary directory first and
+are then uploaded to the staging directory.
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ def _has_rows(local_file: str, fmt: str) -> bool:
 
 #: Footer key under which Spark keeps a parquet file's Spark schema (read back as is).
 SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
+#: Footer key of the Spark version that wrote a parquet file (it decides date rebasing).
+SPARK_VERSION_KEY = "org.apache.spark.version"
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,32 @@ class TaskTarget:
     directory: str
     spark_schema: str
     timestamps: str
+    spark_version: str
+
+    def writer(self, path: str, schema: pa.Schema) -> Any:
+        """A `pyarrow.parquet.ParquetWriter` at `path` that writes rows of `schema` as
+        Spark's parquet writer would: small decimals as integers, the Spark schema and version
+        in the footer (`schema` should be `nullable`: Spark writes every column optional)."""
+        import pyarrow.parquet as pq
+
+        writer = pq.ParquetWriter(
+            path, schema, compression="snappy", store_schema=False,
+            store_decimal_as_integer=True,
+            use_deprecated_int96_timestamps=self.timestamps == "INT96",
+            coerce_timestamps={"TIMESTAMP_MICROS": "us", "TIMESTAMP_MILLIS": "ms"}.get(
+                self.timestamps),
+            allow_truncated_timestamps=True)
+        # (Without the Arrow schema, pyarrow writes no schema metadata: add it to the file.)
+        writer.add_key_value_metadata({SPARK_SCHEMA_KEY.decode(): self.spark_schema,
+                                       SPARK_VERSION_KEY: self.spark_version})
+        return writer
+
+
+def nullable(schema: pa.Schema) -> pa.Schema:
+    """`schema` with every column nullable, as Spark writes parquet."""
+    import pyarrow as pa
+
+    return pa.schema([f.with_nullable(True) for f in schema], metadata=schema.metadata)
 
 
 class TaskFile:
@@ -96,23 +126,17 @@ class TaskFile:
 
     def take(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """Write `batch`'s output rows; return its other rows."""
+        import pyarrow as pa
         import pyarrow.compute as pc
-        import pyarrow.parquet as pq
 
         is_out = pc.equal(batch.column(self.kind_column), self.out_kind)
         out = batch.filter(is_out)
         if out.num_rows:
             out = out.select([n for n in batch.schema.names if not n.startswith("__")])
             if self._writer is None:
-                schema = out.schema.with_metadata(
-                    {SPARK_SCHEMA_KEY: self.target.spark_schema.encode()})
-                self._writer = pq.ParquetWriter(
-                    self._tmp, schema, compression="snappy", store_schema=False,
-                    use_deprecated_int96_timestamps=self.target.timestamps == "INT96",
-                    coerce_timestamps={"TIMESTAMP_MICROS": "us", "TIMESTAMP_MILLIS": "ms"}.get(
-                        self.target.timestamps),
-                    allow_truncated_timestamps=True)
-            self._writer.write_batch(out)
+                self._writer = self.target.writer(self._tmp, nullable(out.schema))
+            self._writer.write_batch(pa.RecordBatch.from_arrays(
+                out.columns, schema=nullable(out.schema)))
             self.rows += out.num_rows
         return batch.filter(pc.invert(is_out))
 
@@ -217,9 +241,37 @@ class FilesSink(Sink):
         if self.fs.exists(staging):
             self.fs.rm(staging, recursive=True)
         self.fs.makedirs(staging, exist_ok=True)
+        from pyspark.sql.types import StructField, StructType
+
         conf = self.ctx.spark.conf.get("spark.sql.parquet.outputTimestampType", "INT96")
-        return TaskTarget(directory=staging, spark_schema=schema.json(),
-                          timestamps=str(conf).upper())
+        optional = StructType([StructField(f.name, f.dataType, True, f.metadata)
+                               for f in schema.fields])  # as Spark's writer: all nullable
+        return TaskTarget(directory=staging, spark_schema=optional.json(),
+                          timestamps=str(conf).upper(), spark_version=self.ctx.spark.version)
+
+    @property
+    def takes_tables(self) -> bool:
+        """Local parquet only, written as the keyed tasks write it (`TaskTarget.writer`)."""
+        return self.takes_task_files
+
+    def write_table(self, epoch: int, table: pa.Table) -> dict[str, Any]:
+        """Stage a local epoch's rows, collected on the driver, as one parquet file."""
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        target = self.task_target(epoch, from_arrow_schema(table.schema))
+        assert target is not None  # (takes_tables)
+        staged = []
+        if table.num_rows:
+            name = "part-00000.parquet"
+            tmp = os.path.join(target.directory, f".{name}.tmp")
+            writer = target.writer(tmp, nullable(table.schema))
+            try:
+                writer.write_table(table.cast(nullable(table.schema)))
+            finally:
+                writer.close()
+            os.replace(tmp, os.path.join(target.directory, name))
+            staged.append(name)
+        return self._handle(epoch, staged)
 
     def tasks_wrote(self, epoch: int, run: Any) -> dict[str, Any]:
         """Stage the epoch's task-written files: `run()` runs the Spark job whose tasks write

@@ -5,6 +5,7 @@ and nothing left in the staging directory. `STREAMER_TASK_SINK=0` gives Spark's 
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -95,11 +96,15 @@ def test_task_written_parquet_equals_sparks(spark, tmp_path: Path, monkeypatch,
             "parquet types": {tuple((c.name, c.physical_type, str(c.logical_type))
                                     for c in pq.ParquetFile(p).schema) for p in files},
             "counts": [(m.records_in, m.records_out) for m in result.metrics],
+            "footers": {json.dumps({k.decode(): json.loads(v) if k.endswith(b"metadata") else
+                                    v.decode() for k, v in pq.read_schema(p).metadata.items()},
+                                   sort_keys=True) for p in files},
         }
     assert found["1"]["rows"] == found["0"]["rows"]
     assert found["1"]["spark schema"] == found["0"]["spark schema"]
     assert found["1"]["parquet types"] == found["0"]["parquet types"]
     assert found["1"]["counts"] == found["0"]["counts"]
+    assert found["1"]["footers"] == found["0"]["footers"]  # Spark's schema and version
 
 
 ROLLING = """
