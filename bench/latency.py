@@ -103,7 +103,16 @@ class ArrivalSink(Sink):
         self.seen: list[tuple[int, float]] = []
 
     def write(self, epoch: int, df: Any) -> dict[str, int]:
-        table = df.selectExpr(f"unix_millis({self.column}) AS c").toArrow()
+        return self.write_table(epoch, self.table_of(df).toArrow())
+
+    @property
+    def takes_tables(self) -> bool:
+        return True
+
+    def table_of(self, df: Any) -> Any:
+        return df.selectExpr(f"unix_millis({self.column}) AS c")
+
+    def write_table(self, epoch: int, table: Any) -> dict[str, int]:
         created = table.column("c").to_pylist()
         self.staged[epoch] = created
         return {"rows": len(created)}

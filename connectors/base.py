@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
     from rich.console import Console
@@ -78,6 +79,9 @@ class SourceRead:
     #: A column of `records` naming each record's split, for per-split watermarks; the
     #: runtime drops it. None: every record belongs to the slice's only split.
     split_column: str | None = None
+    #: The exact number of `records` when the source read the slice as a local relation
+    #: (`runtime.local`: Spark evaluates it on the driver, without a job); else None.
+    local_rows: int | None = None
 
 
 class Source(ABC):
@@ -138,6 +142,24 @@ class Sink(ABC):
     @abstractmethod
     def commit(self, epoch: int, handle: Any) -> None:
         """Make the staged rows visible; idempotent."""
+
+    @property
+    def takes_tables(self) -> bool:
+        """Whether `write_table` can stage an epoch's rows collected on the driver: the
+        runtime hands it the rows of a local epoch (`runtime.local`), which needs no Spark
+        job, instead of calling `write`."""
+        return False
+
+    def table_of(self, df: DataFrame) -> DataFrame:
+        """The projection of the epoch's rows whose Arrow table `write_table` takes (one
+        row per row of `df`)."""
+        return df
+
+    def write_table(self, epoch: int, table: pa.Table) -> Any:
+        """Stage the Arrow table of `table_of(df)` as `write(epoch, df)` would stage `df`;
+        return the same kind of handle."""
+        msg = f"sink {self.spec.id!r} does not take Arrow tables"
+        raise NotImplementedError(msg)
 
     def abort(self, epoch: int, handle: Any) -> None:  # noqa: B027 - optional hook
         """Discard staged rows of an epoch that will not commit."""

@@ -15,6 +15,7 @@ from streamer.connectors.base import ConnectorContext, Sink
 from streamer.connectors.formats import json_value, timestamps_as_iso
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
     from rich.text import Text
 
@@ -54,7 +55,19 @@ class ConsoleSink(Sink):
 
     def write(self, epoch: int, df: DataFrame) -> dict[str, int]:
         """Collect the epoch's rows (one action); keep the first `max_rows` for the commit."""
-        table = timestamps_as_iso(df).toArrow()
+        return self.write_table(epoch, self.table_of(df).toArrow())
+
+    @property
+    def takes_tables(self) -> bool:
+        """Always: the rows are printed from the driver."""
+        return True
+
+    def table_of(self, df: DataFrame) -> DataFrame:
+        """The rows with ISO timestamps."""
+        return timestamps_as_iso(df)
+
+    def write_table(self, epoch: int, table: pa.Table) -> dict[str, int]:
+        """Keep the first `max_rows` rows of `table_of`'s table for the commit."""
         rows = table.slice(0, self.max_rows).to_pylist(maps_as_pydicts="lossy")
         self._pending[epoch] = _Pending(list(table.column_names), rows, table.num_rows)
         return {"rows": table.num_rows}

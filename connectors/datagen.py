@@ -4,6 +4,8 @@ Splits are named "0".."n-1" and each split's offset is the next row number it wi
 so re-reading a slice from the same offsets gives the same rows. All splits advance by the
 same number of rows per epoch, which lets one `spark.range` (one partition per split) build
 a whole slice: `split = id DIV k`, `offset = start[split] + id % k` for `k` rows per split.
+A slice of at most `runtime.local.local_rows()` rows is an inline `VALUES` table of the same
+(split, offset) pairs instead, so that Spark evaluates the epoch on the driver, without a job.
 
 Admission per epoch, per split, is the smallest of: what is left before `limit`; with
 `rows_per_second` (the total rate over all splits), `floor(seconds since the first plan *
@@ -125,6 +127,18 @@ class DatagenSource(Source):
         return (f"SELECT {offset} AS offset, split, {generated_at.format(offset=offset)} "
                 f"AS generated_at FROM ({inner}){where}")
 
+    def _local_sql(self, start: Sequence[int], counts: Sequence[int],
+                   generated_at: str) -> str:
+        """`_base_sql`'s rows as an inline table (a local relation, which Spark evaluates on
+        the driver without a job: `runtime.local`); for small slices only, since the
+        table's text grows with its rows."""
+        rows = ", ".join(f"({split}, {int(off)}L)" for split, (first, n) in
+                         enumerate(zip(start, counts, strict=True))
+                         for off in range(first, first + n))
+        offset = "offset"
+        return (f"SELECT offset, split, {generated_at.format(offset=offset)} AS generated_at "
+                f"FROM VALUES {rows} AS t(split, offset)")
+
     def _generated_at(self, now_ms: int) -> str:
         """SQL of a row's `generated_at`: with a rate, the moment the rate admitted the row
         (so it is the row's creation time, like Spark's rate source `timestamp`); without
@@ -163,15 +177,20 @@ class DatagenSource(Source):
 
     def read(self, piece: SourceSlice) -> SourceRead:
         """The slice's rows: lazy, deterministic (but for `generated_at`), no Python UDFs."""
+        from streamer.runtime.local import local_rows
+
         payload = piece.payload
-        base = self._base_sql(payload["start"], payload["counts"], payload["generated_at"])
+        rows = sum(payload["counts"])
+        local = 0 < rows <= local_rows()
+        base = (self._local_sql if local else self._base_sql)(
+            payload["start"], payload["counts"], payload["generated_at"])
         columns = [f"({expr}) AS `{name}`" for name, expr in self.fields]
-        if not self.spec.event_time:  # the split only matters for per-split watermarks
-            return SourceRead(records=self.ctx.spark.sql(
-                f"SELECT {', '.join(columns)} FROM ({base})"))
-        columns.append("CAST(split AS STRING) AS __split")
-        return SourceRead(records=self.ctx.spark.sql(
-            f"SELECT {', '.join(columns)} FROM ({base})"), split_column="__split")
+        split_column = None
+        if self.spec.event_time:  # the split only matters for per-split watermarks
+            columns.append("CAST(split AS STRING) AS __split")
+            split_column = "__split"
+        return SourceRead(records=self.ctx.spark.sql(f"SELECT {', '.join(columns)} FROM ({base})"),
+                          split_column=split_column, local_rows=rows if local else None)
 
     def exhausted(self, offsets: Mapping[str, Any]) -> bool:
         """True when `limit` is set and every split has produced `limit` rows."""

@@ -18,6 +18,7 @@ from streamer.connectors.base import DECODE_ERROR_MARKER, SourceRead
 from streamer.connectors.exceptions import ConnectorError
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
@@ -229,7 +230,6 @@ def json_value(value: Any) -> Any:
     return value
 
 
-def collect_json_rows(df: DataFrame) -> list[dict[str, Any]]:
-    """Every row of `df` as a dict of JSON values, with one Spark action (through Arrow)."""
-    table = timestamps_as_iso(df).toArrow()
+def json_rows(table: pa.Table) -> list[dict[str, Any]]:
+    """Every row of an Arrow table collected from Spark (ISO timestamps) as JSON values."""
     return [json_value(row) for row in table.to_pylist(maps_as_pydicts="lossy")]

@@ -63,6 +63,7 @@ class KafkaSink(Sink):
         self.marker_group = f"streamer.{ctx.job_name}.{spec.id}.commits"
         self.lineage = uuid.uuid4().hex
         self._producer: Any = None
+        self._plain_producer: Any = None
         self._marker_consumer: Any = None
         self._fs: Any = None
         self._staging = ""
@@ -113,11 +114,35 @@ class KafkaSink(Sink):
         """exactly_once: stage the epoch's records; otherwise produce them now."""
         records = self._records(df)
         if not self.transactional:
-            conf = {**self.conf, "enable.idempotence": True, "linger.ms": 20}
-            counts = records.mapInArrow(_producer_task(conf, self.topic), "n bigint")
+            counts = records.mapInArrow(_producer_task(self._plain_conf(), self.topic),
+                                        "n bigint")
             total = counts.agg({"n": "sum"}).collect()[0][0]
             return {"epoch": epoch, "records": int(total or 0)}
-        table = records.toArrow()
+        return self.write_table(epoch, records.toArrow())
+
+    def _plain_conf(self) -> dict[str, Any]:
+        """The configuration of producers outside transactions."""
+        return {**self.conf, "enable.idempotence": True, "linger.ms": 20}
+
+    @property
+    def takes_tables(self) -> bool:
+        """Always: a local epoch's records are produced (or staged) from the driver."""
+        return True
+
+    def table_of(self, df: DataFrame) -> DataFrame:
+        """(key, value) records: `_records`."""
+        return self._records(df)
+
+    def write_table(self, epoch: int, table: pa.Table) -> dict[str, Any]:
+        """exactly_once: stage the (key, value) records; otherwise produce them now, from
+        the driver."""
+        if not self.transactional:
+            if self._plain_producer is None:
+                from confluent_kafka import Producer
+
+                self._plain_producer = Producer(self._plain_conf(), logger=quiet_logger())
+            return {"epoch": epoch,
+                    "records": _produce_table(self._plain_producer, self.topic, table)}
         handle: dict[str, Any] = {"epoch": epoch, "lineage": self.lineage,
                                   "records": table.num_rows, "file": None}
         if table.num_rows:
@@ -227,9 +252,10 @@ class KafkaSink(Sink):
         if self._marker_consumer is not None:
             self._marker_consumer.close()
             self._marker_consumer = None
-        if self._producer is not None:
-            self._producer.flush(10)
-            self._producer = None
+        for producer in (self._producer, self._plain_producer):
+            if producer is not None:
+                producer.flush(10)
+        self._producer = self._plain_producer = None
 
 
 def _produce_table(producer: Any, topic: str, table: pa.Table) -> int:

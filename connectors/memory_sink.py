@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 from streamer.connectors.base import ConnectorContext, Sink
 from streamer.connectors.exceptions import ConnectorError
-from streamer.connectors.formats import collect_json_rows
+from streamer.connectors.formats import json_rows, timestamps_as_iso
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
 
     from streamer.pipeline.spec import SinkSpec
@@ -31,7 +32,20 @@ class MemorySink(Sink):
 
     def write(self, epoch: int, df: DataFrame) -> dict[str, int]:
         """Collect the epoch's rows (one Spark action) and stage them."""
-        rows = collect_json_rows(df)
+        return self.write_table(epoch, self.table_of(df).toArrow())
+
+    @property
+    def takes_tables(self) -> bool:
+        """Always: the rows are kept on the driver."""
+        return True
+
+    def table_of(self, df: DataFrame) -> DataFrame:
+        """The rows with ISO timestamps (`json_rows` makes JSON values of them)."""
+        return timestamps_as_iso(df)
+
+    def write_table(self, epoch: int, table: pa.Table) -> dict[str, int]:
+        """Stage `table_of`'s rows as JSON values."""
+        rows = json_rows(table)
         self._staged[epoch] = rows
         return {"rows": len(rows)}
 

@@ -5,9 +5,11 @@ shapes listed in `runtime/keyed.py`), Spark does not scan, pre-aggregate and shu
 records. Each subtask's task reads the epoch's files with pyarrow, computes every row's key
 group with Spark's own hash (`state.keygroups.key_group_of`, cached per distinct key), keeps
 its own key groups, drops late records, assigns windows and pre-aggregates by (key, window) in
-Arrow. What it hands to the keyed operator is exactly what the Spark plan of
-`KeyedStage._prepare` would have delivered: `__kg`, the keys, `__start`, `__p<i>`, so both
-paths share state, checkpoints and savepoints, and an epoch may take either.
+Arrow. A local epoch's input (`runtime.local`) takes the same path: the driver collects its
+few rows without a job and hands them to every task in place of files. What it hands to the
+keyed operator is exactly what the Spark plan of `KeyedStage._prepare` would have
+delivered: `__kg`, the keys, `__start`, `__p<i>`, so both paths share state, checkpoints
+and savepoints, and an epoch may take either.
 
 Every subtask reads all of the epoch's rows (and keeps its share), so it also reports the
 epoch's record count and maximum event time, which the driver uses for metrics and the
@@ -38,6 +40,19 @@ class DirectRead:
     ts_column: str | None
     #: The watermark at the epoch's start: what decides lateness.
     watermark: int
+    #: A local epoch's rows instead of files (an Arrow IPC stream, collected on the driver:
+    #: `runtime.local`), or None.
+    table: bytes | None = None
+
+
+def ipc_bytes(data: Any) -> bytes:
+    """An Arrow table or record batch as one IPC stream."""
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, data.schema) as writer:
+        writer.write(data)
+    return bytes(sink.getvalue().to_pybytes())
 
 
 def _read(d: DirectRead) -> Any:
@@ -47,6 +62,9 @@ def _read(d: DirectRead) -> Any:
     import pyarrow.parquet as pq
 
     schema = pa.schema([pa.field(name, dtype) for name, dtype in d.columns])
+    if d.table is not None:
+        table = pa.ipc.open_stream(d.table).read_all()
+        return table.select([name for name, _ in d.columns]).cast(schema)
     tables = []
     for path in d.files:
         found = pq.ParquetFile(path).schema_arrow.names

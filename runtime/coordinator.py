@@ -24,6 +24,7 @@ from streamer.connectors.base import (
     ConnectorContext,
     Sink,
     Source,
+    SourceRead,
     SourceSlice,
 )
 from streamer.connectors.exceptions import DecodeError
@@ -33,6 +34,7 @@ from streamer.pipeline.analyze import analyze
 from streamer.pipeline.graph import Dataflow, compile_dataflow
 from streamer.pipeline.spec import PipelineSpec
 from streamer.runtime.exceptions import JobFailedError
+from streamer.runtime.local import LocalSeen, local_rows, local_table
 from streamer.runtime.metrics import EpochMetrics, QuietReporter, Reporter
 from streamer.runtime.spark import EpochConf, small_epoch_rows
 
@@ -113,6 +115,29 @@ class _DirectSeen:
             if "records_in" in meta:
                 return {"n": meta["records_in"], "ts0": meta["max_ts"]}
         return {}
+
+
+def _local_stats(records: DataFrame, read: SourceRead, splits: list[str],
+                 event_time: bool) -> LocalSeen | None:
+    """What the source's observation would see (`n`, `ts<i>`) of a slice read as a local
+    relation, computed on the driver without a Spark job; None when Spark cannot evaluate
+    the event time that way."""
+    if not event_time:
+        return LocalSeen({"n": read.local_rows})
+    split = read.split_column
+    table = local_table(records.selectExpr(
+        f"{split} AS split" if split else "'' AS split", "unix_millis(__ts) AS ms"))
+    if table is None:
+        return None
+    newest: dict[str, int] = {}
+    for name, ms in zip(table.column("split").to_pylist(), table.column("ms").to_pylist(),
+                        strict=True):
+        if ms is not None and (name not in newest or ms > newest[name]):
+            newest[name] = ms
+    got: dict[str, Any] = {"n": table.num_rows}
+    for i, name in enumerate(splits):
+        got[f"ts{i}"] = newest.get(str(name)) if split else max(newest.values(), default=None)
+    return LocalSeen(got)
 
 
 class _TaskRows:
@@ -289,6 +314,7 @@ class JobRunner:
             KeyedStage,
             default_state_root,
             direct_plan,
+            local_plan,
         )
 
         self.event_time = {}
@@ -323,6 +349,9 @@ class JobRunner:
                                        len(self.flow.consumers(source_id)))
                     if isinstance(plan, DirectShape):
                         stage.direct = plan
+                shape = local_plan(stage)
+                if isinstance(shape, DirectShape):
+                    stage.local = shape
                 sink_id = self._task_written_sink(node.id, stage)
                 if sink_id is not None:
                     self.task_sinks[node.id] = sink_id
@@ -370,6 +399,7 @@ class JobRunner:
             self.spark  # noqa: B018
             restore = self._install_sigint()
             self.prepare()
+            small_epoch_rows(), local_rows()  # a bad setting fails here, not in an epoch
             self.epoch_conf = EpochConf(self.spark)
             if self.registry is not None:
                 self.registry.update(master=self.spark.sparkContext.master, parallelism={
@@ -824,6 +854,7 @@ class JobRunner:
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
+        from streamer.operators.direct import DirectRead, ipc_bytes
         from streamer.runtime import failpoints
         from streamer.runtime.keyed import visible
 
@@ -839,7 +870,8 @@ class JobRunner:
         frames: dict[str, DataFrame | None] = {}
         dead: dict[str, list[DataFrame]] = {}
         keyed_metas: dict[str, Any] = {}
-        seen_in: dict[str, Observation] = {}
+        seen_in: dict[str, Observation | LocalSeen] = {}
+        ran_local: list[str] = []  # what ran as a local epoch (`runtime.local`)
         cached: list[DataFrame] = []
         #: sink id -> (the job whose keyed tasks write its files, their metadata)
         task_jobs: dict[str, tuple[Callable[[], Any], Any]] = {}
@@ -858,8 +890,6 @@ class JobRunner:
                         dead.setdefault(on_error, []).append(dead_letters)
                     continue
                 read = self.sources[node.id].read(piece)
-                obs = Observation(f"in_{node.id}_{epoch}")
-                seen_in[node.id] = obs
                 records = read.records
                 stats = [F.count(F.lit(1)).alias("n")]
                 event_time = node.spec.event_time  # type: ignore[union-attr]
@@ -873,7 +903,15 @@ class JobRunner:
                                          .alias(f"ts{i}"))
                     else:
                         stats += [F.max(ms).alias(f"ts{i}") for i, _ in enumerate(piece.end)]
-                records = records.observe(obs, *stats)
+                seen = (None if read.local_rows is None else
+                        _local_stats(records, read, list(piece.end), bool(event_time)))
+                if seen is not None:  # no observation: it would need a Spark job
+                    seen_in[node.id] = seen
+                    ran_local.append(node.id)
+                else:
+                    obs = Observation(f"in_{node.id}_{epoch}")
+                    seen_in[node.id] = obs
+                    records = records.observe(obs, *stats)
                 if read.split_column:
                     records = records.drop(read.split_column)
                 frames[node.id] = records
@@ -895,11 +933,30 @@ class JobRunner:
                             epoch, f"writing sink {self.task_sinks[node.id]!r}",
                             partial(target.task_target, epoch,  # type: ignore[attr-defined]
                                     stage.visible_schema))
+                    collected = None
+                    if not reads and stage.local is not None and not present and local_rows():
+                        import pyarrow as pa  # no input (timers only): nothing to collect
+
+                        collected = pa.schema(list(stage.local.columns)).empty_table()
+                    elif not reads and stage.local is not None and ran_local:
+                        collected = local_table(union(present).select(
+                            *[F.col(f"`{name}`") for name, _ in stage.local.columns]))
                     if reads:
                         result = self._guarded(epoch, f"operator {node.id!r}", partial(
                             stage.run_direct, reads[1], epoch, now, fire, tasks, write_to))
                         if reads[0] is not None:
                             seen_in[reads[0]] = _DirectSeen(result.metas)  # type: ignore
+                    elif collected is not None:  # a local epoch: no scan, no shuffle
+                        shape = stage.local
+                        assert shape is not None
+                        inline = DirectRead(
+                            files=(), columns=shape.columns, key_types=shape.key_types,
+                            ts_column=shape.ts_column,
+                            watermark=watermark if flush is None else flush,
+                            table=ipc_bytes(collected))
+                        result = self._guarded(epoch, f"operator {node.id!r}", partial(
+                            stage.run_local, inline, epoch, now, fire, tasks, write_to))
+                        ran_local.append(node.id)
                     else:
                         result = self._guarded(epoch, f"operator {node.id!r}", partial(
                             stage.run, union(present) if present else None, epoch, now,
@@ -939,6 +996,16 @@ class JobRunner:
                 present += dead.get(sink_id, [])
                 if not present:
                     continue
+                if ran_local and sink.takes_tables:
+                    table = local_table(sink.table_of(visible(union([visible(f)
+                                                                      for f in present]))))
+                    if table is not None:  # the rows, collected on the driver without a job
+                        seen_out[sink_id] = LocalSeen({"n": table.num_rows})
+                        ran_local.append(sink_id)
+                        handles[sink_id] = self._guarded(
+                            epoch, f"writing sink {sink_id!r}",
+                            partial(sink.write_table, epoch, table))
+                        continue
                 obs = Observation(f"out_{sink_id}_{epoch}")
                 seen_out[sink_id] = obs
                 df = visible(union([visible(f) for f in present])).observe(
@@ -1034,6 +1101,7 @@ class JobRunner:
             checkpoint_ms=checkpoint_ms, keyed_ms=keyed_ms, snapshot_ms=snapshot_ms,
             small=small, direct=sorted(n for n, s in self.keyed.items()
                                        if s.direct and direct.get(s.direct.source_id)),
+            local=ran_local,
             moves=moves, restores=restores, restore_ms=round(restore_ms, 1),
             executors=sorted(executors))
 

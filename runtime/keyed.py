@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.accumulators import AccumulatorParam
 
 from streamer.operators.aggregates import accumulator
-from streamer.operators.direct import DIRECT_AGGREGATES, DirectRead
+from streamer.operators.direct import DIRECT_AGGREGATES, DirectRead, ipc_bytes
 from streamer.operators.keyed import META, OUT, KeyedConfig, output_schema, run_task
 from streamer.pipeline.spec import JobSpec, OperatorSpec
 
@@ -116,27 +116,48 @@ def direct_plan(stage: KeyedStage, source: Any, source_schema: StructType,
     why not. They can when the operator's only input is that source and nothing else reads
     it; the source is local parquet files; the operator is a rolling aggregate or a tumbling
     or sliding window without a `late:` output; its aggregates are count, or sum, min, max
-    and avg of numeric columns; its keys are string, integer, boolean or date columns; its
-    event time (if any) is a timestamp column as it is. `STREAMER_DIRECT_READ=0` turns it
-    off."""
-    from pyspark.sql.pandas.types import to_arrow_type
-
-    from streamer.state.keygroups import PYTHON_HASHED_TYPES
-
-    if os.environ.get("STREAMER_DIRECT_READ", "1") == "0":
-        return "STREAMER_DIRECT_READ=0"
+    and avg of numeric columns, or min and max of timestamps; its keys are string, integer,
+    boolean or date columns; its event time (if any) is a timestamp column as it is.
+    `STREAMER_DIRECT_READ=0` turns it off."""
+    shape = local_plan(stage)
+    if isinstance(shape, str):
+        return shape
     op, spec = stage.op, source.spec
-    window = op.window
-    if stage.kind not in ("window", "aggregate"):
-        return f"a {stage.kind} operator"
-    if window is not None and (window.kind not in ("tumbling", "sliding") or window.late):
-        return "a session/count window or a late: output"
     if op.inputs != (spec.id,) or consumers != 1:
         return "the source has other readers, or the operator other inputs"
     if spec.type != "files" or getattr(source, "format", None) != "parquet" or not getattr(
             source, "local", False):
         return "not a local parquet files source"
-    types = {f.name: f.dataType for f in source_schema.fields}
+    ts_column = (spec.event_time or "").strip() if stage.domain == "event" else None
+    return _direct_shape(stage, spec.id, source_schema, ts_column)
+
+
+def local_plan(stage: KeyedStage) -> DirectShape | str:
+    """Whether `stage` can take a local epoch's rows collected on the driver
+    (`runtime.local`) in place of files, or why not: the operator and column shapes of
+    `direct_plan`, over the stage's input (its event time is `__ts`)."""
+    if os.environ.get("STREAMER_DIRECT_READ", "1") == "0":
+        return "STREAMER_DIRECT_READ=0"
+    op = stage.op
+    window = op.window
+    if stage.kind not in ("window", "aggregate"):
+        return f"a {stage.kind} operator"
+    if window is not None and (window.kind not in ("tumbling", "sliding") or window.late):
+        return "a session/count window or a late: output"
+    return _direct_shape(stage, "", stage.input_schema,
+                         "__ts" if stage.domain == "event" else None)
+
+
+def _direct_shape(stage: KeyedStage, source_id: str, schema: StructType,
+                  ts_column: str | None) -> DirectShape | str:
+    """The columns a direct read casts (keys, aggregate arguments, event time), or why the
+    columns do not allow it."""
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    from streamer.state.keygroups import PYTHON_HASHED_TYPES
+
+    op = stage.op
+    types = {f.name: f.dataType for f in schema.fields}
     wanted: dict[str, Any] = {}
     key_types = []
     for key in op.key_by:
@@ -148,18 +169,18 @@ def direct_plan(stage: KeyedStage, source: Any, source_schema: StructType,
         if agg.function not in DIRECT_AGGREGATES:
             return f"aggregate {agg.function}"
         if agg.arg is not None:
-            if agg.arg not in types or types[agg.arg].simpleString() not in _NUMERIC:
+            kind = types[agg.arg].simpleString() if agg.arg in types else None
+            if kind not in _NUMERIC and not (kind == "timestamp" and agg.function in (
+                    "min", "max")):
                 return f"{agg.function}({agg.arg}) is not over a numeric column"
-            wanted[agg.arg] = to_arrow_type(types[agg.arg])
-    ts_column = None
-    if stage.domain == "event":
-        ts_column = (spec.event_time or "").strip()
+            wanted[agg.arg] = to_arrow_type(types[agg.arg], timezone="UTC")
+    if ts_column is not None:
         if ts_column not in types or types[ts_column].simpleString() != "timestamp":
             return "the event time is not a timestamp column"
         import pyarrow as pa
 
         wanted[ts_column] = pa.timestamp("us", tz="UTC")
-    return DirectShape(spec.id, tuple(wanted.items()), tuple(key_types), ts_column)
+    return DirectShape(source_id, tuple(wanted.items()), tuple(key_types), ts_column)
 
 
 class KeyedStage:
@@ -179,6 +200,9 @@ class KeyedStage:
         self._empty: DataFrame | None = None  # see _no_output
         #: The parquet source this stage reads itself, when `direct_plan` allows it.
         self.direct: DirectShape | None = None
+        #: The columns of a local epoch's input the driver collects for the tasks, when
+        #: `local_plan` allows it (see `run_local`).
+        self.local: DirectShape | None = None
         self.input_schema = input_schema
         window = op.window
         self.domain = "event"
@@ -383,8 +407,31 @@ class KeyedStage:
             self._starts = self.spark.range(0, self.parallelism, 1, self.parallelism)
         return self._launch(self._starts, cfg, None)
 
+    def run_local(self, read: DirectRead, epoch: int, now_ms: int, fire_up_to: int,
+                  checkpointing: Any = None, write_to: Any = None) -> KeyedResult:
+        """Run the keyed stage for a local epoch (`runtime.local`): `read` holds the
+        epoch's few rows, collected on the driver without a job. One plain RDD job of one
+        task per subtask runs now and brings the output rows back to the driver, which
+        makes them a local relation again, so what reads them runs no job either (or the
+        tasks write them to `write_to`). A near-empty epoch of a rolling aggregate: one
+        ~60 ms job in place of a scan, a shuffle and a Python stage."""
+        cfg = replace(self.base_config, epoch=epoch, fire_up_to=fire_up_to, now_ms=now_ms,
+                      checkpointing=checkpointing, park=True, direct=read)
+        if write_to is not None:
+            return self._launch(None, cfg, None, write_to)
+        result = self._launch(None, cfg, None, collect=True)
+        import pyarrow as pa
+
+        schema = pa.schema([f for f in self.base_config.out_schema
+                            if f.name not in ("__kind", "__meta", "__side")])
+        parts = [pa.ipc.open_stream(b).read_all() for b in result.run_job()]
+        table = pa.concat_tables([schema.empty_table(), *parts]).cast(schema)
+        spark_schema = self._no_output().schema
+        output = self.spark.createDataFrame(table, schema=spark_schema)
+        return KeyedResult(output, None, result.metas)
+
     def _launch(self, rows: DataFrame | None, cfg: KeyedConfig, late: DataFrame | None,
-                write_to: Any = None) -> KeyedResult:
+                write_to: Any = None, collect: bool = False) -> KeyedResult:
         """`run_task` over `rows` (partition i = subtask i), lazily: the stage runs inside
         whichever job first reads its output. With `write_to` (a files sink's `TaskTarget`)
         each task writes its output rows to the sink's staging directory itself and hands
@@ -425,12 +472,19 @@ class KeyedStage:
                 raise
 
         if rows is None:
-            assert write_to is not None
+            assert write_to is not None or collect
 
             def drain(_: Any) -> Any:
-                for _batch in task(iter(())):  # (metadata only: it went to `metas`)
-                    pass
-                return iter(())
+                import pyarrow.compute as pc
+
+                for batch in task(iter(())):  # (metadata went to `metas`)
+                    if write_to is not None:
+                        continue
+                    out = batch.filter(pc.equal(batch.column("__kind"), OUT))
+                    out = out.select([n for n in out.schema.names
+                                      if n not in ("__kind", "__meta", "__side")])
+                    if out.num_rows:
+                        yield ipc_bytes(out)
 
             if self._subtasks is None:
                 self._subtasks = self.spark.sparkContext.parallelize(

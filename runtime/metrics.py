@@ -42,6 +42,9 @@ class EpochMetrics:
     #: Keyed operators whose subtasks read the epoch's files themselves (runtime/keyed.py
     #: `direct_plan`), not through a Spark scan and shuffle.
     direct: list[str] = field(default_factory=list)
+    #: Sources read, keyed operators run and sinks written as a local epoch
+    #: (`runtime.local`: evaluated on the driver, a keyed operator in one plain RDD job).
+    local: list[str] = field(default_factory=list)
     #: Keyed subtasks that ran on another executor than in the epoch before (on a cluster),
     #: subtasks that restored their state, and the slowest restore (ms).
     moves: int = 0

@@ -58,7 +58,9 @@ def test_rows_are_a_function_of_split_and_offset(make: Any) -> None:
 
 
 @pytest.mark.parametrize("event_time", [None, "ts"])
-def test_one_partition_per_split_and_columns_in_field_order(make: Any, event_time) -> None:
+def test_one_partition_per_split_and_columns_in_field_order(make: Any, monkeypatch,
+                                                            event_time) -> None:
+    monkeypatch.setenv("STREAMER_LOCAL_ROWS", "0")  # a spark.range, not an inline table
     source = make(splits=3, limit=2, **({"event_time": event_time} if event_time else {}))
     read = source.read(source.plan(source.initial_offsets(), 0))
     df = read.records
@@ -72,6 +74,27 @@ def test_one_partition_per_split_and_columns_in_field_order(make: Any, event_tim
     assert df.rdd.getNumPartitions() == 3
     per_partition = df.rdd.glom().map(lambda part: sorted({r.s for r in part})).collect()
     assert per_partition == [[0], [1], [2]]
+
+
+@pytest.mark.parametrize("rate", [None, 1000.0])
+def test_a_small_slice_is_an_inline_table_with_the_range_s_rows(make: Any, monkeypatch,
+                                                                 rate) -> None:
+    from streamer.runtime.local import is_local
+
+    extra = {"rows_per_second": rate} if rate else {}
+    source = make(splits=3, limit=50, event_time="ts", **extra)
+    piece = source.plan({"0": 5, "1": 9, "2": 7}, 0)  # splits restored at different offsets
+    if rate:
+        piece = source.plan({"0": 5, "1": 9, "2": 7}, 30)  # 30 ms: 30 rows, 10 per split
+    assert piece is not None
+    local = source.read(piece)
+    monkeypatch.setenv("STREAMER_LOCAL_ROWS", "0")
+    ranged = source.read(piece)
+    assert local.local_rows == piece.expected_records and ranged.local_rows is None
+    assert is_local(local.records) and not is_local(ranged.records)
+    assert local.records.schema.simpleString() == ranged.records.schema.simpleString()
+    assert sorted(local.records.collect()) == sorted(ranged.records.collect())
+    assert len(local.records.collect()) == piece.expected_records
 
 
 def test_limit_bounds_the_source_and_plan_ends_with_none(make: Any) -> None:

@@ -1,0 +1,214 @@
+"""Local epochs (`runtime.local`): a small datagen slice is an inline table that Spark
+evaluates on the driver, so a stateless epoch runs no Spark job at all. Its rows, its sinks'
+files, its counts and its watermark equal those of the same job with local epochs off
+(`STREAMER_LOCAL_ROWS=0`), which runs Spark jobs."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import json
+import textwrap
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from streamer.connectors.memory_sink import MemorySink
+from streamer.exceptions import StreamerError
+from streamer.pipeline.validate import load_pipeline_text
+from streamer.runtime.coordinator import JobRunner, RunOptions
+from streamer.runtime.local import local_table
+
+pytestmark = pytest.mark.spark
+
+PIPELINE = """
+name: local-{mode}
+job:
+  parallelism: 2
+sources:
+  - id: gen
+    type: datagen
+    splits: 2
+    limit: 300
+    max_records_per_epoch: 200
+    event_time: ts
+    fields:
+      user: "concat('u', cast(offset * 7 % 13 as string))"
+      amount: "cast(offset % 10 as double)"
+      ts: "timestamp_millis(1700000000000L + offset * 1000 + split * 250)"
+      day: "date_add(date'2024-02-28', cast(offset % 3 as int))"
+      price: "cast(offset / 8 as decimal(10, 2))"
+      maybe: "if(offset % 4 = 0, null, offset)"
+operators:
+  - id: some
+    input: gen
+    filter: "amount > 2"
+sinks:
+{sink}
+"""
+
+SINKS = {
+    "memory": """  - id: out
+    type: console
+    input: some""",
+    "parquet": """  - id: out
+    type: files
+    input: some
+    path: "{out}"
+    format: parquet""",
+}
+
+
+def run(spark, tmp_path: Path, sink: str, mode: str):
+    out = tmp_path / f"out-{mode}"
+    spec = load_pipeline_text(textwrap.dedent(PIPELINE.format(
+        mode=mode, sink=SINKS[sink].format(out=out))))
+    runner = JobRunner(spec, RunOptions(ui=False, checkpoints=False, fresh=True,
+                                        storage=str(tmp_path / f"storage-{mode}")),
+                       spark=spark, sink_factory=None if sink == "parquet" else MemorySink)
+    tracker = spark.sparkContext.statusTracker()
+    before = set(tracker.getJobIdsForGroup(None))
+    result = runner.run()
+    jobs = set(tracker.getJobIdsForGroup(None)) - before
+    return runner, result, out, jobs
+
+
+def committed(runner, sink: str, out: Path) -> list[dict]:
+    if sink == "memory":
+        rows = runner.sinks["out"].committed
+    else:
+        rows = [r for f in sorted(out.glob("part-*.parquet"))
+                for r in pq.read_table(f).to_pylist()]
+    return sorted(rows, key=lambda r: (r["ts"], r["user"]))
+
+
+@pytest.mark.parametrize("sink", list(SINKS))
+def test_a_local_epoch_runs_no_spark_job_and_equals_the_spark_one(spark, tmp_path: Path,
+                                                                  monkeypatch, sink: str) -> None:
+    monkeypatch.setenv("STREAMER_LOCAL_ROWS", "0")
+    s_runner, s_result, s_out, s_jobs = run(spark, tmp_path, sink, "spark")
+    monkeypatch.delenv("STREAMER_LOCAL_ROWS")
+    l_runner, l_result, l_out, l_jobs = run(spark, tmp_path, sink, "local")
+
+    assert s_jobs, "with local epochs off, every epoch runs Spark jobs"
+    assert not l_jobs, f"local epochs ran Spark jobs {sorted(l_jobs)}"
+    assert [m.local for m in l_result.metrics] == [["gen", "out"]] * 3
+    assert all(m.local == [] for m in s_result.metrics)
+
+    expected = committed(s_runner, sink, s_out)
+    assert len(expected) == 2 * 300 * 7 // 10  # per split: amount 0, 1 and 2 filtered out
+    assert committed(l_runner, sink, l_out) == expected
+    assert [(m.records_in, m.records_out, m.watermark) for m in l_result.metrics] == [
+        (m.records_in, m.records_out, m.watermark) for m in s_result.metrics]
+    assert l_result.metrics[-1].watermark is not None
+    if sink == "parquet":  # Spark's schema and types, as Spark's writer leaves them
+        spark_file = next(s_out.glob("part-*.parquet"))
+        local_file = next(l_out.glob("part-*.parquet"))
+        assert pq.read_schema(local_file) == pq.read_schema(spark_file)
+        footers = [{k: json.loads(v) if k.endswith(b"metadata") else v
+                    for k, v in pq.read_schema(f).metadata.items()}
+                   for f in (local_file, spark_file)]
+        assert footers[0] == footers[1]
+        assert [c.physical_type for c in pq.ParquetFile(local_file).schema] == [
+            c.physical_type for c in pq.ParquetFile(spark_file).schema]
+        assert (spark.read.parquet(str(l_out)).schema == spark.read.parquet(str(s_out)).schema)
+        assert not list((l_out / "_staging").glob("epoch-*"))
+
+
+def test_local_table_gives_what_to_arrow_gives(spark) -> None:
+    df = spark.sql("""SELECT * FROM VALUES
+        (1, 'a', timestamp'2024-03-01 10:00:00.123456', date'2024-02-29', 1.5D,
+         CAST(2.25 AS DECIMAL(10, 2)), true, X'0102', timestamp_ntz'2024-03-01 10:00:00'),
+        (2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)
+        AS t(i, s, ts, d, f, dec, b, bin, ntz)""").filter("i > 0")
+    table = local_table(df)
+    assert table is not None
+    assert table.equals(df.toArrow())
+    assert table.column("ts")[0].as_py() == datetime.datetime(
+        2024, 3, 1, 10, 0, 0, 123456, tzinfo=datetime.UTC) or str(
+        spark.conf.get("spark.sql.session.timeZone")) != "UTC"
+    assert table.column("dec")[0].as_py() == decimal.Decimal("2.25")
+    # Needs a job (an aggregate) or holds a nested column: left to toArrow.
+    assert local_table(df.groupBy("s").count()) is None
+    assert local_table(df.selectExpr("array(i) AS a")) is None
+
+
+def test_a_bad_local_rows_setting_is_a_clear_error(spark, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("STREAMER_LOCAL_ROWS", "lots")
+    with pytest.raises(StreamerError, match="STREAMER_LOCAL_ROWS='lots' is not a row count"):
+        run(spark, tmp_path, "memory", "bad")
+
+
+KEYED = """
+name: local-keyed-{mode}
+job:
+  parallelism: 2
+  max_parallelism: 16
+  state: {{backend: {backend}, local_dir: "{state}"}}
+sources:
+  - id: gen
+    type: datagen
+    splits: 2
+    limit: 150
+    max_records_per_epoch: 100
+{event_time}    fields:
+      user: "concat('u', cast(offset * 7 % 13 as string))"
+      amount: "cast(offset % 10 as double)"
+      ts: "timestamp_millis(1700000000000L + offset * 1000 + split * 250)"
+operators:
+  - id: agg
+    input: gen
+    key_by: [user]
+{operator}
+sinks:
+  - id: out
+    type: console
+    input: agg
+"""
+
+KEYED_CASES = {
+    "rolling": ("", "    aggregate: {n: count(), total: sum(amount), last: max(ts)}"),
+    "tumbling": ("    event_time: ts\n",
+                 "    window: {tumbling: 20s}\n"
+                 "    aggregate: {n: count(), low: min(amount), first: min(ts)}"),
+}
+
+
+@pytest.mark.parametrize("backend", ["rocksdb", "memory"])
+@pytest.mark.parametrize("case", list(KEYED_CASES))
+def test_a_local_keyed_epoch_is_one_plain_job_and_equals_the_spark_path(
+        spark, tmp_path: Path, monkeypatch, case: str, backend: str) -> None:
+    event_time, operator = KEYED_CASES[case]
+    found = {}
+    for mode in ("spark", "local"):
+        if mode == "spark":
+            monkeypatch.setenv("STREAMER_LOCAL_ROWS", "0")
+        else:
+            monkeypatch.delenv("STREAMER_LOCAL_ROWS")
+        spec = load_pipeline_text(textwrap.dedent(KEYED.format(
+            mode=mode, backend=backend, state=tmp_path / f"state-{mode}",
+            event_time=event_time, operator=operator)))
+        runner = JobRunner(spec, RunOptions(ui=False, checkpoints=False, fresh=True,
+                                            storage=str(tmp_path / f"storage-{mode}")),
+                           spark=spark, sink_factory=MemorySink)
+        tracker = spark.sparkContext.statusTracker()
+        before = set(tracker.getJobIdsForGroup(None))
+        result = runner.run()
+        jobs = set(tracker.getJobIdsForGroup(None)) - before
+        sink = runner.sinks["out"]
+        found[mode] = {
+            "rows": [sorted(map(json.dumps, sink.rows_of(e))) for e in sink.epochs],
+            "counts": [(m.records_in, m.records_out, m.watermark) for m in result.metrics],
+        }
+        assert len([m for m in result.metrics if m.records_in]) == 3
+        stages = [len(tracker.getJobInfo(j).stageIds) for j in sorted(jobs)]
+        if mode == "local":
+            assert all(m.local[-2:] == ["agg", "out"] for m in result.metrics)
+            # One plain job per epoch, of one stage: no scan, no shuffle, no Python stage.
+            assert stages == [1] * len(result.metrics)
+        else:
+            assert all(m.local == [] for m in result.metrics)
+            assert max(stages) > 1
+    assert found["local"] == found["spark"]
+    assert sum(map(len, found["local"]["rows"])), "nothing to compare"
