@@ -11,12 +11,11 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from streamer.connectors.base import ConnectorContext, Sink
-from streamer.connectors.formats import json_value, timestamps_as_iso
+from streamer.connectors.base import ConnectorContext, TableSink
+from streamer.connectors.formats import json_value
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import DataFrame
     from rich.text import Text
 
     from streamer.pipeline.spec import SinkSpec
@@ -45,26 +44,13 @@ def _cell(value: Any) -> Text:
     return Text(str(value))
 
 
-class ConsoleSink(Sink):
+class ConsoleSink(TableSink):
     """Prints at most `max_rows` rows per committed epoch, with a count of the rest."""
 
     def __init__(self, spec: SinkSpec, ctx: ConnectorContext) -> None:
         super().__init__(spec, ctx)
         self.max_rows: int = int(spec.option("max_rows", DEFAULT_MAX_ROWS))
         self._pending: dict[int, _Pending] = {}
-
-    def write(self, epoch: int, df: DataFrame) -> dict[str, int]:
-        """Collect the epoch's rows (one action); keep the first `max_rows` for the commit."""
-        return self.write_table(epoch, self.table_of(df).toArrow())
-
-    @property
-    def takes_tables(self) -> bool:
-        """Always: the rows are printed from the driver."""
-        return True
-
-    def table_of(self, df: DataFrame) -> DataFrame:
-        """The rows with ISO timestamps."""
-        return timestamps_as_iso(df)
 
     def write_table(self, epoch: int, table: pa.Table) -> dict[str, int]:
         """Keep the first `max_rows` rows of `table_of`'s table for the commit."""

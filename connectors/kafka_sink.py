@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from streamer.connectors.base import ConnectorContext, Sink
+from streamer.connectors.base import ConnectorContext, TableSink
 from streamer.connectors.exceptions import ConnectorError
 from streamer.connectors.formats import column, timestamps_as_iso
 from streamer.connectors.kafka import client_config, quiet_logger
@@ -48,7 +48,7 @@ TIMEOUT_S = 120.0
 _KEY, _VALUE = "__streamer_key", "__streamer_value"
 
 
-class KafkaSink(Sink):
+class KafkaSink(TableSink):
     """Writes rows as JSON records to one topic."""
 
     def __init__(self, spec: SinkSpec, ctx: ConnectorContext) -> None:
@@ -123,11 +123,6 @@ class KafkaSink(Sink):
     def _plain_conf(self) -> dict[str, Any]:
         """The configuration of producers outside transactions."""
         return {**self.conf, "enable.idempotence": True, "linger.ms": 20}
-
-    @property
-    def takes_tables(self) -> bool:
-        """Always: a local epoch's records are produced (or staged) from the driver."""
-        return True
 
     def table_of(self, df: DataFrame) -> DataFrame:
         """(key, value) records: `_records`."""

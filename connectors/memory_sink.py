@@ -9,18 +9,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from streamer.connectors.base import ConnectorContext, Sink
+from streamer.connectors.base import ConnectorContext, TableSink
 from streamer.connectors.exceptions import ConnectorError
-from streamer.connectors.formats import json_rows, timestamps_as_iso
+from streamer.connectors.formats import json_rows
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import DataFrame
 
     from streamer.pipeline.spec import SinkSpec
 
 
-class MemorySink(Sink):
+class MemorySink(TableSink):
     """Collects every committed row in memory, in commit order."""
 
     def __init__(self, spec: SinkSpec, ctx: ConnectorContext) -> None:
@@ -29,19 +28,6 @@ class MemorySink(Sink):
         self.committed: list[dict[str, Any]] = []
         self._staged: dict[int, list[dict[str, Any]]] = {}
         self._by_epoch: dict[int, list[dict[str, Any]]] = {}
-
-    def write(self, epoch: int, df: DataFrame) -> dict[str, int]:
-        """Collect the epoch's rows (one Spark action) and stage them."""
-        return self.write_table(epoch, self.table_of(df).toArrow())
-
-    @property
-    def takes_tables(self) -> bool:
-        """Always: the rows are kept on the driver."""
-        return True
-
-    def table_of(self, df: DataFrame) -> DataFrame:
-        """The rows with ISO timestamps (`json_rows` makes JSON values of them)."""
-        return timestamps_as_iso(df)
 
     def write_table(self, epoch: int, table: pa.Table) -> dict[str, int]:
         """Stage `table_of`'s rows as JSON values."""
