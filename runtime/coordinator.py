@@ -854,7 +854,7 @@ class JobRunner:
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
-        from streamer.operators.direct import DirectRead, ipc_bytes
+        from streamer.operators.direct import ipc_bytes
         from streamer.runtime import failpoints
         from streamer.runtime.keyed import visible
 
@@ -949,11 +949,8 @@ class JobRunner:
                     elif collected is not None:  # a local epoch: no scan, no shuffle
                         shape = stage.local
                         assert shape is not None
-                        inline = DirectRead(
-                            files=(), columns=shape.columns, key_types=shape.key_types,
-                            ts_column=shape.ts_column,
-                            watermark=watermark if flush is None else flush,
-                            table=ipc_bytes(collected))
+                        inline = shape.read(watermark if flush is None else flush,
+                                            table=ipc_bytes(collected))
                         result = self._guarded(epoch, f"operator {node.id!r}", partial(
                             stage.run_local, inline, epoch, now, fire, tasks, write_to))
                         ran_local.append(node.id)
@@ -1112,7 +1109,6 @@ class JobRunner:
         direct_plan`); a slice whose files do not allow it is read by Spark instead. A stage
         whose source has no slice this epoch gets an empty read (and None for the id)."""
         from streamer.connectors.files import FilesSource
-        from streamer.operators.direct import DirectRead
 
         out: dict[str, tuple[str | None, Any, Any]] = {}
         for stage in self.keyed.values():
@@ -1121,9 +1117,7 @@ class JobRunner:
                 continue
             if shape.source_id not in slices:
                 # No input this epoch (timers only, or the end of input): no Spark plan either.
-                out[shape.source_id] = (None, DirectRead(
-                    files=(), columns=shape.columns, key_types=shape.key_types,
-                    ts_column=shape.ts_column, watermark=watermark), None)
+                out[shape.source_id] = (None, shape.read(watermark), None)
                 continue
             source = self.sources[shape.source_id]
             assert isinstance(source, FilesSource)  # (direct_plan takes only these)
@@ -1131,9 +1125,8 @@ class JobRunner:
             if found is None:
                 continue
             files, dead_letters = found
-            out[shape.source_id] = (shape.source_id, DirectRead(
-                files=tuple(files), columns=shape.columns, key_types=shape.key_types,
-                ts_column=shape.ts_column, watermark=watermark), dead_letters)
+            out[shape.source_id] = (shape.source_id, shape.read(watermark, tuple(files)),
+                                    dead_letters)
         return out
 
     def _small_epoch(self, slices: Mapping[str, SourceSlice]) -> bool:

@@ -105,6 +105,13 @@ class DirectShape:
     key_types: tuple[str, ...]
     ts_column: str | None
 
+    def read(self, watermark: int, files: tuple[str, ...] = (),
+             table: bytes | None = None) -> DirectRead:
+        """One epoch's `DirectRead` of these columns: `files`, or a local epoch's `table`
+        (Arrow IPC), or neither (no input)."""
+        return DirectRead(files=files, columns=self.columns, key_types=self.key_types,
+                          ts_column=self.ts_column, watermark=watermark, table=table)
+
 
 #: Spark types whose values Arrow aggregates as Spark's partial aggregates do.
 _NUMERIC = ("tinyint", "smallint", "int", "bigint", "float", "double")
