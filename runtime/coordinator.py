@@ -352,6 +352,9 @@ class JobRunner:
                 shape = local_plan(stage)
                 if isinstance(shape, DirectShape):
                     stage.local = shape
+                    # The driver shares the executors' file system only in local mode.
+                    stage.in_driver = (not self.on_cluster and os.environ.get(
+                        "STREAMER_DRIVER_SUBTASKS", "1") != "0")
                 sink_id = self._task_written_sink(node.id, stage)
                 if sink_id is not None:
                     self.task_sinks[node.id] = sink_id
@@ -436,6 +439,11 @@ class JobRunner:
                 self.epoch_conf.use(False)  # the session's own settings again
             for sink in self.sinks.values():
                 sink.close()
+            if self.keyed:  # what the driver holds of local epochs' subtasks (`run_local`)
+                from streamer.state import release_process_state
+
+                for root in self.state_roots:
+                    release_process_state(root)
             if self.keyed and not self.options.keep_state:
                 # Working state is rebuilt from checkpoints (local recovery copies stay).
                 import shutil
@@ -1382,12 +1390,16 @@ class JobRunner:
         from py4j.protocol import Py4JJavaError
         from pyspark.errors import PySparkException
 
+        from streamer.runtime.keyed import SubtaskFailed
         from streamer.runtime.spark import spark_error_message
 
         try:
             return action()
         except StreamerError:
             raise
+        except SubtaskFailed as exc:  # a keyed subtask the driver ran (`run_local`)
+            msg = f"epoch {epoch} failed in {what}: {exc}"
+            raise JobFailedError(msg) from exc
         except (PySparkException, Py4JJavaError) as exc:
             text = str(exc)
             at = text.find(DECODE_ERROR_MARKER)

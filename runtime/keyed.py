@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -68,14 +69,14 @@ class _Metas:
     """Per-subtask metadata of an epoch's keyed stage, read once its job has run; a subtask
     evaluated twice (a replay) reports the same metadata, so the last one per subtask wins."""
 
-    def __init__(self, accumulator: Any) -> None:
-        self.accumulator = accumulator
+    def __init__(self, texts: Callable[[], list[str]]) -> None:
+        self.texts = texts  # the JSON texts reported so far
 
     def __iter__(self) -> Any:
         import json
 
         by_subtask: dict[int, dict[str, Any]] = {}
-        for text in self.accumulator.value:
+        for text in self.texts():
             meta = json.loads(text)
             by_subtask.setdefault(meta["subtask"], {}).update(meta)
         return iter(by_subtask.values())
@@ -210,6 +211,9 @@ class KeyedStage:
         #: The columns of a local epoch's input the driver collects for the tasks, when
         #: `local_plan` allows it (see `run_local`).
         self.local: DirectShape | None = None
+        #: Local epochs run their subtasks in the driver (`run_local`): in local mode, where
+        #: the driver reaches the state directories (`STREAMER_DRIVER_SUBTASKS=0`: never).
+        self.in_driver = False
         self.input_schema = input_schema
         window = op.window
         self.domain = "event"
@@ -417,25 +421,50 @@ class KeyedStage:
     def run_local(self, read: DirectRead, epoch: int, now_ms: int, fire_up_to: int,
                   checkpointing: Any = None, write_to: Any = None) -> KeyedResult:
         """Run the keyed stage for a local epoch (`runtime.local`): `read` holds the
-        epoch's few rows, collected on the driver without a job. One plain RDD job of one
-        task per subtask runs now and brings the output rows back to the driver, which
-        makes them a local relation again, so what reads them runs no job either (or the
-        tasks write them to `write_to`). A near-empty epoch of a rolling aggregate: one
-        ~60 ms job in place of a scan, a shuffle and a Python stage."""
+        epoch's few rows, collected on the driver without a job. With `in_driver` (local
+        mode: the driver reaches the subtasks' state directories) the driver runs the
+        subtasks itself, one after the other, with no Spark job at all. Otherwise one plain
+        RDD job of one task per subtask runs now and brings the output rows back to the
+        driver. Either way the output becomes a local relation, so what reads it runs no job
+        either (or the subtasks write it to `write_to`)."""
         cfg = replace(self.base_config, epoch=epoch, fire_up_to=fire_up_to, now_ms=now_ms,
                       checkpointing=checkpointing, park=True, direct=read)
-        if write_to is not None:
+        if self.in_driver and not cfg.executor_scoped:
+            texts: list[str] = []
+            parts = []
+            for subtask in range(self.parallelism):
+                try:
+                    for batch in subtask_batches(cfg, iter(()), subtask, write_to,
+                                                 texts.append):
+                        if write_to is None:
+                            parts.append(output_rows(batch))
+                except Exception as exc:
+                    msg = f"subtask {subtask} failed: {type(exc).__name__}: {exc}"
+                    raise SubtaskFailed(msg) from exc
+            metas = _Metas(lambda: texts)
+            if write_to is not None:
+                return KeyedResult(self._no_output(), None, metas)
+        elif write_to is not None:
             return self._launch(None, cfg, None, write_to)
-        result = self._launch(None, cfg, None, collect=True)
+        else:
+            import pyarrow as pa
+
+            result = self._launch(None, cfg, None, collect=True)
+            parts = [pa.ipc.open_stream(b).read_all() for b in result.run_job()]
+            metas = result.metas
+        return KeyedResult(self._local_output(parts), None, metas)
+
+    def _local_output(self, parts: list[Any]) -> DataFrame:
+        """A local relation of the output rows `parts` (Arrow tables or batches)."""
         import pyarrow as pa
 
         schema = pa.schema([f for f in self.base_config.out_schema
                             if f.name not in ("__kind", "__meta", "__side")])
-        parts = [pa.ipc.open_stream(b).read_all() for b in result.run_job()]
-        table = pa.concat_tables([schema.empty_table(), *parts]).cast(schema)
-        spark_schema = self._no_output().schema
-        output = self.spark.createDataFrame(table, schema=spark_schema)
-        return KeyedResult(output, None, result.metas)
+        tables = [p if isinstance(p, pa.Table) else pa.Table.from_batches([p]) for p in parts]
+        # One chunk: PySpark 4.3's createDataFrame drops the rows after an empty chunk
+        # (measured: chunks of 2, 0 and 1 rows give 2 rows; tests/runtime/test_local.py).
+        table = pa.concat_tables([schema.empty_table(), *tables]).cast(schema).combine_chunks()
+        return self.spark.createDataFrame(table, schema=self._no_output().schema)
 
     def _launch(self, rows: DataFrame | None, cfg: KeyedConfig, late: DataFrame | None,
                 write_to: Any = None, collect: bool = False) -> KeyedResult:
@@ -449,55 +478,29 @@ class KeyedStage:
         from pyspark import TaskContext
         from pyspark.sql import functions as F
 
-        from streamer.connectors.files_sink import TaskFile
-
         metas = self.spark.sparkContext.accumulator([], _ListParam())
 
         def task(batches: Any) -> Any:
-            import json
-
             ctx = TaskContext.get()
             assert ctx is not None
-            subtask = ctx.partitionId()
-            out = None if write_to is None else TaskFile(write_to, subtask, "__kind", OUT)
-            try:
-                for batch in run_task(cfg, batches, subtask):
-                    kinds = batch.column(0).to_pylist()
-                    for i, kind in enumerate(kinds):
-                        if kind == META:
-                            metas.add([batch.column(1)[i].as_py()])
-                    if out is not None:
-                        batch = out.take(batch)
-                    if batch.num_rows:
-                        yield batch
-                if out is not None:
-                    written = out.close()
-                    metas.add([json.dumps({"subtask": subtask, "sink_rows": written})])
-            except BaseException:
-                if out is not None:
-                    out.discard()
-                raise
+            return subtask_batches(cfg, batches, ctx.partitionId(), write_to,
+                                   lambda meta: metas.add([meta]))
 
         if rows is None:
             assert write_to is not None or collect
 
             def drain(_: Any) -> Any:
-                import pyarrow.compute as pc
-
                 for batch in task(iter(())):  # (metadata went to `metas`)
-                    if write_to is not None:
-                        continue
-                    out = batch.filter(pc.equal(batch.column("__kind"), OUT))
-                    out = out.select([n for n in out.schema.names
-                                      if n not in ("__kind", "__meta", "__side")])
-                    if out.num_rows:
+                    out = None if write_to is not None else output_rows(batch)
+                    if out is not None and out.num_rows:
                         yield ipc_bytes(out)
 
             if self._subtasks is None:
                 self._subtasks = self.spark.sparkContext.parallelize(
                     range(self.parallelism), self.parallelism)
             job = self._subtasks.mapPartitions(drain)
-            return KeyedResult(self._no_output(), None, _Metas(metas), {}, job.collect)
+            return KeyedResult(self._no_output(), None, _Metas(lambda: metas.value), {},
+                               job.collect)
 
         # No eager materialization: the stage runs inside whichever job first reads it
         # (usually the sink's). A second evaluation is safe: every task finds its epoch
@@ -509,7 +512,49 @@ class KeyedStage:
             rows_of = result.filter((F.col("__kind") == "side") & (F.col("__side") == name))
             sides[name] = rows_of.select(F.from_json("__meta", ddl).alias("r")).select("r.*")
         run_job = None if write_to is None else result.select("__kind").collect
-        return KeyedResult(output, late, _Metas(metas), sides, run_job)
+        return KeyedResult(output, late, _Metas(lambda: metas.value), sides, run_job)
+
+
+def subtask_batches(cfg: KeyedConfig, batches: Iterator[Any], subtask: int, write_to: Any,
+                    report: Callable[[str], None]) -> Iterator[Any]:
+    """`run_task` of one subtask, as a Spark task or the driver runs it: hands each metadata
+    row's JSON to `report` and yields the batches with output rows (with `write_to`, a files
+    sink's `TaskTarget`, the output rows go to the subtask's staging file instead)."""
+    import json
+
+    from streamer.connectors.files_sink import TaskFile
+
+    out = None if write_to is None else TaskFile(write_to, subtask, "__kind", OUT)
+    try:
+        for batch in run_task(cfg, batches, subtask):
+            kinds = batch.column(0).to_pylist()
+            for i, kind in enumerate(kinds):
+                if kind == META:
+                    report(batch.column(1)[i].as_py())
+            if out is not None:
+                batch = out.take(batch)
+            if batch.num_rows:
+                yield batch
+        if out is not None:
+            written = out.close()
+            report(json.dumps({"subtask": subtask, "sink_rows": written}))
+    except BaseException:
+        if out is not None:
+            out.discard()
+        raise
+
+
+def output_rows(batch: Any) -> Any:
+    """The output rows of a keyed task's batch, without the stage's bookkeeping columns."""
+    import pyarrow.compute as pc
+
+    out = batch.filter(pc.equal(batch.column("__kind"), OUT))
+    return out.select([n for n in out.schema.names if n not in ("__kind", "__meta", "__side")])
+
+
+class SubtaskFailed(Exception):
+    """A keyed subtask that the driver ran itself (`KeyedStage.run_local`) failed; the
+    message says which and how, as Spark's says it of a task."""
 
 
 def local_state_base(local_dir: str | None) -> str:

@@ -7,6 +7,8 @@ the epoch's state in bulk, and commits it atomically with the epoch number and o
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterable
 
 from streamer.state.base import (
@@ -50,6 +52,7 @@ __all__ = [
     "key_group_range",
     "key_group_sql",
     "open_backend",
+    "release_process_state",
 ]
 
 
@@ -76,3 +79,20 @@ def open_backend(kind: str, root_dir: str, job: str, uid: str, subtask: int,
         return RocksDBBackend(location, key_groups, options, states)
     msg = f"unknown state backend {kind!r}; use one of {', '.join(map(repr, BACKENDS))}"
     raise StateError(msg)
+
+
+def release_process_state(root_dir: str) -> None:
+    """Close what this process keeps open or cached of the subtasks under `root_dir`
+    (rocksdb handles parked between tasks, the memory backend's committed dicts): the
+    driver, which runs local epochs' subtasks itself, calls it when a run ends."""
+    root = os.path.join(os.path.abspath(root_dir), "")
+    rocksdb = sys.modules.get("streamer.state.rocksdb")
+    if rocksdb is not None:
+        with rocksdb._PARKED_LOCK:
+            parked = [path for path in rocksdb._PARKED if path.startswith(root)]
+        for path in parked:
+            rocksdb.release_parked(path)
+    memory = sys.modules.get("streamer.state.memory")
+    if memory is not None:
+        for path in [path for path in memory._PROCESS_CACHE if path.startswith(root)]:
+            memory.drop_process_cache(path)
