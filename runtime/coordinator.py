@@ -911,8 +911,11 @@ class JobRunner:
                                          .alias(f"ts{i}"))
                     else:
                         stats += [F.max(ms).alias(f"ts{i}") for i, _ in enumerate(piece.end)]
-                seen = (None if read.local_rows is None else
-                        _local_stats(records, read, list(piece.end), bool(event_time)))
+                # (Spark evaluates a local relation's expressions while it optimizes the
+                # plan, so a record that fails them fails here.)
+                seen = (None if read.local_rows is None else self._guarded(
+                    epoch, f"reading source {node.id!r}",
+                    partial(_local_stats, records, read, list(piece.end), bool(event_time))))
                 if seen is not None:  # no observation: it would need a Spark job
                     seen_in[node.id] = seen
                     ran_local.append(node.id)
@@ -947,8 +950,9 @@ class JobRunner:
 
                         collected = pa.schema(list(stage.local.columns)).empty_table()
                     elif not reads and stage.local is not None and ran_local:
-                        collected = local_table(union(present).select(
-                            *[F.col(f"`{name}`") for name, _ in stage.local.columns]))
+                        collected = self._guarded(epoch, f"operator {node.id!r}", partial(
+                            local_table, union(present).select(
+                                *[F.col(f"`{name}`") for name, _ in stage.local.columns])))
                     if reads:
                         result = self._guarded(epoch, f"operator {node.id!r}", partial(
                             stage.run_direct, reads[1], epoch, now, fire, tasks, write_to))
@@ -1002,8 +1006,9 @@ class JobRunner:
                 if not present:
                     continue
                 if ran_local and sink.takes_tables:
-                    table = local_table(sink.table_of(visible(union([visible(f)
-                                                                      for f in present]))))
+                    table = self._guarded(epoch, f"writing sink {sink_id!r}", partial(
+                        local_table, sink.table_of(visible(union([visible(f)
+                                                                  for f in present])))))
                     if table is not None:  # the rows, collected on the driver without a job
                         seen_out[sink_id] = LocalSeen({"n": table.num_rows})
                         ran_local.append(sink_id)

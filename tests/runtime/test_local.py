@@ -140,6 +140,50 @@ def test_a_bad_local_rows_setting_is_a_clear_error(spark, tmp_path: Path, monkey
         run(spark, tmp_path, "memory", "bad")
 
 
+BAD_FIELD = """
+name: local-bad-{mode}
+job:
+  restart: {{attempts: 0}}
+sources:
+  - id: gen
+    type: datagen
+    limit: 10
+    fields:
+      n: "cast(concat('x', offset) as int)"
+{event_time}sinks:
+  - id: out
+    type: console
+    input: gen
+"""
+
+
+@pytest.mark.parametrize("event_time", [False, True])
+def test_a_record_that_fails_its_expressions_fails_a_local_epoch_as_it_fails_a_spark_one(
+        spark, tmp_path: Path, monkeypatch, event_time: bool) -> None:
+    """Spark evaluates a local relation's expressions while it optimizes the plan, outside
+    any job: the error must still be the epoch's clear failure, not an internal error."""
+    from streamer.runtime.exceptions import JobFailedError
+
+    messages = {}
+    for mode in ("spark", "local"):
+        if mode == "spark":
+            monkeypatch.setenv("STREAMER_LOCAL_ROWS", "0")
+        else:
+            monkeypatch.delenv("STREAMER_LOCAL_ROWS")
+        spec = load_pipeline_text(textwrap.dedent(BAD_FIELD.format(
+            mode=mode, event_time="    event_time: timestamp_seconds(n)\n" if event_time
+            else "")))
+        runner = JobRunner(spec, RunOptions(ui=False, checkpoints=False, fresh=True,
+                                            storage=str(tmp_path / f"storage-{mode}")),
+                           spark=spark, sink_factory=MemorySink)
+        with pytest.raises(JobFailedError) as failed:
+            runner.run()
+        messages[mode] = str(failed.value)
+    for text in messages.values():
+        assert text.startswith("epoch 1 failed in "), text
+        assert "[CAST_INVALID_INPUT] The value 'x0'" in text, text
+
+
 KEYED = """
 name: local-keyed-{mode}
 job:
