@@ -79,8 +79,11 @@ class SourceRead:
     #: A column of `records` naming each record's split, for per-split watermarks; the
     #: runtime drops it. None: every record belongs to the slice's only split.
     split_column: str | None = None
-    #: The exact number of `records` when the source read the slice as a local relation
-    #: (`runtime.local`: Spark evaluates it on the driver, without a job); else None.
+    #: The source read the slice as a local relation (`runtime.local`: Spark evaluates
+    #: `records` on the driver, without a job).
+    local: bool = False
+    #: With `local`, the exact number of `records` when the source knows it without
+    #: evaluating them (else the driver counts them).
     local_rows: int | None = None
 
 
@@ -123,6 +126,9 @@ class Source(ABC):
     def lag_unit(self) -> str:
         """What `lag` counts: 'records' or 'files'."""
         return "records"
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what the source holds on the driver (clients); the run is over."""
 
 
 class Sink(ABC):

@@ -190,7 +190,8 @@ class DatagenSource(Source):
             columns.append("CAST(split AS STRING) AS __split")
             split_column = "__split"
         return SourceRead(records=self.ctx.spark.sql(f"SELECT {', '.join(columns)} FROM ({base})"),
-                          split_column=split_column, local_rows=rows if local else None)
+                          split_column=split_column, local=local,
+                          local_rows=rows if local else None)
 
     def exhausted(self, offsets: Mapping[str, Any]) -> bool:
         """True when `limit` is set and every split has produced `limit` rows."""

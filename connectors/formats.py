@@ -97,9 +97,12 @@ def guard_or_split(df: DataFrame, spec: SourceSpec, corrupt_col: str, split_col:
 
 
 def decode_json_lines(spark: SparkSession, df: DataFrame, schema: StructType,
-                      spec: SourceSpec, extra: Sequence[str] = ()) -> SourceRead:
+                      spec: SourceSpec, extra: Sequence[str] = (),
+                      local: bool = False) -> SourceRead:
     """Decode JSON objects, one per row of `df(value string, split string, offset string)`.
-    Columns of `df` named in `extra` are carried through to the decoded records.
+    Columns of `df` named in `extra` are carried through to the decoded records. `local`:
+    `df` is a local relation (`runtime.local`), to be decoded by plain projections, which
+    Spark folds into a local relation again (it does not fold a `Generate`).
 
     Blank lines are skipped. A value that is not a JSON object, or whose fields do not fit
     `schema` (e.g. "x" for an int column), is undecodable: a dead letter with `on_error`, else
@@ -123,7 +126,8 @@ def decode_json_lines(spark: SparkSession, df: DataFrame, schema: StructType,
                    F.col("split").cast("string").alias(_SPLIT),
                    F.col("offset").cast("string").alias(_OFFSET),
                    *[F.col(c) for c in extra])
-    exploded = lines.select(F.inline(F.array(row)))
+    exploded = lines.select(row.alias("row")).select("row.*") if local else lines.select(
+        F.inline(F.array(row)))
     names = schema.fieldNames()
     # A JSON `null` or a bare scalar parses to a null struct: undecodable too.
     corrupt = F.coalesce(F.col("r").getField(CORRUPT_COLUMN),

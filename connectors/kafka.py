@@ -12,6 +12,9 @@ Two clients read the ranges (`client:`):
   partition range, `assign()`ed at the range's start and read until its end. Offsets of a
   transactional topic skip control markers and aborted records, so a range ends at the first
   record at or past `end`, or at the partition's end (`enable.partition.eof`).
+  A slice of at most `runtime.local.local_rows()` records (1,000 by default) is read on the
+  driver instead, by one consumer kept for the run, into a local relation (`runtime.local`):
+  no Spark job, no task start-up, no consumer per range.
 - `spark`: Spark's own Kafka connector (`spark-sql-kafka-0-10`, resolved from Maven Central
   into `~/.cache/streamer` and put on the session's `spark.jars`), as a batch read with
   `startingOffsets` / `endingOffsets`.
@@ -25,6 +28,7 @@ job starts (smoke runs in CI).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -117,6 +121,7 @@ class KafkaSource(Source):
         self.conf = client_config(spec.options)
         self.conf.setdefault("isolation.level", "read_committed")
         self._consumer: Any = None
+        self._reader: Any = None  # the driver's consumer of local reads (`_local_frame`)
         self._bounds: dict[str, int] | None = None
         self._high: dict[str, int] = {}
         self._schema: StructType | None = None
@@ -263,12 +268,42 @@ class KafkaSource(Source):
         """The ranges' records as RAW_DDL rows, read by the chosen client."""
         if self.client == "spark":
             return self._spark_frame(ranges)
-        spark = self.ctx.spark
-        conf = {**self.conf, "group.id": f"streamer.{self.ctx.job_name}.{self.spec.id}",
+        frame = self.ctx.spark.range(0, len(ranges), 1, numPartitions=len(ranges))
+        return frame.mapInArrow(_range_reader(ranges, self._reader_conf()), RAW_DDL)
+
+    def _local_frame(self, ranges: list[list[Any]]) -> DataFrame | None:
+        """The ranges' records read on the driver as a local relation, when they are few
+        enough (`runtime.local.local_rows`) and the client is confluent; else None."""
+        from streamer.runtime.local import local_rows
+
+        total = sum(end - start for _, _, start, end in ranges)
+        if self.client != "confluent" or not 0 < total <= local_rows():
+            return None
+        import pyarrow as pa
+
+        if self._reader is None:
+            from confluent_kafka import Consumer
+
+            self._reader = Consumer(self._reader_conf(), logger=quiet_logger())
+        batches = [batch for topic, part, start, end in ranges
+                   for batch in read_range({}, topic, part, start, end, self._reader)]
+        schema = raw_arrow_schema()
+        table = pa.Table.from_batches(batches, schema=schema).combine_chunks()
+        return self.ctx.spark.createDataFrame(table, schema=RAW_DDL)
+
+    def _reader_conf(self) -> dict[str, Any]:
+        """The configuration of the consumers that read planned ranges (never a group's)."""
+        return {**self.conf, "group.id": f"streamer.{self.ctx.job_name}.{self.spec.id}",
                 "enable.auto.commit": False, "enable.partition.eof": True,
                 "auto.offset.reset": "error"}
-        frame = spark.range(0, len(ranges), 1, numPartitions=len(ranges))
-        return frame.mapInArrow(_range_reader(ranges, conf), RAW_DDL)
+
+    def close(self) -> None:
+        """Close the driver's consumers."""
+        for consumer in (self._reader, self._consumer):
+            if consumer is not None:
+                with contextlib.suppress(Exception):
+                    consumer.close()
+        self._reader = self._consumer = None
 
     def _spark_frame(self, ranges: list[list[Any]]) -> DataFrame:
         from pyspark.sql import functions as F
@@ -304,7 +339,8 @@ class KafkaSource(Source):
 
         from streamer.connectors.formats import decode_json_lines
 
-        raw = self._raw_frame(piece.payload["ranges"])
+        local = self._local_frame(piece.payload["ranges"])
+        raw = local if local is not None else self._raw_frame(piece.payload["ranges"])
         split = F.concat(F.col("topic"), F.lit(":"), F.col("partition").cast("string"))
         if self.format == "raw":
             cols = [F.col(c) for c in ("key", "value", "topic", "partition", "offset",
@@ -312,19 +348,19 @@ class KafkaSource(Source):
             if self.record_timestamp:
                 cols.append(F.col("timestamp").alias(self.record_timestamp))
             return SourceRead(records=raw.select(*cols, split.alias(_SPLIT)),
-                              split_column=_SPLIT)
+                              split_column=_SPLIT, local=local is not None)
         lines = raw.select(F.col("value").cast("string").alias("value"),
                            split.alias("split"), F.col("offset").alias("offset"),
                            split.alias(_SPLIT), F.col("timestamp").alias(_TS))
         decoded = decode_json_lines(self.ctx.spark, lines, self.schema_without_timestamp(),
-                                    self.spec, extra=(_SPLIT, _TS))
+                                    self.spec, extra=(_SPLIT, _TS), local=local is not None)
         records = decoded.records
         if self.record_timestamp:
             records = records.withColumnRenamed(_TS, self.record_timestamp)
         else:
             records = records.drop(_TS)
         return SourceRead(records=records, dead_letters=decoded.dead_letters,
-                          split_column=_SPLIT)
+                          split_column=_SPLIT, local=local is not None)
 
     def schema_without_timestamp(self) -> StructType:
         """The decoded value's columns (the schema less `record_timestamp`)."""
@@ -345,9 +381,19 @@ def _range_reader(ranges: list[list[Any]], conf: dict[str, Any]) -> Any:
     return read
 
 
+def raw_arrow_schema() -> pa.Schema:
+    """RAW_DDL as Arrow."""
+    import pyarrow as pa
+
+    return pa.schema([("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()),
+                      ("partition", pa.int32()), ("offset", pa.int64()),
+                      ("timestamp", pa.timestamp("us", tz="UTC"))])
+
+
 def read_range(conf: dict[str, Any], topic: str, partition: int, start: int,
-               end: int) -> Iterator[pa.RecordBatch]:
-    """Records of one partition with offsets in [start, end), as Arrow batches of RAW_DDL.
+               end: int, consumer: Any = None) -> Iterator[pa.RecordBatch]:
+    """Records of one partition with offsets in [start, end), as Arrow batches of RAW_DDL,
+    read by a consumer of `conf` (closed at the end), or by `consumer` (kept open).
 
     Offsets may skip (transaction markers, aborted records, compaction), so the range is
     done at the first record at or past `end`, or at the partition's end.
@@ -355,10 +401,10 @@ def read_range(conf: dict[str, Any], topic: str, partition: int, start: int,
     import pyarrow as pa
     from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-    schema = pa.schema([("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()),
-                        ("partition", pa.int32()), ("offset", pa.int64()),
-                        ("timestamp", pa.timestamp("us", tz="UTC"))])
-    consumer = Consumer(conf)
+    schema = raw_arrow_schema()
+    owned = consumer is None
+    if owned:
+        consumer = Consumer(conf)
     try:
         consumer.assign([TopicPartition(topic, partition, start)])
         keys: list[bytes | None] = []
@@ -384,6 +430,8 @@ def read_range(conf: dict[str, Any], topic: str, partition: int, start: int,
                         break
                     raise KafkaException(err)
                 off = int(m.offset() or 0)  # a message without error has an offset
+                if off < start:  # fetched for an earlier assignment of a kept consumer
+                    continue
                 if off >= end:
                     done = True
                     break
@@ -407,4 +455,7 @@ def read_range(conf: dict[str, Any], topic: str, partition: int, start: int,
                      pa.array(stamps, pa.timestamp("us", tz="UTC"))], schema=schema)
                 keys, values, offsets, stamps = [], [], [], []
     finally:
-        consumer.close()
+        if owned:
+            consumer.close()
+        else:
+            consumer.unassign()

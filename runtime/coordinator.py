@@ -122,11 +122,12 @@ def _local_stats(records: DataFrame, read: SourceRead, splits: list[str],
     """What the source's observation would see (`n`, `ts<i>`) of a slice read as a local
     relation, computed on the driver without a Spark job; None when Spark cannot evaluate
     the event time that way."""
-    if not event_time:
+    if not event_time and read.local_rows is not None:
         return LocalSeen({"n": read.local_rows})
     split = read.split_column
     table = local_table(records.selectExpr(
-        f"{split} AS split" if split else "'' AS split", "unix_millis(__ts) AS ms"))
+        f"{split} AS split" if split else "'' AS split",
+        "unix_millis(__ts) AS ms" if event_time else "CAST(NULL AS BIGINT) AS ms"))
     if table is None:
         return None
     newest: dict[str, int] = {}
@@ -439,6 +440,8 @@ class JobRunner:
                 self.epoch_conf.use(False)  # the session's own settings again
             for sink in self.sinks.values():
                 sink.close()
+            for source in self.sources.values():
+                source.close()
             if self.keyed:  # what the driver holds of local epochs' subtasks (`run_local`)
                 from streamer.state import release_process_state
 
@@ -913,7 +916,7 @@ class JobRunner:
                         stats += [F.max(ms).alias(f"ts{i}") for i, _ in enumerate(piece.end)]
                 # (Spark evaluates a local relation's expressions while it optimizes the
                 # plan, so a record that fails them fails here.)
-                seen = (None if read.local_rows is None else self._guarded(
+                seen = (None if not read.local else self._guarded(
                     epoch, f"reading source {node.id!r}",
                     partial(_local_stats, records, read, list(piece.end), bool(event_time))))
                 if seen is not None:  # no observation: it would need a Spark job

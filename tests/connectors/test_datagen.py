@@ -90,7 +90,8 @@ def test_a_small_slice_is_an_inline_table_with_the_range_s_rows(make: Any, monke
     local = source.read(piece)
     monkeypatch.setenv("STREAMER_LOCAL_ROWS", "0")
     ranged = source.read(piece)
-    assert local.local_rows == piece.expected_records and ranged.local_rows is None
+    assert local.local and local.local_rows == piece.expected_records
+    assert not ranged.local and ranged.local_rows is None
     assert is_local(local.records) and not is_local(ranged.records)
     assert local.records.schema.simpleString() == ranged.records.schema.simpleString()
     assert sorted(local.records.collect()) == sorted(ranged.records.collect())

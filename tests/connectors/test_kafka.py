@@ -58,8 +58,13 @@ def source_of(spark: Any, kafka: Any, **options: Any) -> KafkaSource:
 
 
 # ------------------------------------------------------------------------------ source
+@pytest.mark.parametrize("local", [True, False])
 def test_bounded_json_source_reads_every_partition_once_with_dead_letters(
-        spark: Any, kafka: Any) -> None:
+        spark: Any, kafka: Any, monkeypatch: Any, local: bool) -> None:
+    """With `local`, slices of up to 1,000 records are read by the driver's consumer into a
+    local relation (no Spark job); else by consumers in Spark tasks."""
+    if not local:
+        monkeypatch.setenv("STREAMER_LOCAL_ROWS", "0")
     name = topic(kafka, 3)
     records = [(f"u{i % 5}", {"user": f"u{i % 5}", "n": i}, i % 3) for i in range(900)]
     records.append((None, "{not json", 2))
@@ -96,6 +101,9 @@ def test_bounded_json_source_reads_every_partition_once_with_dead_letters(
         (f"{name}:0", "300", '{"user": "x", "n": "not a number"}'),
         (f"{name}:2", "300", "{not json")]
     assert bad[0]["error"] == "cannot decode as {user: string, n: bigint}"
+    read = [m for m in result.metrics if m.records_in.get("src")]
+    assert [m.local[:1] == ["src"] for m in read] == [local] * len(read)
+    assert sum(m.records_in["src"] for m in read) == 900
 
 
 def test_start_latest_skips_what_was_there_and_lag_counts_the_rest(
@@ -116,9 +124,12 @@ def test_start_latest_skips_what_was_there_and_lag_counts_the_rest(
     assert earliest.initial_offsets() == {f"{name}:0": 0, f"{name}:1": 0}
 
 
+@pytest.mark.parametrize("local", [True, False])
 def test_transactional_input_reads_committed_records_only_across_markers(
-        spark: Any, kafka: Any) -> None:
+        spark: Any, kafka: Any, monkeypatch: Any, local: bool) -> None:
     from confluent_kafka import Producer
+
+    from streamer.runtime.local import is_local
 
     name = topic(kafka, 1)
     producer = Producer({"bootstrap.servers": kafka.bootstrap,
@@ -145,8 +156,16 @@ def test_transactional_input_reads_committed_records_only_across_markers(
     assert piece is not None
     # 9 records and 3 transaction markers: the range covers 12 offsets.
     assert dict(piece.end) == {f"{name}:0": 12}
-    assert sorted(r["n"] for r in source.read(piece).records.collect()) == [0, 1, 2, 20, 21]
+    if not local:
+        monkeypatch.setenv("STREAMER_LOCAL_ROWS", "0")
+    read = source.read(piece)
+    assert read.local == local and is_local(read.records) == local
+    assert sorted(r["n"] for r in read.records.collect()) == [0, 1, 2, 20, 21]
     assert source.exhausted(piece.end)
+    if local:  # the driver's consumer is kept: a second read of the slice gives it again
+        again = source.read(piece)
+        assert sorted(r["n"] for r in again.records.collect()) == [0, 1, 2, 20, 21]
+    source.close()
 
 
 def test_raw_format_gives_record_columns(spark: Any, kafka: Any) -> None:
