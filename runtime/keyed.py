@@ -431,19 +431,23 @@ class KeyedStage:
                       checkpointing=checkpointing, park=True, direct=read)
         if self.in_driver and not cfg.executor_scoped:
             texts: list[str] = []
-            parts = []
-            for subtask in range(self.parallelism):
-                try:
-                    for batch in subtask_batches(cfg, iter(()), subtask, write_to,
-                                                 texts.append):
-                        if write_to is None:
-                            parts.append(output_rows(batch))
-                except Exception as exc:
-                    msg = f"subtask {subtask} failed: {type(exc).__name__}: {exc}"
-                    raise SubtaskFailed(msg) from exc
+            parts: list[Any] = []
+
+            def run() -> None:
+                for subtask in range(self.parallelism):
+                    try:
+                        for batch in subtask_batches(cfg, iter(()), subtask, write_to,
+                                                     texts.append):
+                            if write_to is None:
+                                parts.append(output_rows(batch))
+                    except Exception as exc:
+                        msg = f"subtask {subtask} failed: {type(exc).__name__}: {exc}"
+                        raise SubtaskFailed(msg) from exc
+
             metas = _Metas(lambda: texts)
-            if write_to is not None:
-                return KeyedResult(self._no_output(), None, metas)
+            if write_to is not None:  # the sink runs them when it stages its files
+                return KeyedResult(self._no_output(), None, metas, {}, run)
+            run()
         elif write_to is not None:
             return self._launch(None, cfg, None, write_to)
         else:

@@ -280,3 +280,49 @@ def test_create_dataframe_drops_rows_after_an_empty_arrow_chunk(spark) -> None:
     assert [b.num_rows for b in table.to_batches()] == [2, 0, 1]
     assert [r.a for r in spark.createDataFrame(table).collect()] == [1, 2]
     assert [r.a for r in spark.createDataFrame(table.combine_chunks()).collect()] == [1, 2, 3]
+
+
+KEYED_TO_FILES = KEYED.replace("""  - id: out
+    type: console
+    input: agg""", """  - id: out
+    type: files
+    input: agg
+    path: "{out}"
+    format: parquet""")
+
+
+@pytest.mark.parametrize("case", list(KEYED_CASES))
+def test_local_keyed_subtasks_write_the_parquet_sink_as_spark_does(
+        spark, tmp_path: Path, monkeypatch, case: str) -> None:
+    """The keyed subtasks of local epochs write the files sink's staging files themselves
+    (in the driver or in one plain job); the sink commits exactly what Spark writes."""
+    event_time, operator = KEYED_CASES[case]
+    found = {}
+    for mode in ("spark", "rdd", "driver"):
+        monkeypatch.delenv("STREAMER_LOCAL_ROWS", raising=False)
+        monkeypatch.delenv("STREAMER_DRIVER_SUBTASKS", raising=False)
+        monkeypatch.setenv("STREAMER_TASK_SINK", "0" if mode == "spark" else "1")
+        if mode == "spark":
+            monkeypatch.setenv("STREAMER_LOCAL_ROWS", "0")
+        elif mode == "rdd":
+            monkeypatch.setenv("STREAMER_DRIVER_SUBTASKS", "0")
+        out = tmp_path / f"out-{mode}"
+        spec = load_pipeline_text(textwrap.dedent(KEYED_TO_FILES.format(
+            mode=mode, backend="rocksdb", state=tmp_path / f"state-{mode}",
+            event_time=event_time, operator=operator, out=out)))
+        runner = JobRunner(spec, RunOptions(ui=False, checkpoints=False, fresh=True,
+                                            storage=str(tmp_path / f"storage-{mode}")),
+                           spark=spark)
+        result = runner.run()
+        assert runner.task_sinks == ({} if mode == "spark" else {"agg": "out"})
+        assert all(("agg" in m.local) == (mode != "spark") for m in result.metrics)
+        files = sorted(out.glob("part-*.parquet"))
+        assert sorted(p for p in out.rglob("*") if p.is_file()) == files
+        found[mode] = {
+            "rows": sorted(json.dumps(r, default=str) for f in files
+                           for r in pq.read_table(f).to_pylist()),
+            "counts": [(m.records_in, m.records_out) for m in result.metrics],
+        }
+    assert found["spark"]["rows"], "nothing to compare"
+    assert found["rdd"] == found["spark"]
+    assert found["driver"] == found["spark"]
