@@ -284,7 +284,11 @@ class KafkaSource(Source):
         if self._reader is None:
             from confluent_kafka import Consumer
 
-            self._reader = Consumer(self._reader_conf(), logger=quiet_logger())
+            # A kept consumer re-assigned to a partition waits out the long poll of its
+            # previous fetch there first (`fetch.wait.max.ms`, 500 ms by default): measured
+            # 500-1,000 ms per 100-record read, against 1-30 ms with 10 ms.
+            conf = {"fetch.wait.max.ms": 10, **self._reader_conf()}
+            self._reader = Consumer(conf, logger=quiet_logger())
         batches = [batch for topic, part, start, end in ranges
                    for batch in read_range({}, topic, part, start, end, self._reader)]
         schema = raw_arrow_schema()
