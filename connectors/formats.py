@@ -126,8 +126,13 @@ def decode_json_lines(spark: SparkSession, df: DataFrame, schema: StructType,
                    F.col("split").cast("string").alias(_SPLIT),
                    F.col("offset").cast("string").alias(_OFFSET),
                    *[F.col(c) for c in extra])
-    exploded = lines.select(row.alias("row")).select("row.*") if local else lines.select(
-        F.inline(F.array(row)))
+    if local:  # the same columns by one projection
+        exploded = lines.select(parsed.alias("r"), F.col("value").alias(_VALUE),
+                                F.col("split").cast("string").alias(_SPLIT),
+                                F.col("offset").cast("string").alias(_OFFSET),
+                                *[F.col(c) for c in extra])
+    else:
+        exploded = lines.select(F.inline(F.array(row)))
     names = schema.fieldNames()
     # A JSON `null` or a bare scalar parses to a null struct: undecodable too.
     corrupt = F.coalesce(F.col("r").getField(CORRUPT_COLUMN),
