@@ -487,8 +487,10 @@ class KeyedStage:
         def task(batches: Any) -> Any:
             ctx = TaskContext.get()
             assert ctx is not None
+            # (`run_task` named here, so cloudpickle ships whatever it is now: the benches
+            # wrap it.)
             return subtask_batches(cfg, batches, ctx.partitionId(), write_to,
-                                   lambda meta: metas.add([meta]))
+                                   lambda meta: metas.add([meta]), run_task)
 
         if rows is None:
             assert write_to is not None or collect
@@ -520,17 +522,18 @@ class KeyedStage:
 
 
 def subtask_batches(cfg: KeyedConfig, batches: Iterator[Any], subtask: int, write_to: Any,
-                    report: Callable[[str], None]) -> Iterator[Any]:
-    """`run_task` of one subtask, as a Spark task or the driver runs it: hands each metadata
-    row's JSON to `report` and yields the batches with output rows (with `write_to`, a files
-    sink's `TaskTarget`, the output rows go to the subtask's staging file instead)."""
+                    report: Callable[[str], None], run: Any = None) -> Iterator[Any]:
+    """`run_task` (or `run`) of one subtask, as a Spark task or the driver runs it: hands
+    each metadata row's JSON to `report` and yields the batches with output rows (with
+    `write_to`, a files sink's `TaskTarget`, the output rows go to the subtask's staging
+    file instead)."""
     import json
 
     from streamer.connectors.files_sink import TaskFile
 
     out = None if write_to is None else TaskFile(write_to, subtask, "__kind", OUT)
     try:
-        for batch in run_task(cfg, batches, subtask):
+        for batch in (run or run_task)(cfg, batches, subtask):
             kinds = batch.column(0).to_pylist()
             for i, kind in enumerate(kinds):
                 if kind == META:
