@@ -48,6 +48,22 @@ def _quoted_record(record: Column) -> Column:
             .otherwise(record))
 
 
+#: Columns built by `_cached`, by what they were built from.
+_COLUMNS: dict[tuple[Any, ...], Any] = {}
+
+
+def _cached(key: tuple[Any, ...], build: Any) -> Any:
+    """`build()`, once per `key` in this process. Building PySpark Columns costs a py4j round
+    trip per function (a JSON decode's ~860, measured ~50 ms a slice); an unresolved Column
+    belongs to no session or DataFrame, so a source's Columns serve all its slices."""
+    found = _COLUMNS.get(key)
+    if found is None:
+        if len(_COLUMNS) >= 256:
+            _COLUMNS.clear()
+        found = _COLUMNS[key] = build()
+    return found
+
+
 def guard_or_split(df: DataFrame, spec: SourceSpec, corrupt_col: str, split_col: str,
                    offset_col: str, record_col: str, *, columns: Sequence[str] | None = None,
                    reason: str | None = None, raw_file_scan: bool = False) -> SourceRead:
@@ -66,10 +82,26 @@ def guard_or_split(df: DataFrame, spec: SourceSpec, corrupt_col: str, split_col:
     short or long line counts as corrupt would depend on that query (a count of dead letters
     would even be refused: UNSUPPORTED_FEATURE.QUERY_ONLY_CORRUPT_RECORD_COLUMN).
     """
-    from pyspark.sql import functions as F
-
     helpers = {corrupt_col, split_col, offset_col, record_col}
     keep = list(columns) if columns is not None else [c for c in df.columns if c not in helpers]
+    if spec.on_error is not None and reason is None:
+        types = {f.name: f.dataType.simpleString() for f in df.schema.fields}
+        reason = "cannot decode as {" + ", ".join(f"{c}: {types[c]}" for c in keep) + "}"
+    names = (corrupt_col, split_col, offset_col, record_col)
+    key = ("split", spec.id, spec.on_error, names, tuple(keep), reason, raw_file_scan)
+    cols = _cached(key, lambda: _split_columns(spec, names, keep, reason, raw_file_scan))
+    if spec.on_error is None:
+        return SourceRead(records=df.where(cols["guard"]).select(*cols["keep"]))
+    return SourceRead(records=df.where(cols["good"]).select(*cols["keep"]),
+                      dead_letters=df.where(cols["bad"]).select(*cols["dead"]))
+
+
+def _split_columns(spec: SourceSpec, names: tuple[str, str, str, str], keep: list[str],
+                   reason: str | None, raw_file_scan: bool) -> dict[str, Any]:
+    """The Columns of `guard_or_split`."""
+    from pyspark.sql import functions as F
+
+    corrupt_col, split_col, offset_col, record_col = names
     corrupt = column(corrupt_col)
     is_bad, is_good = corrupt.isNotNull(), corrupt.isNull()
     if raw_file_scan:
@@ -77,23 +109,19 @@ def guard_or_split(df: DataFrame, spec: SourceSpec, corrupt_col: str, split_col:
         every_column = F.hash(*[column(c) for c in keep]) >= F.lit(-(2**31))
         is_bad, is_good = is_bad & every_column, is_good & every_column
     record = column(record_col).cast("string")
+    kept = [column(c) for c in keep]
     if spec.on_error is None:
         message = F.concat(
             F.lit(f"{DECODE_ERROR_MARKER}source {spec.id!r} cannot decode the record at split "),
             column(split_col).cast("string"), F.lit(" offset "),
             column(offset_col).cast("string"), F.lit(": "), _quoted_record(record),
             F.lit("; add on_error: <sink id> to send such records to a dead-letter sink"))
-        guard = F.when(is_bad, F.raise_error(message)).otherwise(F.lit(True))
-        return SourceRead(records=df.where(guard).select(*[column(c) for c in keep]))
-    if reason is None:
-        types = {f.name: f.dataType.simpleString() for f in df.schema.fields}
-        reason = "cannot decode as {" + ", ".join(f"{c}: {types[c]}" for c in keep) + "}"
-    dead = df.where(is_bad).select(
-        F.lit(spec.id).alias("source"), column(split_col).cast("string").alias("split"),
-        column(offset_col).cast("string").alias("offset"), record.alias("record"),
-        F.lit(reason).alias("error"))
-    records = df.where(is_good).select(*[column(c) for c in keep])
-    return SourceRead(records=records, dead_letters=dead)
+        return {"guard": F.when(is_bad, F.raise_error(message)).otherwise(F.lit(True)),
+                "keep": kept}
+    dead = [F.lit(spec.id).alias("source"), column(split_col).cast("string").alias("split"),
+            column(offset_col).cast("string").alias("offset"), record.alias("record"),
+            F.lit(reason).alias("error")]
+    return {"good": is_good, "bad": is_bad, "keep": kept, "dead": dead}
 
 
 def decode_json_lines(spark: SparkSession, df: DataFrame, schema: StructType,
@@ -108,44 +136,46 @@ def decode_json_lines(spark: SparkSession, df: DataFrame, schema: StructType,
     `schema` (e.g. "x" for an int column), is undecodable: a dead letter with `on_error`, else
     a failure of the first Spark action (see `guard_or_split`).
     """
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import StringType, StructField, StructType
-
     if CORRUPT_COLUMN in schema.fieldNames():
         msg = (f"source {spec.id!r} has a column named {CORRUPT_COLUMN!r}, which streamer "
                "uses while decoding; rename the column")
         raise ConnectorError(msg)
-    with_corrupt = StructType([*schema.fields, StructField(CORRUPT_COLUMN, StringType())])
-    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}
-    lines = df.where(F.trim(F.col("value")) != "")
-    parsed = F.from_json(F.col("value"), with_corrupt, options)
-    # `inline(array(struct(...)))` puts the parse in a Generate node, which Spark does not push
-    # the corrupt-record filter through; a plain projection would be copied into the filter
-    # and every line parsed twice.
-    row = F.struct(parsed.alias("r"), F.col("value").alias(_VALUE),
-                   F.col("split").cast("string").alias(_SPLIT),
-                   F.col("offset").cast("string").alias(_OFFSET),
-                   *[F.col(c) for c in extra])
-    if local:  # the same columns by one projection
-        exploded = lines.select(parsed.alias("r"), F.col("value").alias(_VALUE),
-                                F.col("split").cast("string").alias(_SPLIT),
-                                F.col("offset").cast("string").alias(_OFFSET),
-                                *[F.col(c) for c in extra])
-    else:
-        exploded = lines.select(F.inline(F.array(row)))
-    names = schema.fieldNames()
-    # A JSON `null` or a bare scalar parses to a null struct: undecodable too.
-    corrupt = F.coalesce(F.col("r").getField(CORRUPT_COLUMN),
-                         F.when(F.col("r").isNull(), F.col(_VALUE)))
-    flat = exploded.select(*[F.col("r").getField(n).alias(n) for n in names],
-                           corrupt.alias(CORRUPT_COLUMN), F.col(_VALUE), F.col(_SPLIT),
-                           F.col(_OFFSET), *[F.col(c) for c in extra])
+    nonblank, parse, flatten = _cached(("json", schema.json(), tuple(extra), local),
+                                       lambda: _json_columns(schema, extra, local))
+    flat = df.where(nonblank).select(*parse).select(*flatten)
     reason = None
     if extra:  # the carried columns are not part of what failed to decode
         reason = "cannot decode as {" + ", ".join(
             f"{f.name}: {f.dataType.simpleString()}" for f in schema.fields) + "}"
     return guard_or_split(flat, spec, CORRUPT_COLUMN, _SPLIT, _OFFSET, _VALUE,
-                          columns=[*names, *extra], reason=reason)
+                          columns=[*schema.fieldNames(), *extra], reason=reason)
+
+
+def _json_columns(schema: StructType, extra: Sequence[str],
+                  local: bool) -> tuple[Column, list[Column], list[Column]]:
+    """The Columns of `decode_json_lines`: its blank-line filter, the projection that
+    parses and the one that flattens."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    with_corrupt = StructType([*schema.fields, StructField(CORRUPT_COLUMN, StringType())])
+    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}
+    parsed = F.from_json(F.col("value"), with_corrupt, options)
+    carried = [F.col("value").alias(_VALUE), F.col("split").cast("string").alias(_SPLIT),
+               F.col("offset").cast("string").alias(_OFFSET), *[F.col(c) for c in extra]]
+    # `inline(array(struct(...)))` puts the parse in a Generate node, which Spark does not push
+    # the corrupt-record filter through; a plain projection would be copied into the filter
+    # and every line parsed twice. A local relation takes the plain projection (Spark folds
+    # it; the few rows are parsed twice).
+    parse = ([parsed.alias("r"), *carried] if local else
+             [F.inline(F.array(F.struct(parsed.alias("r"), *carried)))])
+    # A JSON `null` or a bare scalar parses to a null struct: undecodable too.
+    corrupt = F.coalesce(F.col("r").getField(CORRUPT_COLUMN),
+                         F.when(F.col("r").isNull(), F.col(_VALUE)))
+    flatten = [*[F.col("r").getField(n).alias(n) for n in schema.fieldNames()],
+               corrupt.alias(CORRUPT_COLUMN), F.col(_VALUE), F.col(_SPLIT), F.col(_OFFSET),
+               *[F.col(c) for c in extra]]
+    return F.trim(F.col("value")) != "", parse, flatten
 
 
 def iso_timestamp(ts: Column) -> Column:
