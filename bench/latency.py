@@ -149,17 +149,26 @@ def pct(values: list[float], q: float) -> float:
 def run_streamer(spark: Any, kind: str, rate: float, epoch: str, seconds: float,
                  warmup: float, cap: int | None = None) -> Outcome:
     """Run the streamer pipeline for `seconds`, then stop it (with its final checkpoint)."""
+    column = "ts" if kind == "stateless" else "last"
+    return run_pipeline(spark, pipeline_yaml(kind, rate, epoch, cap),
+                        lambda spec, ctx: ArrivalSink(spec, ctx, column), seconds, warmup)
+
+
+def run_pipeline(spark: Any, text: str, make_sink: Any, seconds: float,
+                 warmup: float) -> Outcome:
+    """Run the pipeline `text` with its one sink made by `make_sink(spec, ctx)` (an
+    `ArrivalSink`) for `seconds`, then stop it (with its final checkpoint); the latencies
+    of rows created after `warmup` seconds."""
     from streamer.pipeline.validate import load_pipeline_text
     from streamer.runtime.coordinator import JobRunner, RunOptions
 
-    column = "ts" if kind == "stateless" else "last"
     sinks: list[ArrivalSink] = []
 
     def sink_factory(spec: Any, ctx: ConnectorContext) -> Sink:
-        sinks.append(ArrivalSink(spec, ctx, column))
+        sinks.append(make_sink(spec, ctx))
         return sinks[-1]
 
-    spec = load_pipeline_text(pipeline_yaml(kind, rate, epoch, cap))
+    spec = load_pipeline_text(text)
     runner = JobRunner(spec, RunOptions(ui=False, checkpoints=True, fresh=True), spark=spark,
                        sink_factory=sink_factory)
     timer = threading.Timer(seconds, runner.request_stop)
@@ -202,17 +211,7 @@ def run_spark(spark: Any, kind: str, rate: float, trigger: str, seconds: float,
         seen.extend((v, c, now) for v, c in zip(table.column("value").to_pylist(),
                                                  table.column("c").to_pylist(), strict=True))
 
-    writer = (out.writeStream.outputMode(mode).foreachBatch(batch)
-              .option("checkpointLocation", str(root / name)))
-    if trigger != "0":
-        writer = writer.trigger(processingTime=trigger)
-    started = time.time()
-    query = writer.start()
-    time.sleep(seconds)
-    query.stop()
-    wall = time.time() - started
-    progress = list(query.recentProgress)
-    rows = sum(int(p.get("numInputRows") or 0) for p in progress)
+    started, wall, progress, rows = run_query(out, mode, batch, root / name, trigger, seconds)
     # The rate source stamps value v with start + v * 1000 / R and releases the rows of its
     # second v // R when that second is over.
     per_second = max(1, int(rate))
@@ -227,6 +226,24 @@ def run_spark(spark: Any, kind: str, rate: float, trigger: str, seconds: float,
         released = origin + (v // per_second + 1) * 1000
         available.append(max(0.0, arrived - released))
     return Outcome(available, rows, wall, progress, since_timestamp=stamped)
+
+
+def run_query(out: Any, mode: str, batch: Any, checkpoint: Path, trigger: str,
+              seconds: float) -> tuple[float, float, list[Any], int]:
+    """Run the streaming DataFrame `out` into `foreachBatch(batch)` for `seconds` with a
+    processing-time `trigger` ("0": as fast as possible); (start time, wall seconds,
+    progress reports, input rows)."""
+    writer = (out.writeStream.outputMode(mode).foreachBatch(batch)
+              .option("checkpointLocation", str(checkpoint)))
+    if trigger != "0":
+        writer = writer.trigger(processingTime=trigger)
+    started = time.time()
+    query = writer.start()
+    time.sleep(seconds)
+    query.stop()
+    wall = time.time() - started
+    progress = list(query.recentProgress)
+    return started, wall, progress, sum(int(p.get("numInputRows") or 0) for p in progress)
 
 
 def median_of(values: list[float]) -> float:

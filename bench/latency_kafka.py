@@ -43,8 +43,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench.latency import ArrivalSink, Outcome, pct
-from streamer.connectors.base import ConnectorContext, Sink
+from bench.latency import ArrivalSink, Outcome, pct, run_pipeline, run_query
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
@@ -119,32 +118,12 @@ class Producer(threading.Thread):
 
 def run_streamer(spark: Any, broker: KafkaBroker, topic: str, kind: str, seconds: float,
                  warmup: float, scratch: Path) -> Outcome:
-    from streamer.pipeline.validate import load_pipeline_text
-    from streamer.runtime.coordinator import JobRunner, RunOptions
-
-    sinks: list[CreatedSink] = []
-
-    def sink_factory(spec: Any, ctx: ConnectorContext) -> Sink:
-        sinks.append(CreatedSink(spec, ctx, "created"))
-        return sinks[-1]
-
     tag = uuid.uuid4().hex[:6]
-    spec = load_pipeline_text(textwrap.dedent(PIPELINE.format(
+    text = textwrap.dedent(PIPELINE.format(
         kind=kind, tag=tag, storage=scratch / tag, bootstrap=broker.bootstrap, topic=topic,
-        op=OPS[kind])))
-    runner = JobRunner(spec, RunOptions(ui=False, checkpoints=True, fresh=True), spark=spark,
-                       sink_factory=sink_factory)
-    timer = threading.Timer(seconds, runner.request_stop)
-    started = time.time()
-    timer.start()
-    try:
-        result = runner.run()
-    finally:
-        timer.cancel()
-    wall = time.time() - started
-    cutoff = (started + warmup) * 1000
-    latencies = [lat for c, lat in sinks[0].seen if c >= cutoff]
-    return Outcome(latencies, result.records_in, wall, list(result.metrics))
+        op=OPS[kind]))
+    return run_pipeline(spark, text, lambda spec, ctx: CreatedSink(spec, ctx, "created"),
+                        seconds, warmup)
 
 
 def run_spark(spark: Any, broker: KafkaBroker, topic: str, kind: str, trigger: str,
@@ -169,17 +148,8 @@ def run_spark(spark: Any, broker: KafkaBroker, topic: str, kind: str, trigger: s
         now = time.time() * 1000
         seen.extend((c, now - c) for c in created if c is not None)
 
-    writer = (out.writeStream.outputMode(mode).foreachBatch(batch)
-              .option("checkpointLocation", str(scratch / f"sss-{uuid.uuid4().hex[:6]}")))
-    if trigger != "0":
-        writer = writer.trigger(processingTime=trigger)
-    started = time.time()
-    query = writer.start()
-    time.sleep(seconds)
-    query.stop()
-    wall = time.time() - started
-    progress = list(query.recentProgress)
-    rows = sum(int(p.get("numInputRows") or 0) for p in progress)
+    started, wall, progress, rows = run_query(
+        out, mode, batch, scratch / f"sss-{uuid.uuid4().hex[:6]}", trigger, seconds)
     cutoff = (started + warmup) * 1000
     return Outcome([lat for c, lat in seen if c >= cutoff], rows, wall, progress)
 
