@@ -948,14 +948,19 @@ class JobRunner:
                             partial(target.task_target, epoch,  # type: ignore[attr-defined]
                                     stage.visible_schema))
                     collected = None
-                    if not reads and stage.local is not None and not present and local_rows():
+                    if (not reads and stage.local is not None and not present and local_rows()
+                            and stage.small_input):
                         import pyarrow as pa  # no input (timers only): nothing to collect
 
+                        # (After big epochs the timers may fire many windows: those keep
+                        # the Spark path, whose tasks fire them in parallel.)
                         collected = pa.schema(list(stage.local.columns)).empty_table()
                     elif not reads and stage.local is not None and ran_local:
                         collected = self._guarded(epoch, f"operator {node.id!r}", partial(
                             local_table, union(present).select(
                                 *[F.col(f"`{name}`") for name, _ in stage.local.columns])))
+                    if present:  # whether this epoch's input was small enough to collect
+                        stage.small_input = collected is not None
                     if reads:
                         result = self._guarded(epoch, f"operator {node.id!r}", partial(
                             stage.run_direct, reads[1], epoch, now, fire, tasks, write_to))

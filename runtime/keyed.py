@@ -214,6 +214,9 @@ class KeyedStage:
         #: Local epochs run their subtasks in the driver (`run_local`): in local mode, where
         #: the driver reaches the state directories (`STREAMER_DRIVER_SUBTASKS=0`: never).
         self.in_driver = False
+        #: The stage's last epoch with input ran locally: its epochs without input (timers
+        #: only) run locally too. After a big epoch they take the Spark path.
+        self.small_input = True
         self.input_schema = input_schema
         window = op.window
         self.domain = "event"

@@ -326,3 +326,22 @@ def test_local_keyed_subtasks_write_the_parquet_sink_as_spark_does(
     assert found["spark"]["rows"], "nothing to compare"
     assert found["rdd"] == found["spark"]
     assert found["driver"] == found["spark"]
+
+
+def test_timers_after_big_epochs_fire_on_the_spark_path(spark, tmp_path: Path,
+                                                        monkeypatch) -> None:
+    """An epoch without input runs locally only when the stage's last input did: after big
+    epochs its timers may fire many windows, which Spark's tasks fire in parallel."""
+    event_time, operator = KEYED_CASES["tumbling"]
+    monkeypatch.setenv("STREAMER_LOCAL_ROWS", "50")  # below the 100 rows per epoch
+    spec = load_pipeline_text(textwrap.dedent(KEYED.format(
+        mode="big", backend="rocksdb", state=tmp_path / "state", event_time=event_time,
+        operator=operator)))
+    runner = JobRunner(spec, RunOptions(ui=False, checkpoints=False, fresh=True,
+                                        storage=str(tmp_path / "storage")),
+                       spark=spark, sink_factory=MemorySink)
+    result = runner.run()
+    assert [bool(m.records_in) for m in result.metrics] == [True, True, True, False]
+    assert [m.local for m in result.metrics] == [[], [], [], []]
+    fired = result.metrics[-1].records_out["out"]
+    assert fired > 0, "the last epoch fires the windows still open"
