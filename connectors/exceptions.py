@@ -16,3 +16,9 @@ class DecodeError(StreamerError):
     names the source, split and offset. Add `on_error: <sink id>` to route such records to a
     dead-letter sink instead of failing the job.
     """
+
+
+class ReadFailed(ConnectorError):
+    """Raised when a source could not read a planned slice on the driver (the broker or the
+    storage failed while reading); like a failed Spark task, the epoch fails and the job
+    restarts from its last checkpoint (`job.restart`)."""

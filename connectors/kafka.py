@@ -36,7 +36,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from streamer.connectors.base import ConnectorContext, Offsets, Source, SourceRead, SourceSlice
-from streamer.connectors.exceptions import ConnectorError
+from streamer.connectors.exceptions import ConnectorError, ReadFailed
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -289,8 +289,15 @@ class KafkaSource(Source):
             # 500-1,000 ms per 100-record read, against 1-30 ms with 10 ms.
             conf = {"fetch.wait.max.ms": 10, **self._reader_conf()}
             self._reader = Consumer(conf, logger=quiet_logger())
-        batches = [batch for topic, part, start, end in ranges
-                   for batch in read_range({}, topic, part, start, end, self._reader)]
+        batches = []
+        for topic, part, start, end in ranges:
+            try:
+                batches += read_range({}, topic, part, start, end, self._reader)
+            except Exception as exc:
+                msg = (f"source {self.spec.id!r} cannot read {topic}:{part} offsets [{start}, "
+                       f"{end}) from {self.conf['bootstrap.servers']!r}: {exc}; check that "
+                       "the broker is running")
+                raise ReadFailed(msg) from exc
         schema = raw_arrow_schema()
         table = pa.Table.from_batches(batches, schema=schema).combine_chunks()
         return self.ctx.spark.createDataFrame(table, schema=RAW_DDL)

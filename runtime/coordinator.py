@@ -900,7 +900,8 @@ class JobRunner:
                     if dead_letters is not None and on_error:
                         dead.setdefault(on_error, []).append(dead_letters)
                     continue
-                read = self.sources[node.id].read(piece)
+                read = self._guarded(epoch, f"reading source {node.id!r}",
+                                     partial(self.sources[node.id].read, piece))
                 records = read.records
                 stats = [F.count(F.lit(1)).alias("n")]
                 event_time = node.spec.event_time  # type: ignore[union-attr]
@@ -1403,11 +1404,15 @@ class JobRunner:
         from py4j.protocol import Py4JJavaError
         from pyspark.errors import PySparkException
 
+        from streamer.connectors.exceptions import ReadFailed
         from streamer.runtime.keyed import SubtaskFailed
         from streamer.runtime.spark import spark_error_message
 
         try:
             return action()
+        except ReadFailed as exc:  # a source's read on the driver (as a failed task would)
+            msg = f"epoch {epoch} failed in {what}: {exc}"
+            raise JobFailedError(msg) from exc
         except StreamerError:
             raise
         except SubtaskFailed as exc:  # a keyed subtask the driver ran (`run_local`)

@@ -409,3 +409,29 @@ def test_watermark_is_per_partition_the_slowest_one_holds_it(spark: Any, kafka: 
     # Epoch 1 read p0 up to 104 s and p1 up to 4 s: the watermark is p1's, 4 s - 1 s.
     assert first.watermark == base + 3000
     assert sorted((r["p"], r["n"]) for r in sinks["out"].committed) == [(0, 10), (1, 10)]
+
+
+def test_a_local_read_that_fails_is_a_clear_restartable_error(
+        spark: Any, kafka: Any, monkeypatch: Any) -> None:
+    """A slice read on the driver whose partition is gone fails as a failed read task
+    would: a message naming the source, partition and offsets (`ReadFailed`, which the
+    runtime turns into a failed epoch and a restart)."""
+    from streamer.connectors import kafka as kafka_source
+    from streamer.connectors.base import SourceSlice
+    from streamer.connectors.exceptions import ReadFailed
+
+    monkeypatch.setattr(kafka_source, "READ_TIMEOUT_S", 2.0)  # (no progress for 60 s)
+
+    name = topic(kafka, 1)
+    source = source_of(spark, kafka, topic=name, schema={"n": "int"})
+    gone = f"gone-{uuid.uuid4().hex[:8]}"
+    piece = SourceSlice(source_id="src", start={f"{gone}:0": 0}, end={f"{gone}:0": 5},
+                        payload={"ranges": [[gone, 0, 0, 5]]})
+    started = time.monotonic()
+    with pytest.raises(ReadFailed) as failed:
+        source.read(piece)
+    assert time.monotonic() - started < 20
+    text = str(failed.value)
+    assert text.startswith(f"source 'src' cannot read {gone}:0 offsets [0, 5) from "), text
+    assert "check that the broker is running" in text
+    source.close()

@@ -345,3 +345,25 @@ def test_timers_after_big_epochs_fire_on_the_spark_path(spark, tmp_path: Path,
     assert [m.local for m in result.metrics] == [[], [], [], []]
     fired = result.metrics[-1].records_out["out"]
     assert fired > 0, "the last epoch fires the windows still open"
+
+
+def test_what_fails_on_the_driver_fails_the_epoch_as_a_task_would(spark, tmp_path: Path) -> None:
+    """A source's read and keyed subtasks run on the driver in local epochs; their failures
+    become the failed epoch (`JobFailedError`, restarted per `job.restart`) that a failed
+    Spark task gives, not an internal error."""
+    from streamer.connectors.exceptions import ReadFailed
+    from streamer.runtime.exceptions import JobFailedError
+    from streamer.runtime.keyed import SubtaskFailed
+
+    spec = load_pipeline_text(textwrap.dedent(BAD_FIELD.format(mode="guard", event_time="")))
+    runner = JobRunner(spec, RunOptions(ui=False, checkpoints=False, fresh=True,
+                                        storage=str(tmp_path / "storage")),
+                       spark=spark, sink_factory=MemorySink)
+    for what, exc in (("reading source 'gen'", ReadFailed("source 'gen' cannot read t:0")),
+                      ("operator 'agg'", SubtaskFailed("subtask 1 failed: ValueError: x"))):
+        def fail(exc: Exception = exc) -> None:
+            raise exc
+
+        with pytest.raises(JobFailedError) as failed:
+            runner._guarded(3, what, fail)
+        assert str(failed.value) == f"epoch 3 failed in {what}: {exc}"
