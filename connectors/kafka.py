@@ -289,7 +289,7 @@ class KafkaSource(Source):
             # 500-1,000 ms per 100-record read, against 1-30 ms with 10 ms.
             conf = {"fetch.wait.max.ms": 10, **self._reader_conf()}
             self._reader = Consumer(conf, logger=quiet_logger())
-        batches = []
+        batches: list[pa.RecordBatch] = []
         for topic, part, start, end in ranges:
             try:
                 batches += read_range({}, topic, part, start, end, self._reader)
