@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 HIDDEN = "__"
+#: The columns of a keyed task's batches that say what a row is, not part of the output.
+BOOKKEEPING = ("__kind", "__meta", "__side")
 EPOCH_SEQ = 1 << 40
 
 
@@ -268,7 +270,7 @@ class KeyedStage:
 
             self._empty = self.spark.createDataFrame([], StructType([
                 f for f in self.out_schema.fields
-                if f.name not in ("__kind", "__meta", "__side")]))
+                if f.name not in BOOKKEEPING]))
         return self._empty
 
     # ------------------------------------------------------------------ per epoch
@@ -466,7 +468,7 @@ class KeyedStage:
         import pyarrow as pa
 
         schema = pa.schema([f for f in self.base_config.out_schema
-                            if f.name not in ("__kind", "__meta", "__side")])
+                            if f.name not in BOOKKEEPING])
         tables = [p if isinstance(p, pa.Table) else pa.Table.from_batches([p]) for p in parts]
         # One chunk: PySpark 4.3's createDataFrame drops the rows after an empty chunk
         # (measured: chunks of 2, 0 and 1 rows give 2 rows; tests/runtime/test_local.py).
@@ -515,7 +517,7 @@ class KeyedStage:
         # (usually the sink's). A second evaluation is safe: every task finds its epoch
         # already committed and replays the stored output instead of applying it again.
         result = rows.mapInArrow(task, self.out_schema)
-        output = result.filter(F.col("__kind") == OUT).drop("__kind", "__meta", "__side")
+        output = result.filter(F.col("__kind") == OUT).drop(*BOOKKEEPING)
         sides = {}
         for name, ddl in self.side_schemas.items():
             rows_of = result.filter((F.col("__kind") == "side") & (F.col("__side") == name))
@@ -559,7 +561,7 @@ def output_rows(batch: Any) -> Any:
     import pyarrow.compute as pc
 
     out = batch.filter(pc.equal(batch.column("__kind"), OUT))
-    return out.select([n for n in out.schema.names if n not in ("__kind", "__meta", "__side")])
+    return out.select([n for n in out.schema.names if n not in BOOKKEEPING])
 
 
 class SubtaskFailed(Exception):
