@@ -98,15 +98,36 @@ def validate(
 def plan(
     file: FileArg,
     format: Annotated[PlanFormat, typer.Option(
-        "--format", "-f", help="tree (default), mermaid, dot or json.")] = PlanFormat.tree,
+        "--format", "-f", help="tree (default), mermaid, dot or json; with --physical, tree "
+        "or json.")] = PlanFormat.tree,
+    physical: Annotated[bool, typer.Option(
+        "--physical", help="Show the physical plan instead: the stages (source reads, "
+        "stateless chains, keyed stages, sinks), the strategy of each and why, and the "
+        "per-epoch rule. Starts Spark locally to read the sources' schemas; writes "
+        "nothing.")] = False,
 ) -> None:
     """Show the logical dataflow: operators, uids, key_by, parallelism, and where rows are
-    shuffled by key group. No Spark needed.
+    shuffled by key group (no Spark needed); or, with --physical, how each stage runs.
     """
     from streamer.pipeline.graph import compile_dataflow
     from streamer.pipeline.validate import load_pipeline
 
-    flow = compile_dataflow(load_pipeline(str(file)))
+    spec = load_pipeline(str(file))
+    if physical:
+        if format not in (PlanFormat.tree, PlanFormat.json):
+            err_console().print(f"[red]error[/red] --physical prints tree or json, not "
+                                f"{format.value}")
+            raise typer.Exit(2)
+        from streamer.runtime.checks import physical_plan
+        from streamer.runtime.plan import render
+
+        found = physical_plan(spec)
+        if format is PlanFormat.json:
+            typer.echo(json.dumps(found.to_json(), indent=2))
+        else:
+            typer.echo(render(found), nl=False)
+        return
+    flow = compile_dataflow(spec)
     if format is PlanFormat.json:
         typer.echo(json.dumps(flow.to_json(), indent=2))
     elif format is PlanFormat.mermaid:

@@ -11,6 +11,8 @@ from streamer.pipeline.spec import PipelineSpec
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from streamer.runtime.plan import PhysicalPlan
+
 
 def shared_session(spec: PipelineSpec | None = None) -> SparkSession:
     """A local session without the UI for checks and tests (the pipeline's spark: block
@@ -30,3 +32,12 @@ def analyze_spec(spec: PipelineSpec, spark: SparkSession | None = None) -> None:
     session = spark or shared_session(spec)
     ctx = ConnectorContext(spark=session, job_name=spec.name)
     analyze(spec, session, {s.id: make_source(s, ctx) for s in spec.sources})
+
+
+def physical_plan(spec: PipelineSpec, spark: SparkSession | None = None) -> PhysicalPlan:
+    """The physical plan `streamer run` would compile for `spec` in local mode: sources
+    and sinks are built (not opened) and every expression analyzed; nothing is written."""
+    from streamer.runtime.coordinator import JobRunner, RunOptions
+
+    session = spark or shared_session(spec)
+    return JobRunner(spec, RunOptions(ui=False), spark=session).build()

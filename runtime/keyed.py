@@ -12,8 +12,6 @@ even for subtasks that got no records.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -21,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.accumulators import AccumulatorParam
 
 from streamer.operators.aggregates import accumulator
-from streamer.operators.direct import DIRECT_AGGREGATES, DirectRead, ipc_bytes
+from streamer.operators.direct import DirectRead, ipc_bytes
 from streamer.operators.keyed import META, OUT, KeyedConfig, output_schema, run_task
 from streamer.pipeline.spec import JobSpec, OperatorSpec
 
@@ -116,83 +114,6 @@ class DirectShape:
                           ts_column=self.ts_column, watermark=watermark, table=table)
 
 
-#: Spark types whose values Arrow aggregates as Spark's partial aggregates do.
-_NUMERIC = ("tinyint", "smallint", "int", "bigint", "float", "double")
-
-
-def direct_plan(stage: KeyedStage, source: Any, source_schema: StructType,
-                consumers: int) -> DirectShape | str:
-    """Whether `stage`'s subtasks can read `source` themselves (operators/direct.py), or
-    why not. They can when the operator's only input is that source and nothing else reads
-    it; the source is local parquet files; the operator is a rolling aggregate or a tumbling
-    or sliding window without a `late:` output; its aggregates are count, or sum, min, max
-    and avg of numeric columns, or min and max of timestamps; its keys are string, integer,
-    boolean or date columns; its event time (if any) is a timestamp column as it is.
-    `STREAMER_DIRECT_READ=0` turns it off."""
-    shape = local_plan(stage)
-    if isinstance(shape, str):
-        return shape
-    op, spec = stage.op, source.spec
-    if op.inputs != (spec.id,) or consumers != 1:
-        return "the source has other readers, or the operator other inputs"
-    if spec.type != "files" or getattr(source, "format", None) != "parquet" or not getattr(
-            source, "local", False):
-        return "not a local parquet files source"
-    ts_column = (spec.event_time or "").strip() if stage.domain == "event" else None
-    return _direct_shape(stage, spec.id, source_schema, ts_column)
-
-
-def local_plan(stage: KeyedStage) -> DirectShape | str:
-    """Whether `stage` can take a local epoch's rows collected on the driver
-    (`runtime.local`) in place of files, or why not: the operator and column shapes of
-    `direct_plan`, over the stage's input (its event time is `__ts`)."""
-    if os.environ.get("STREAMER_DIRECT_READ", "1") == "0":
-        return "STREAMER_DIRECT_READ=0"
-    op = stage.op
-    window = op.window
-    if stage.kind not in ("window", "aggregate"):
-        return f"a {stage.kind} operator"
-    if window is not None and (window.kind not in ("tumbling", "sliding") or window.late):
-        return "a session/count window or a late: output"
-    return _direct_shape(stage, "", stage.input_schema,
-                         "__ts" if stage.domain == "event" else None)
-
-
-def _direct_shape(stage: KeyedStage, source_id: str, schema: StructType,
-                  ts_column: str | None) -> DirectShape | str:
-    """The columns a direct read casts (keys, aggregate arguments, event time), or why the
-    columns do not allow it."""
-    from pyspark.sql.pandas.types import to_arrow_type
-
-    from streamer.state.keygroups import PYTHON_HASHED_TYPES
-
-    op = stage.op
-    types = {f.name: f.dataType for f in schema.fields}
-    wanted: dict[str, Any] = {}
-    key_types = []
-    for key in op.key_by:
-        if key not in types or types[key].simpleString() not in PYTHON_HASHED_TYPES:
-            return f"key {key!r} is not a plain string, integer, boolean or date column"
-        key_types.append(types[key].simpleString())
-        wanted[key] = to_arrow_type(types[key])
-    for agg in op.aggregates:
-        if agg.function not in DIRECT_AGGREGATES:
-            return f"aggregate {agg.function}"
-        if agg.arg is not None:
-            kind = types[agg.arg].simpleString() if agg.arg in types else None
-            if kind not in _NUMERIC and not (kind == "timestamp" and agg.function in (
-                    "min", "max")):
-                return f"{agg.function}({agg.arg}) is not over a numeric column"
-            wanted[agg.arg] = to_arrow_type(types[agg.arg], timezone="UTC")
-    if ts_column is not None:
-        if ts_column not in types or types[ts_column].simpleString() != "timestamp":
-            return "the event time is not a timestamp column"
-        import pyarrow as pa
-
-        wanted[ts_column] = pa.timestamp("us", tz="UTC")
-    return DirectShape(source_id, tuple(wanted.items()), tuple(key_types), ts_column)
-
-
 class KeyedStage:
     """One keyed operator's per-epoch Spark plan."""
 
@@ -208,17 +129,15 @@ class KeyedStage:
         self._starts: DataFrame | None = None  # see run_direct
         self._subtasks: Any = None  # an RDD of one element per subtask, see _launch
         self._empty: DataFrame | None = None  # see _no_output
-        #: The parquet source this stage reads itself, when `direct_plan` allows it.
+        #: The parquet source this stage reads itself, when `stages.keyed.direct_plan`
+        #: allows it (set by the planner).
         self.direct: DirectShape | None = None
         #: The columns of a local epoch's input the driver collects for the tasks, when
-        #: `local_plan` allows it (see `run_local`).
+        #: `stages.keyed.local_plan` allows it (see `run_local`; set by the planner).
         self.local: DirectShape | None = None
         #: Local epochs run their subtasks in the driver (`run_local`): in local mode, where
         #: the driver reaches the state directories (`STREAMER_DRIVER_SUBTASKS=0`: never).
         self.in_driver = False
-        #: The stage's last epoch with input ran locally: its epochs without input (timers
-        #: only) run locally too. After a big epoch they take the Spark path.
-        self.small_input = True
         self.input_schema = input_schema
         window = op.window
         self.domain = "event"
@@ -567,48 +486,3 @@ def output_rows(batch: Any) -> Any:
 class SubtaskFailed(Exception):
     """A keyed subtask that the driver ran itself (`KeyedStage.run_local`) failed; the
     message says which and how, as Spark's says it of a task."""
-
-
-def local_state_base(local_dir: str | None) -> str:
-    """The local state directory: `job.state.local_dir`, `$STREAMER_STATE_DIR`, or
-    `<tmp>/streamer-state`."""
-    base = local_dir or os.environ.get("STREAMER_STATE_DIR") or os.path.join(
-        tempfile.gettempdir(), "streamer-state")
-    return os.path.abspath(base)
-
-
-def default_state_root(local_dir: str | None, job: str, run_id: str) -> str:
-    """Where subtasks keep working state: `<local_dir>/<job>/<run id>`."""
-    return os.path.join(local_state_base(local_dir), job, run_id)
-
-
-def local_recovery_root(local_dir: str | None) -> str:
-    """Where subtasks keep local copies of their checkpoint snapshots (local recovery)."""
-    return os.path.join(local_state_base(local_dir), ".local-recovery")
-
-
-def cleanup_stale_runs(local_dir: str | None, job: str, current_run: str) -> list[str]:
-    """Remove the working state of earlier runs of `job` whose process is gone (a killed
-    run leaves it behind; resuming restores from checkpoints, never from it)."""
-    import re
-    import shutil
-
-    root = os.path.join(local_state_base(local_dir), job)
-    removed: list[str] = []
-    if not os.path.isdir(root):
-        return removed
-    for name in os.listdir(root):
-        match = re.fullmatch(r"[0-9a-f]+-(\d+)", name)
-        if not match or name == current_run:
-            continue
-        pid = int(match.group(1))
-        try:
-            os.kill(pid, 0)
-            continue  # that run is alive (or the pid was reused: leave it)
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue
-        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-        removed.append(name)
-    return removed

@@ -1,0 +1,353 @@
+"""The physical planner (ARCHITECTURE.md §2b): the logical dataflow becomes a list of
+stages, each with its strategy and the reason for it, once at the start of a run (and again
+after a restore or rescale, which start a new run attempt); and `decide` is the one point
+where what varies per epoch is chosen.
+
+    logical dataflow ──plan_stages──> PhysicalPlan: source stages, stateless chains,
+                                       keyed stages, sink stages (in dataflow order)
+    per epoch: decide(plan, slices) -> EpochDecision ──> every stage's run(ctx)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from streamer.runtime.keyed import DirectShape, KeyedStage
+from streamer.runtime.stages.base import EpochDecision, Stage
+from streamer.runtime.stages.keyed import (
+    KeyedOperatorStage,
+    LocalRun,
+    SubtaskReadRun,
+    direct_plan,
+    local_plan,
+)
+from streamer.runtime.stages.sinks import SparkWriterSink, SubtaskWrittenSink
+from streamer.runtime.stages.sources import ScanSource, SubtaskReadSource
+from streamer.runtime.stages.stateless import StatelessChain
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from streamer.connectors.base import Sink, Source, SourceSlice
+    from streamer.pipeline.graph import Dataflow, Node
+    from streamer.pipeline.spec import PipelineSpec
+
+
+@dataclass(frozen=True)
+class ExecutionSettings:
+    """The engine settings a plan is made with (`job.execution`, with any environment
+    overrides applied), and where each value came from."""
+
+    small_epoch_rows: int
+    local_rows: int
+    direct_read: bool
+    driver_subtasks: bool
+    task_sink: bool
+    #: Setting -> the environment variable that set it (settings not listed: the file or
+    #: the default).
+    overridden: Mapping[str, str] = field(default_factory=dict)
+
+    def origin(self, key: str) -> str:
+        """' (set by $VARIABLE)' when an environment variable set `key`, else ''."""
+        variable = self.overridden.get(key)
+        return f" (set by {variable})" if variable else ""
+
+    def describe(self) -> dict[str, Any]:
+        """Each setting with its value and, when overridden, the variable."""
+        return {k: {"value": getattr(self, k), **(
+            {"set_by": self.overridden[k]} if k in self.overridden else {})}
+            for k in ("small_epoch_rows", "local_rows", "direct_read", "driver_subtasks",
+                      "task_sink")}
+
+
+@dataclass
+class PhysicalPlan:
+    """The stages of a job in dataflow order, and what the epoch loop needs of them."""
+
+    stages: list[Stage]
+    settings: ExecutionSettings
+    #: Node id -> how many nodes read its output (a frame read twice is persisted).
+    consumers: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def keyed(self) -> dict[str, KeyedStage]:
+        """Keyed node id -> its stage's Spark plan (`runtime.keyed.KeyedStage`)."""
+        return {s.node_id: s.stage for s in self.stages if isinstance(s, KeyedOperatorStage)}
+
+    @property
+    def task_sinks(self) -> dict[str, str]:
+        """Keyed node id -> the sink whose files its subtasks write."""
+        return {s.node_id: s.task_sink[0] for s in self.stages
+                if isinstance(s, KeyedOperatorStage) and s.task_sink is not None}
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan as `streamer plan --physical --format json` prints it."""
+        return {"stages": [s.describe() for s in self.stages],
+                "per_epoch": PER_EPOCH_RULE, "settings": self.settings.describe()}
+
+
+#: How `decide` and the stages choose per epoch (shown with the plan).
+PER_EPOCH_RULE = (
+    "small-epoch mode when the epoch's input is known to be at most "
+    "job.execution.small_epoch_rows rows (else when the previous epoch's was); a slice of at "
+    "most job.execution.local_rows rows of a source that can is read on the driver, and the "
+    "stages after it stay local while their input is a local relation; a keyed stage's "
+    "subtasks read their source's parquet files themselves when the files allow it")
+
+
+def plan_stages(spec: PipelineSpec, flow: Dataflow, spark: SparkSession,
+                sources: Mapping[str, Source], sinks: Mapping[str, Sink],
+                schemas: Mapping[str, Any], settings: ExecutionSettings, *, on_cluster: bool,
+                state_root: str,
+                checkpointing: Callable[[str, int | None, str | None], Any]) -> PhysicalPlan:
+    """Compile the dataflow into stages: one per source, stateless chain, keyed operator and
+    sink, each with the strategy it runs with and why."""
+    event_time: dict[str, bool] = {}
+    keyed: dict[str, KeyedOperatorStage] = {}
+    for node in flow.nodes:
+        if node.role == "source":
+            event_time[node.id] = bool(node.source.event_time)
+        elif node.role == "operator":
+            has_ts = all(event_time.get(i, False) for i in node.inputs)
+            if node.kind != "keyed":
+                event_time[node.id] = has_ts
+                continue
+            stage = _keyed_stage(spec, flow, spark, node, sources, sinks, schemas, settings,
+                                 has_ts=has_ts, on_cluster=on_cluster, state_root=state_root,
+                                 checkpointing=checkpointing)
+            keyed[node.id] = stage
+            event_time[node.id] = stage.stage.kind == "window" or (
+                stage.stage.kind == "dedupe" and has_ts)
+    stages: list[Stage] = []
+    chained: dict[str, StatelessChain] = {}
+    for node in flow.nodes:
+        if node.role == "source":
+            stages.append(_source_stage(node, sources[node.id], keyed.values(), settings))
+        elif node.role == "sink":
+            stages.append(_sink_stage(node, sinks[node.id], keyed.values()))
+        elif node.id in keyed:
+            stages.append(keyed[node.id])
+        else:
+            head = node.inputs[0] if len(node.inputs) == 1 else None
+            chain = chained.get(head) if head is not None else None
+            if chain is not None and len(flow.consumers(head)) == 1:  # type: ignore[arg-type]
+                chain.ops.append(node.operator)
+                chain.node_id = node.id
+            else:
+                chain = StatelessChain([node.operator], "Spark SQL expressions, fused by "
+                                       "Spark's whole-stage code generation")
+                stages.append(chain)
+            chained[node.id] = chain
+    return PhysicalPlan(stages, settings, {n.id: len(flow.consumers(n.id)) for n in flow.nodes})
+
+
+def _keyed_stage(spec: PipelineSpec, flow: Dataflow, spark: SparkSession, node: Node,
+                 sources: Mapping[str, Source], sinks: Mapping[str, Sink],
+                 schemas: Mapping[str, Any], settings: ExecutionSettings, *, has_ts: bool,
+                 on_cluster: bool, state_root: str,
+                 checkpointing: Callable[[str, int | None, str | None], Any]
+                 ) -> KeyedOperatorStage:
+    """A keyed operator's stage with every strategy that applies to it."""
+    from dataclasses import replace
+
+    from pyspark.sql.types import StructField, StructType, TimestampType
+
+    op = node.operator
+    schema = schemas[op.inputs[0]]
+    if has_ts:
+        schema = StructType([*schema.fields, StructField("__ts", TimestampType())])
+    stage = KeyedStage(spark, op, spec.job, spec.name, schema, has_ts, state_root)
+    if on_cluster:
+        stage.base_config = replace(stage.base_config, executor_scoped=True)
+    skipped: list[dict[str, str]] = []
+    subtask_read = local = None
+    if not settings.direct_read:
+        skipped.append({"name": "subtasks-read-files / local",
+                        "why": f"job.execution.direct_read is off{settings.origin('direct_read')}"})
+    else:
+        source_id = op.inputs[0]
+        if len(op.inputs) == 1 and source_id in sources:
+            found = direct_plan(stage, sources[source_id], schemas[source_id],
+                                len(flow.consumers(source_id)))
+        else:
+            found = "its input is not a source it alone reads"
+        if isinstance(found, DirectShape):
+            stage.direct = found
+            subtask_read = SubtaskReadRun(stage, f"source {source_id!r} is local parquet files "
+                                          "it alone reads: the subtasks read them themselves, "
+                                          "with no Spark scan or shuffle", found)
+        else:
+            skipped.append({"name": SubtaskReadRun.name, "why": found})
+        shape = local_plan(stage)
+        if isinstance(shape, DirectShape) and settings.local_rows > 0:
+            stage.local = shape
+            stage.in_driver = not on_cluster and settings.driver_subtasks
+            where = ("in the driver process, one subtask after the other" if stage.in_driver
+                     else "in one plain RDD job (" + ("on a cluster the driver does not reach "
+                     "the executors' state" if on_cluster else "job.execution.driver_subtasks "
+                     f"is off{settings.origin('driver_subtasks')}") + ")")
+            local = LocalRun(stage, "a local epoch's input (a local relation, collected "
+                             f"without a job) goes to the subtasks {where}", shape)
+        else:
+            skipped.append({"name": LocalRun.name, "why": shape if isinstance(shape, str)
+                            else "job.execution.local_rows is 0"
+                            f"{settings.origin('local_rows')}"})
+    sink_id, why = _task_written_sink(spec, flow, node.id, stage, sinks, settings)
+    task_sink = None
+    if sink_id is None:
+        skipped.append({"name": "writes its sink", "why": why})
+    else:
+        task_sink = (sink_id, sinks[sink_id])
+    out = KeyedOperatorStage(
+        stage, f"{stage.kind} keyed by {', '.join(op.key_by) or '(nothing)'} in "
+        f"{stage.max_parallelism} key groups over {stage.parallelism} subtasks",
+        checkpointing=checkpointing, subtask_read=subtask_read, local=local,
+        task_sink=task_sink, local_epochs=settings.local_rows > 0)
+    out.not_used = skipped
+    return out
+
+
+def _task_written_sink(spec: PipelineSpec, flow: Dataflow, node_id: str, stage: KeyedStage,
+                       sinks: Mapping[str, Sink], settings: ExecutionSettings
+                       ) -> tuple[str | None, str]:
+    """The sink whose files the keyed stage `node_id`'s tasks write themselves
+    (`FilesSink.task_target`) and why, or (None, why none): the stage's only consumer is
+    that sink, the sink reads nothing else (no dead letters, late or side outputs), the
+    stage has no side outputs, and the sink is local parquet."""
+    from streamer.connectors.files_sink import FilesSink
+
+    if not settings.task_sink:
+        return None, f"job.execution.task_sink is off{settings.origin('task_sink')}"
+    if stage.side_schemas:
+        return None, "the operator has side outputs"
+    consumers = flow.consumers(node_id)
+    if len(consumers) != 1 or consumers[0].role != "sink":
+        return None, "its output is read by more than one sink or by an operator"
+    sink_id = consumers[0].id
+    sink = sinks.get(sink_id)
+    if not isinstance(sink, FilesSink) or not sink.takes_task_files:
+        return None, f"sink {sink_id!r} is not a local parquet files sink"
+    if flow.node(sink_id).inputs != (node_id,) or sink_id in spec.dead_letter_sinks:
+        return None, f"sink {sink_id!r} reads other inputs too"
+    return sink_id, "its only consumer is a local parquet files sink"
+
+
+def _source_stage(node: Node, source: Source, keyed: Any,
+                  settings: ExecutionSettings) -> ScanSource:
+    for stage in keyed:
+        if stage.subtask_read is not None and stage.subtask_read.shape.source_id == node.id:
+            return SubtaskReadSource(
+                node.id, f"its only reader, keyed stage {stage.node_id!r}, reads its parquet "
+                "files itself (Spark reads only a slice whose files need it)", source,
+                node.source)
+    reason = "Spark reads the slice"
+    if getattr(source, "local_reads", False) and settings.local_rows > 0:
+        reason += (f"; a slice of at most {settings.local_rows:,} rows is read on the driver "
+                   "as a local relation (job.execution.local_rows)")
+    return ScanSource(node.id, reason, source, node.source)
+
+
+def _sink_stage(node: Node, sink: Sink, keyed: Any) -> SparkWriterSink:
+    for stage in keyed:
+        if stage.task_sink is not None and stage.task_sink[0] == node.id:
+            return SubtaskWrittenSink(node.id, f"written by the subtasks of keyed stage "
+                                      f"{stage.node_id!r} (local parquet: no rows cross into "
+                                      "the JVM)", sink, node.inputs)
+    reason = "Spark's writer"
+    if sink.takes_tables:
+        reason += "; a local epoch's rows are written from the driver without a job"
+    return SparkWriterSink(node.id, reason, sink, node.inputs)
+
+
+def decide(plan: PhysicalPlan, sources: Mapping[str, Source],
+           slices: Mapping[str, SourceSlice], watermark: int,
+           last_input: int | None) -> EpochDecision:
+    """The one per-epoch decision: the small-epoch mode, and which slices keyed stages read
+    themselves (the rule is `PER_EPOCH_RULE`). `last_input`: the previous epoch's records
+    in (None before the first)."""
+    return EpochDecision(small=_small(plan.settings, slices, last_input),
+                         direct=_direct_reads(plan, sources, slices, watermark))
+
+
+def _small(settings: ExecutionSettings, slices: Mapping[str, SourceSlice],
+           last_input: int | None) -> bool:
+    """Whether the epoch runs in the small-epoch mode (`runtime.spark.SMALL_EPOCH_CONF`):
+    its input is known to be at most `small_epoch_rows` rows (a timer-only epoch has none),
+    or, where a source cannot tell up front, the previous epoch's was."""
+    limit = settings.small_epoch_rows
+    if limit <= 0:
+        return False
+    known = [piece.expected_records for piece in slices.values()]
+    if all(n is not None for n in known):
+        return sum(n for n in known if n is not None) <= limit
+    return last_input is not None and last_input <= limit
+
+
+def _direct_reads(plan: PhysicalPlan, sources: Mapping[str, Source],
+                  slices: Mapping[str, SourceSlice], watermark: int
+                  ) -> dict[str, tuple[str | None, Any, Any]]:
+    """Per source id: (that id, the `DirectRead` of its keyed stage, dead letters or None)
+    for this epoch's slices that keyed stages read themselves; a slice whose files do not
+    allow it is read by Spark instead. A stage whose source has no slice this epoch gets an
+    empty read (and None for the id)."""
+    from streamer.connectors.files import FilesSource
+
+    out: dict[str, tuple[str | None, Any, Any]] = {}
+    for stage in plan.stages:
+        if not isinstance(stage, KeyedOperatorStage) or stage.subtask_read is None:
+            continue
+        shape = stage.subtask_read.shape
+        if shape.source_id not in slices:
+            # No input this epoch (timers only, or the end of input): no Spark plan either.
+            out[shape.source_id] = (None, shape.read(watermark), None)
+            continue
+        source = sources[shape.source_id]
+        assert isinstance(source, FilesSource)  # (direct_plan takes only these)
+        found = source.plain_parquet(slices[shape.source_id], shape.ts_column)
+        if found is None:
+            continue
+        files, dead_letters = found
+        out[shape.source_id] = (shape.source_id, shape.read(watermark, tuple(files)),
+                                dead_letters)
+    return out
+
+
+def render(plan: PhysicalPlan) -> str:
+    """The plan as text: one block per stage with its strategy and why."""
+    lines = []
+    for stage in plan.stages:
+        info = stage.describe()
+        name = info["stage"]
+        if info["kind"] == "stateless":
+            name = " -> ".join(info["operators"])
+        lines.append(f"{info['kind']} stage {name}: {info['strategy']}")
+        lines.append(f"    {info['reason']}")
+        for run in info.get("strategies", []):
+            lines.append(f"    - {run['name']}: {run['reason']}")
+        for run in info.get("not_used", []):
+            lines.append(f"    - not {run['name']}: {run['why']}")
+    lines.append("per epoch: " + PER_EPOCH_RULE)
+    return "\n".join(lines) + "\n"
+
+
+def execution_settings(spec: PipelineSpec, env: Mapping[str, str]) -> ExecutionSettings:
+    """The pipeline's `job.execution` settings with the environment's overrides."""
+    from streamer.runtime.local import DEFAULT_LOCAL_ROWS, LOCAL_ROWS_VARIABLE
+    from streamer.runtime.spark import SMALL_EPOCH_ROWS, env_rows
+
+    overridden = {}
+    for key, variable in (("small_epoch_rows", "STREAMER_SMALL_EPOCH_ROWS"),
+                          ("local_rows", LOCAL_ROWS_VARIABLE),
+                          ("direct_read", "STREAMER_DIRECT_READ"),
+                          ("driver_subtasks", "STREAMER_DRIVER_SUBTASKS"),
+                          ("task_sink", "STREAMER_TASK_SINK")):
+        if env.get(variable, "").strip():
+            overridden[key] = variable
+    return ExecutionSettings(
+        small_epoch_rows=env_rows("STREAMER_SMALL_EPOCH_ROWS", SMALL_EPOCH_ROWS),
+        local_rows=env_rows(LOCAL_ROWS_VARIABLE, DEFAULT_LOCAL_ROWS),
+        direct_read=env.get("STREAMER_DIRECT_READ", "1") != "0",
+        driver_subtasks=env.get("STREAMER_DRIVER_SUBTASKS", "1") != "0",
+        task_sink=env.get("STREAMER_TASK_SINK", "1") != "0", overridden=overridden)

@@ -1,0 +1,276 @@
+"""Keyed stages: one keyed operator (its per-subtask logic is `operators.keyed.run_task`,
+written once) and the strategies that run its subtasks for an epoch.
+
+- `RoutedRun` (always available): Spark pre-aggregates the epoch's rows per key and window,
+  routes them by key group so that Spark partition i is subtask i, and runs the subtasks in
+  `mapInArrow` (a small epoch routes first and aggregates after: one shuffle, not two).
+- `SubtaskReadRun`: the subtasks read the epoch's local parquet files themselves, one Spark
+  task per subtask, no scan and no shuffle (`direct_plan` says when).
+- `LocalRun`: a local epoch's few rows, collected on the driver without a job, go to the
+  subtasks, which run in the driver process (local mode) or in one plain RDD job.
+
+Which one runs in an epoch follows one rule (`KeyedOperatorStage.choose`): the subtasks read
+their source themselves when the epoch's decision gave them its slice; else the epoch is
+local when its input is a local relation (or it has none and the last input was local);
+else Spark routes the rows.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from streamer.operators.direct import DIRECT_AGGREGATES, ipc_bytes
+from streamer.operators.stateless import union
+from streamer.runtime.keyed import DirectShape, KeyedResult, KeyedStage
+from streamer.runtime.local import local_table
+from streamer.runtime.stages.base import EpochContext, Stage
+from streamer.runtime.stages.sources import DirectSeen
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
+
+    from streamer.connectors.base import Sink
+
+
+class KeyedRun(ABC):
+    """One way to run a keyed stage's subtasks for an epoch."""
+
+    name: ClassVar[str]
+
+    def __init__(self, stage: KeyedStage, reason: str) -> None:
+        self.stage = stage
+        self.reason = reason
+
+    @abstractmethod
+    def run(self, ctx: EpochContext, present: list[DataFrame], fire: int, tasks: Any,
+            write_to: Any, collected: Any = None) -> KeyedResult:
+        """Run the subtasks for the epoch `ctx` over `present` (the input frames)."""
+
+
+class RoutedRun(KeyedRun):
+    """Spark pre-aggregates, routes by key group and runs the subtasks in `mapInArrow`."""
+
+    name = "spark-routed"
+
+    def run(self, ctx: EpochContext, present: list[DataFrame], fire: int, tasks: Any,
+            write_to: Any, collected: Any = None) -> KeyedResult:
+        """One Spark plan, run by whichever job reads the output (or writes the sink)."""
+        return self.stage.run(union(present) if present else None, ctx.epoch, ctx.now,
+                              ctx.fire_watermark, fire, tasks, ctx.decision.small, write_to)
+
+
+class SubtaskReadRun(KeyedRun):
+    """The subtasks read their source's parquet files themselves."""
+
+    name = "subtasks-read-files"
+
+    def __init__(self, stage: KeyedStage, reason: str, shape: DirectShape) -> None:
+        super().__init__(stage, reason)
+        self.shape = shape
+
+    def run(self, ctx: EpochContext, present: list[DataFrame], fire: int, tasks: Any,
+            write_to: Any, collected: Any = None) -> KeyedResult:
+        """One Spark task per subtask over the files the epoch's decision listed."""
+        source_id, read, _ = ctx.decision.direct[self.shape.source_id]
+        result = self.stage.run_direct(read, ctx.epoch, ctx.now, fire, tasks, write_to)
+        if source_id is not None:  # the source's records in and newest event time
+            ctx.seen_in[source_id] = DirectSeen(result.metas)
+        ctx.ran_direct.append(self.stage.op.id)
+        return result
+
+
+class LocalRun(KeyedRun):
+    """A local epoch: the collected rows go to the subtasks in the driver or one RDD job."""
+
+    name = "local"
+
+    def __init__(self, stage: KeyedStage, reason: str, shape: DirectShape) -> None:
+        super().__init__(stage, reason)
+        self.shape = shape
+
+    def run(self, ctx: EpochContext, present: list[DataFrame], fire: int, tasks: Any,
+            write_to: Any, collected: Any = None) -> KeyedResult:
+        """Run the subtasks over `collected` (an Arrow table of the epoch's input)."""
+        inline = self.shape.read(ctx.fire_watermark, table=ipc_bytes(collected))
+        result = self.stage.run_local(inline, ctx.epoch, ctx.now, fire, tasks, write_to)
+        ctx.ran_local.append(self.stage.op.id)
+        return result
+
+
+class KeyedOperatorStage(Stage):
+    """A keyed operator: the strategies planned for it, chosen per epoch by `choose`."""
+
+    kind = "keyed"
+    strategy = "keyed"
+
+    def __init__(self, stage: KeyedStage, reason: str, *,
+                 checkpointing: Callable[[str, int | None, str | None], Any],
+                 subtask_read: SubtaskReadRun | None = None, local: LocalRun | None = None,
+                 task_sink: tuple[str, Sink] | None = None,
+                 local_epochs: bool = True) -> None:
+        super().__init__(stage.op.id, reason)
+        self.stage = stage
+        self.routed = RoutedRun(stage, "always available")
+        self.subtask_read = subtask_read
+        self.local = local
+        self.task_sink = task_sink
+        self.checkpointing = checkpointing
+        #: Local epochs are on (`job.execution.local_rows` > 0).
+        self.local_epochs = local_epochs
+        #: The stage's last epoch with input ran locally: its epochs without input (timers
+        #: only) run locally too. After a big epoch they take the Spark path, whose tasks
+        #: fire many windows in parallel.
+        self.small_input = True
+        #: Strategies that do not apply, each with why (set by the planner).
+        self.not_used: list[dict[str, str]] = []
+
+    @property
+    def runs(self) -> list[KeyedRun]:
+        """The planned strategies, in the order `choose` prefers them."""
+        return [r for r in (self.subtask_read, self.local, self.routed) if r is not None]
+
+    def choose(self, ctx: EpochContext, present: list[DataFrame]) -> tuple[KeyedRun, Any]:
+        """The strategy for this epoch and, for a local one, its collected input."""
+        read = self.subtask_read
+        if read is not None and ctx.decision.direct.get(read.shape.source_id):
+            return read, None
+        collected = None
+        if self.local is not None:
+            columns = self.local.shape.columns
+            if not present and self.local_epochs and self.small_input:
+                import pyarrow as pa  # no input (timers only): nothing to collect
+
+                collected = pa.schema(list(columns)).empty_table()
+            elif present and ctx.ran_local:
+                from pyspark.sql import functions as F
+
+                collected = ctx.guard(f"operator {self.node_id!r}", partial(
+                    local_table, union(present).select(
+                        *[F.col(f"`{name}`") for name, _ in columns])))
+        if present:  # whether this epoch's input was small enough to collect
+            self.small_input = collected is not None
+        if collected is not None:
+            assert self.local is not None
+            return self.local, collected
+        return self.routed, None
+
+    def run(self, ctx: EpochContext) -> None:
+        """Run the operator's subtasks for the epoch; route late rows and side outputs."""
+        stage, node_id = self.stage, self.node_id
+        present = ctx.inputs(stage.op.inputs)
+        fire = ctx.flush if ctx.flush is not None else (
+            ctx.now if stage.domain == "processing" else ctx.watermark)
+        tasks = self.checkpointing(node_id, ctx.checkpoint_id, ctx.savepoint_url)
+        write_to = None
+        if self.task_sink is not None:
+            sink_id, sink = self.task_sink
+            write_to = ctx.guard(f"writing sink {sink_id!r}", partial(
+                sink.task_target, ctx.epoch, stage.visible_schema))  # type: ignore[attr-defined]
+        how, collected = self.choose(ctx, present)
+        result = ctx.guard(f"operator {node_id!r}", partial(
+            how.run, ctx, present, fire, tasks, write_to, collected))
+        ctx.keyed_metas[node_id] = result.metas
+        if result.run_job is not None:
+            assert self.task_sink is not None
+            ctx.task_jobs[self.task_sink[0]] = (result.run_job, result.metas)
+        ctx.frames[node_id] = result.output
+        late_sink = stage.op.window.late if stage.op.window else None
+        if result.late is not None and late_sink:
+            ctx.route(late_sink, result.late)
+        for name, sink_id in stage.op.side_outputs:
+            if name in result.sides:
+                ctx.route(sink_id, result.sides[name])
+
+    def describe(self) -> dict[str, Any]:
+        """The strategies, each with its reason, and the per-epoch rule."""
+        out = super().describe()
+        out["strategy"] = " | ".join(r.name for r in self.runs)
+        out["parallelism"] = self.stage.parallelism
+        out["strategies"] = [{"name": r.name, "reason": r.reason} for r in self.runs]
+        if self.not_used:
+            out["not_used"] = list(self.not_used)
+        if self.task_sink is not None:
+            out["writes_sink"] = self.task_sink[0]
+        return out
+
+
+#: Spark types whose values Arrow aggregates as Spark's partial aggregates do.
+_NUMERIC = ("tinyint", "smallint", "int", "bigint", "float", "double")
+
+
+def direct_plan(stage: KeyedStage, source: Any, source_schema: StructType,
+                consumers: int) -> DirectShape | str:
+    """Whether `stage`'s subtasks can read `source` themselves (operators/direct.py), or
+    why not. They can when the operator's only input is that source and nothing else reads
+    it; the source is local parquet files; the operator is a rolling aggregate or a tumbling
+    or sliding window without a `late:` output; its aggregates are count, or sum, min, max
+    and avg of numeric columns, or min and max of timestamps; its keys are string, integer,
+    boolean or date columns; its event time (if any) is a timestamp column as it is."""
+    shape = local_plan(stage)
+    if isinstance(shape, str):
+        return shape
+    op, spec = stage.op, source.spec
+    if op.inputs != (spec.id,) or consumers != 1:
+        return "the source has other readers, or the operator other inputs"
+    if spec.type != "files" or getattr(source, "format", None) != "parquet" or not getattr(
+            source, "local", False):
+        return "the source is not local parquet files"
+    ts_column = (spec.event_time or "").strip() if stage.domain == "event" else None
+    return _direct_shape(stage, spec.id, source_schema, ts_column)
+
+
+def local_plan(stage: KeyedStage) -> DirectShape | str:
+    """Whether `stage` can take a local epoch's rows collected on the driver
+    (`runtime.local`) in place of files, or why not: the operator and column shapes of
+    `direct_plan`, over the stage's input (its event time is `__ts`)."""
+    op = stage.op
+    window = op.window
+    if stage.kind not in ("window", "aggregate"):
+        return f"a {stage.kind} operator"
+    if window is not None and (window.kind not in ("tumbling", "sliding") or window.late):
+        return "a session or count window, or a late: output"
+    return _direct_shape(stage, "", stage.input_schema,
+                         "__ts" if stage.domain == "event" else None)
+
+
+def _direct_shape(stage: KeyedStage, source_id: str, schema: StructType,
+                  ts_column: str | None) -> DirectShape | str:
+    """The columns a direct read casts (keys, aggregate arguments, event time), or why the
+    columns do not allow it."""
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    from streamer.state.keygroups import PYTHON_HASHED_TYPES
+
+    op = stage.op
+    types = {f.name: f.dataType for f in schema.fields}
+    wanted: dict[str, Any] = {}
+    key_types = []
+    for key in op.key_by:
+        if key not in types or types[key].simpleString() not in PYTHON_HASHED_TYPES:
+            return f"key {key!r} is not a plain string, integer, boolean or date column"
+        key_types.append(types[key].simpleString())
+        wanted[key] = to_arrow_type(types[key])
+    for agg in op.aggregates:
+        if agg.function not in DIRECT_AGGREGATES:
+            return f"aggregate {agg.function}"
+        if agg.arg is not None:
+            kind = types[agg.arg].simpleString() if agg.arg in types else None
+            if kind not in _NUMERIC and not (kind == "timestamp" and agg.function in (
+                    "min", "max")):
+                return f"{agg.function}({agg.arg}) is not over a numeric column"
+            wanted[agg.arg] = to_arrow_type(types[agg.arg], timezone="UTC")
+    if ts_column is not None:
+        if ts_column not in types or types[ts_column].simpleString() != "timestamp":
+            return "the event time is not a timestamp column"
+        import pyarrow as pa
+
+        wanted[ts_column] = pa.timestamp("us", tz="UTC")
+    return DirectShape(source_id, tuple(wanted.items()), tuple(key_types), ts_column)
+
+
+__all__ = ["KeyedOperatorStage", "LocalRun", "RoutedRun", "SubtaskReadRun", "direct_plan",
+           "local_plan"]

@@ -1,0 +1,89 @@
+"""Sink stages: how an epoch's rows reach a sink's pre-commit (phase one of two-phase
+commit; the coordinator commits after the checkpoint that covers the epoch).
+
+- `SparkWriterSink`: the union of the sink's inputs (and the dead letters, late records or
+  side outputs routed to it) goes to the sink's Spark writer. In a local epoch, a sink that
+  takes Arrow tables gets the rows collected on the driver instead, without a job.
+- `SubtaskWrittenSink`: the keyed stage feeding it writes the sink's staging files from its
+  subtasks (`FilesSink.task_target`); the sink stages what they wrote.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from streamer.operators.stateless import union
+from streamer.runtime.keyed import visible
+from streamer.runtime.local import LocalSeen, local_table
+from streamer.runtime.stages.base import EpochContext, Stage
+
+if TYPE_CHECKING:
+    from streamer.connectors.base import Sink
+
+
+class SparkWriterSink(Stage):
+    """The sink's Spark writer (or, in a local epoch, its Arrow-table writer)."""
+
+    kind = "sink"
+    strategy = "spark-writer"
+
+    def __init__(self, node_id: str, reason: str, sink: Sink, inputs: tuple[str, ...]) -> None:
+        super().__init__(node_id, reason)
+        self.sink = sink
+        self.inputs = inputs
+
+    def run(self, ctx: EpochContext) -> None:
+        """Pre-commit the epoch's rows, if any, and observe how many there were."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        sink_id, sink = self.node_id, self.sink
+        present = [*ctx.inputs(self.inputs), *ctx.extra.get(sink_id, [])]
+        if not present:
+            return
+        what = f"writing sink {sink_id!r}"
+        if ctx.ran_local and sink.takes_tables:
+            table = ctx.guard(what, partial(local_table, sink.table_of(visible(union(
+                [visible(f) for f in present])))))
+            if table is not None:  # the rows, collected on the driver without a job
+                ctx.seen_out[sink_id] = LocalSeen({"n": table.num_rows})
+                ctx.ran_local.append(sink_id)
+                ctx.handles[sink_id] = ctx.guard(what, partial(sink.write_table, ctx.epoch,
+                                                               table))
+                return
+        obs = Observation(f"out_{sink_id}_{ctx.epoch}")
+        ctx.seen_out[sink_id] = obs
+        df = visible(union([visible(f) for f in present])).observe(
+            obs, F.count(F.lit(1)).alias("n"))
+        ctx.handles[sink_id] = ctx.guard(what, partial(sink.write, ctx.epoch, df))
+
+
+class SubtaskWrittenSink(SparkWriterSink):
+    """A local parquet files sink whose staging files the keyed subtasks write."""
+
+    strategy = "written-by-subtasks"
+
+    def run(self, ctx: EpochContext) -> None:
+        """Run the keyed stage's job (its tasks write the files), then stage them."""
+        found = ctx.task_jobs.get(self.node_id)
+        if found is None:
+            super().run(ctx)
+            return
+        run_job, metas = found
+        ctx.handles[self.node_id] = ctx.guard(f"writing sink {self.node_id!r}", partial(
+            self.sink.tasks_wrote, ctx.epoch, run_job))  # type: ignore[attr-defined]
+        ctx.seen_out[self.node_id] = TaskRows(metas)
+
+
+class TaskRows:
+    """What an `Observation` of a sink's input gives (`n`), for a sink whose files the
+    keyed tasks wrote themselves: the sum of their `sink_rows`."""
+
+    def __init__(self, metas: Any) -> None:
+        self.metas = metas
+
+    @property
+    def get(self) -> dict[str, Any]:
+        """`n`: the rows the subtasks wrote."""
+        return {"n": sum(int(m.get("sink_rows", 0)) for m in self.metas)}

@@ -1,0 +1,134 @@
+"""Source stages: how an epoch's slice of a source becomes the records its consumers read.
+
+- `ScanSource`: the source reads its slice into a Spark plan (a scan; a small slice of a
+  source that can, such as datagen or Kafka through confluent-kafka, becomes a local relation
+  that Spark evaluates on the driver without a job). An observation counts the records and
+  takes the newest event time per split for the watermark.
+- `SubtaskReadSource`: the only consumer is a keyed stage whose subtasks read the slice's
+  parquet files themselves (`runtime.stages.keyed.SubtaskReadRun`); no Spark plan at all.
+  A slice whose files do not allow it is scanned as above.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from streamer.runtime.local import LocalSeen, local_table
+from streamer.runtime.stages.base import EpochContext, Stage
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from streamer.connectors.base import Source, SourceRead
+    from streamer.pipeline.spec import SourceSpec
+
+
+class ScanSource(Stage):
+    """The source's read of the epoch's slice, as a Spark plan (or a local relation)."""
+
+    kind = "source"
+    strategy = "spark-scan"
+
+    def __init__(self, node_id: str, reason: str, source: Source, spec: SourceSpec) -> None:
+        super().__init__(node_id, reason)
+        self.source = source
+        self.spec = spec
+
+    def run(self, ctx: EpochContext) -> None:
+        """Read the slice (if any), observe what the watermark needs, route dead letters."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        piece = ctx.slices.get(self.node_id)
+        if piece is None:
+            ctx.frames[self.node_id] = None
+            return
+        what = f"reading source {self.node_id!r}"
+        read = ctx.guard(what, partial(self.source.read, piece))
+        records = read.records
+        stats = [F.count(F.lit(1)).alias("n")]
+        event_time = self.spec.event_time
+        if event_time:
+            records = records.withColumn("__ts", F.expr(event_time))
+            ms = F.expr("unix_millis(__ts)")
+            if read.split_column:
+                split_col = F.col(read.split_column)
+                for i, split in enumerate(piece.end):
+                    stats.append(F.max(F.when(split_col == F.lit(str(split)), ms))
+                                 .alias(f"ts{i}"))
+            else:
+                stats += [F.max(ms).alias(f"ts{i}") for i, _ in enumerate(piece.end)]
+        # (Spark evaluates a local relation's expressions while it optimizes the plan, so a
+        # record that fails them fails here.)
+        seen = (None if not read.local else ctx.guard(what, partial(
+            local_stats, records, read, list(piece.end), bool(event_time))))
+        if seen is not None:  # no observation: it would need a Spark job
+            ctx.seen_in[self.node_id] = seen
+            ctx.ran_local.append(self.node_id)
+        else:
+            obs = Observation(f"in_{self.node_id}_{ctx.epoch}")
+            ctx.seen_in[self.node_id] = obs
+            records = records.observe(obs, *stats)
+        if read.split_column:
+            records = records.drop(read.split_column)
+        ctx.frames[self.node_id] = records
+        if read.dead_letters is not None and self.spec.on_error:
+            ctx.route(self.spec.on_error, read.dead_letters)
+
+
+class SubtaskReadSource(ScanSource):
+    """A slice read by its keyed stage's subtasks: only its dead letters go through Spark."""
+
+    strategy = "read-by-subtasks"
+
+    def run(self, ctx: EpochContext) -> None:
+        """Leave the slice to the keyed stage when the epoch's decision gave it to it."""
+        found = ctx.decision.direct.get(self.node_id)
+        if found is None or self.node_id not in ctx.slices:
+            super().run(ctx)  # no slice, or its files need Spark's reader this epoch
+            return
+        ctx.frames[self.node_id] = None
+        dead_letters = found[2]
+        if dead_letters is not None and self.spec.on_error:
+            ctx.route(self.spec.on_error, dead_letters)
+
+
+class DirectSeen:
+    """What an `Observation` of a source scan gives (`n`, `ts0`), for a slice its keyed
+    stage read itself: every subtask reads all of the slice, so any one's metadata has it."""
+
+    def __init__(self, metas: Any) -> None:
+        self.metas = metas
+
+    @property
+    def get(self) -> dict[str, Any]:
+        """`n` and `ts0`, from the first subtask that reported them."""
+        for meta in self.metas:
+            if "records_in" in meta:
+                return {"n": meta["records_in"], "ts0": meta["max_ts"]}
+        return {}
+
+
+def local_stats(records: DataFrame, read: SourceRead, splits: list[str],
+                event_time: bool) -> LocalSeen | None:
+    """What the source's observation would see (`n`, `ts<i>`) of a slice read as a local
+    relation, computed on the driver without a Spark job; None when Spark cannot evaluate
+    the event time that way."""
+    if not event_time and read.local_rows is not None:
+        return LocalSeen({"n": read.local_rows})
+    split = read.split_column
+    table = local_table(records.selectExpr(
+        f"{split} AS split" if split else "'' AS split",
+        "unix_millis(__ts) AS ms" if event_time else "CAST(NULL AS BIGINT) AS ms"))
+    if table is None:
+        return None
+    newest: dict[str, int] = {}
+    for name, ms in zip(table.column("split").to_pylist(), table.column("ms").to_pylist(),
+                        strict=True):
+        if ms is not None and (name not in newest or ms > newest[name]):
+            newest[name] = ms
+    got: dict[str, Any] = {"n": table.num_rows}
+    for i, name in enumerate(splits):
+        got[f"ts{i}"] = newest.get(str(name)) if split else max(newest.values(), default=None)
+    return LocalSeen(got)

@@ -1,0 +1,189 @@
+"""The physical plan: every pipeline compiles into stages with a strategy and a reason,
+the per-epoch decision follows its one rule, and `streamer plan --physical` shows both."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from streamer.cli.main import app
+from streamer.connectors.base import SourceSlice
+from streamer.pipeline.validate import load_pipeline_text
+from streamer.runtime.checks import physical_plan
+from streamer.runtime.plan import ExecutionSettings, PhysicalPlan, _small, render
+
+pytestmark = pytest.mark.spark
+
+PARQUET_WINDOW = """
+name: plan-parquet
+job: {{parallelism: 2, max_parallelism: 16}}
+sources:
+  - id: events
+    type: files
+    path: "{src}/*.parquet"
+    format: parquet
+    event_time: ts
+operators:
+  - id: per_minute
+    input: events
+    key_by: [user]
+    window: {{tumbling: 1m}}
+    aggregate: {{n: count(), total: sum(amount)}}
+sinks:
+  - id: out
+    type: files
+    input: per_minute
+    path: "{out}"
+    format: {sink_format}
+"""
+
+JSON_SESSIONS = """
+name: plan-sessions
+job: {{parallelism: 2, max_parallelism: 16}}
+sources:
+  - id: views
+    type: files
+    path: "{src}/*.jsonl"
+    format: jsonl
+    schema: {{user: string, ts: timestamp, amount: double}}
+    event_time: ts
+operators:
+  - id: only_big
+    input: views
+    filter: "amount > 1"
+  - id: doubled
+    input: only_big
+    with_columns: {{twice: "amount * 2"}}
+  - id: sessions
+    input: doubled
+    key_by: [user]
+    window: {{session: 30s}}
+    aggregate: {{n: count()}}
+sinks:
+  - id: out
+    type: files
+    input: sessions
+    path: "{out}"
+    format: jsonl
+"""
+
+
+def parquet_input(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({
+        "user": ["a", "b"], "amount": [1.0, 2.0],
+        "ts": pa.array([1_000_000, 2_000_000], pa.timestamp("us", tz="UTC"))}),
+        directory / "p0.parquet")
+    return directory
+
+
+def plan_of(spark, text: str, **values: object) -> PhysicalPlan:
+    return physical_plan(load_pipeline_text(textwrap.dedent(text.format(**values))), spark)
+
+
+def stage(plan: PhysicalPlan, node_id: str) -> dict:
+    found = [s.describe() for s in plan.stages if s.node_id == node_id]
+    assert found, f"no stage {node_id!r} in {[s.node_id for s in plan.stages]}"
+    return found[0]
+
+
+def test_parquet_window_to_parquet_reads_and_writes_in_the_subtasks(
+        spark, tmp_path: Path, monkeypatch) -> None:
+    for name in ("STREAMER_DIRECT_READ", "STREAMER_TASK_SINK", "STREAMER_LOCAL_ROWS"):
+        monkeypatch.delenv(name, raising=False)
+    plan = plan_of(spark, PARQUET_WINDOW, src=parquet_input(tmp_path / "in"),
+                   out=tmp_path / "out", sink_format="parquet")
+    assert [(s.kind, s.node_id) for s in plan.stages] == [
+        ("source", "events"), ("keyed", "per_minute"), ("sink", "out")]
+    assert stage(plan, "events")["strategy"] == "read-by-subtasks"
+    keyed = stage(plan, "per_minute")
+    assert [r["name"] for r in keyed["strategies"]] == [
+        "subtasks-read-files", "local", "spark-routed"]
+    assert keyed["writes_sink"] == "out"
+    assert stage(plan, "out")["strategy"] == "written-by-subtasks"
+    assert "written by the subtasks of keyed stage 'per_minute'" in stage(plan, "out")["reason"]
+    assert plan.task_sinks == {"per_minute": "out"}
+
+
+def test_settings_turn_strategies_off_and_the_plan_says_which_variable(
+        spark, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("STREAMER_DIRECT_READ", "0")
+    monkeypatch.setenv("STREAMER_TASK_SINK", "0")
+    plan = plan_of(spark, PARQUET_WINDOW, src=parquet_input(tmp_path / "in"),
+                   out=tmp_path / "out", sink_format="parquet")
+    keyed = stage(plan, "per_minute")
+    assert [r["name"] for r in keyed["strategies"]] == ["spark-routed"]
+    why = {r["name"]: r["why"] for r in keyed["not_used"]}
+    assert "set by STREAMER_DIRECT_READ" in why["subtasks-read-files / local"]
+    assert "set by STREAMER_TASK_SINK" in why["writes its sink"]
+    assert stage(plan, "events")["strategy"] == "spark-scan"
+    assert stage(plan, "out")["strategy"] == "spark-writer"
+    assert plan.task_sinks == {}
+
+
+def test_json_filter_session_to_json_plans_a_fused_chain_and_the_spark_path(
+        spark, tmp_path: Path, monkeypatch) -> None:
+    for name in ("STREAMER_DIRECT_READ", "STREAMER_TASK_SINK"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "in").mkdir()
+    plan = plan_of(spark, JSON_SESSIONS, src=tmp_path / "in", out=tmp_path / "out")
+    kinds = [(s.kind, s.node_id) for s in plan.stages]
+    assert kinds == [("source", "views"), ("stateless", "doubled"), ("keyed", "sessions"),
+                     ("sink", "out")]
+    assert stage(plan, "doubled")["operators"] == ["only_big", "doubled"]
+    keyed = stage(plan, "sessions")
+    assert keyed["strategy"] == "spark-routed"
+    why = {r["name"]: r["why"] for r in keyed["not_used"]}
+    assert why["local"] == "a session or count window, or a late: output"
+    assert why["writes its sink"] == "sink 'out' is not a local parquet files sink"
+    text = render(plan)
+    assert "stateless stage only_big -> doubled: spark-sql" in text
+    assert "per epoch: small-epoch mode" in text
+
+
+def test_the_small_epoch_rule() -> None:
+    settings = ExecutionSettings(small_epoch_rows=100, local_rows=10, direct_read=True,
+                                 driver_subtasks=True, task_sink=True)
+
+    def piece(n: int | None) -> SourceSlice:
+        return SourceSlice("s", {}, {}, expected_records=n)
+
+    assert _small(settings, {"a": piece(60), "b": piece(40)}, None)
+    assert not _small(settings, {"a": piece(60), "b": piece(41)}, 0)
+    assert _small(settings, {}, None)  # timers only
+    # A source that cannot tell up front: the previous epoch's input decides.
+    assert _small(settings, {"a": piece(None)}, 100)
+    assert not _small(settings, {"a": piece(None)}, 101)
+    assert not _small(settings, {"a": piece(None)}, None)
+    off = ExecutionSettings(small_epoch_rows=0, local_rows=10, direct_read=True,
+                            driver_subtasks=True, task_sink=True)
+    assert not _small(off, {"a": piece(1)}, 1)
+
+
+def test_plan_physical_cli_prints_the_stages_as_text_and_json(
+        spark, tmp_path: Path, monkeypatch) -> None:
+    for name in ("STREAMER_DIRECT_READ", "STREAMER_TASK_SINK"):
+        monkeypatch.delenv(name, raising=False)
+    file = tmp_path / "p.yaml"
+    file.write_text(textwrap.dedent(PARQUET_WINDOW.format(
+        src=parquet_input(tmp_path / "in"), out=tmp_path / "out", sink_format="jsonl")))
+    runner = CliRunner()
+    text = runner.invoke(app, ["plan", str(file), "--physical"])
+    assert text.exit_code == 0, text.output
+    assert "keyed stage per_minute: subtasks-read-files | local | spark-routed" in text.output
+    assert "source stage events: read-by-subtasks" in text.output
+    assert "not writes its sink: sink 'out' is not a local parquet files sink" in text.output
+    as_json = runner.invoke(app, ["plan", str(file), "--physical", "--format", "json"])
+    assert as_json.exit_code == 0, as_json.output
+    found = json.loads(as_json.output)
+    assert [s["stage"] for s in found["stages"]] == ["events", "per_minute", "out"]
+    assert found["settings"]["small_epoch_rows"]["value"] >= 0
+    wrong = runner.invoke(app, ["plan", str(file), "--physical", "--format", "mermaid"])
+    assert wrong.exit_code == 2
+    assert not (tmp_path / "out").exists(), "planning must not open the sinks"
