@@ -63,7 +63,7 @@ operators:
   - id: sessions
     input: doubled
     key_by: [user]
-    window: {{session: 30s}}
+    window: {{session: {{gap: 30s}}}}
     aggregate: {{n: count()}}
 sinks:
   - id: out
