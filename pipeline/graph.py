@@ -29,6 +29,24 @@ class Node:
     #: Extra outgoing side outputs: (label, sink id).
     side_outputs: tuple[tuple[str, str], ...] = ()
 
+    @property
+    def source(self) -> SourceSpec:
+        """The spec of a source node."""
+        assert isinstance(self.spec, SourceSpec), f"{self.id!r} is a {self.role}"
+        return self.spec
+
+    @property
+    def operator(self) -> OperatorSpec:
+        """The spec of an operator node."""
+        assert isinstance(self.spec, OperatorSpec), f"{self.id!r} is a {self.role}"
+        return self.spec
+
+    @property
+    def sink(self) -> SinkSpec:
+        """The spec of a sink node."""
+        assert isinstance(self.spec, SinkSpec), f"{self.id!r} is a {self.role}"
+        return self.spec
+
 
 @dataclass(frozen=True)
 class Dataflow:
