@@ -126,19 +126,24 @@ class Str(Node):
 
 @dataclass
 class Int(Node):
-    """An integer with an optional lower bound."""
+    """An integer with optional bounds; `hint` (the fix, e.g. "0 turns it off") ends every
+    message about it.
+    """
 
     description: str = ""
     minimum: int | None = None
     maximum: int | None = None
+    hint: str = ""
 
     def check(self, value: Any, path: Path, ck: Checker) -> None:
+        fix = f"; {self.hint}" if self.hint else ""
         if isinstance(value, bool) or not isinstance(value, int):
-            ck.report(path, f"{label(path)} must be a whole number, got {_type_name(value)}")
+            ck.report(path, f"{label(path)} must be a whole number, got {_type_name(value)}"
+                      f"{fix}")
         elif self.minimum is not None and value < self.minimum:
-            ck.report(path, f"{label(path)} must be at least {self.minimum}, got {value}")
+            ck.report(path, f"{label(path)} must be at least {self.minimum}, got {value}{fix}")
         elif self.maximum is not None and value > self.maximum:
-            ck.report(path, f"{label(path)} must be at most {self.maximum}, got {value}")
+            ck.report(path, f"{label(path)} must be at most {self.maximum}, got {value}{fix}")
 
     def schema(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": "integer"}

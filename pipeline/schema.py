@@ -384,6 +384,39 @@ SINK = Tagged(
 )
 
 # -------------------------------------------------------------------------------- top level
+EXECUTION = Obj(
+    {
+        "small_epoch_rows": Field(Int(
+            "Epochs with at most this many input rows run in the small-epoch mode: "
+            "interpreted Spark expressions (no code generation), no adaptive execution, one "
+            "shuffle partition, and keyed records routed to their subtask before they are "
+            "aggregated. Default 20000; 0 turns the mode off. $STREAMER_SMALL_EPOCH_ROWS "
+            "overrides it.", minimum=0,
+            hint="set a number of rows, or 0 to turn the small-epoch mode off")),
+        "local_rows": Field(Int(
+            "A source slice of at most this many rows (over all its splits) is read on the "
+            "driver as a local relation, and its epoch runs without Spark jobs where it can "
+            "(a local epoch). Default 1000; 0 = never. $STREAMER_LOCAL_ROWS overrides it.",
+            minimum=0, hint="set a number of rows, or 0 to never read a slice on the driver")),
+        "direct_read": Field(Bool(
+            "Keyed subtasks (rolling aggregates, tumbling and sliding windows) read a local "
+            "parquet files source themselves, and take a local epoch's rows collected on the "
+            "driver; false leaves both to Spark. Default true. $STREAMER_DIRECT_READ "
+            "overrides it.")),
+        "driver_subtasks": Field(Bool(
+            "In local mode (local[*]) a local epoch runs the keyed subtasks in the driver "
+            "process, one after the other, instead of as a Spark job; false always runs a "
+            "Spark job. No effect on a cluster. Default true. $STREAMER_DRIVER_SUBTASKS "
+            "overrides it.")),
+        "task_sink": Field(Bool(
+            "A keyed operator's tasks write the staging files of a local parquet files sink "
+            "that reads only that operator (with pyarrow); false has Spark write them. "
+            "Default true. $STREAMER_TASK_SINK overrides it.")),
+    },
+    "Engine settings: how epochs run, not what they compute (results are the same either "
+    "way). The environment variables named here override them for one run.",
+)
+
 JOB = Obj(
     {
         "parallelism": Field(Int("Keyed subtasks (default: Spark's default parallelism).",
@@ -406,6 +439,7 @@ JOB = Obj(
             "attempts": Field(Int("Automatic restarts from the last checkpoint.", minimum=0)),
             "delay": Field(Duration("Wait between restarts.", allow_zero=True)),
         }, "Restart strategy.")),
+        "execution": Field(EXECUTION),
     },
     "How the job runs.",
 )

@@ -7,11 +7,14 @@ so that later checks (Spark's analyzer, the runtime) can still point at `file:li
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
+from streamer.exceptions import ConfigError
 from streamer.pipeline.exceptions import Location
 from streamer.pipeline.schema import parse_aggregate
 from streamer.pipeline.units import parse_duration_ms
@@ -131,6 +134,99 @@ class CheckpointSpec:
     timeout_ms: int = 600_000
 
 
+_SWITCH = {"1": True, "true": True, "yes": True, "on": True,
+           "0": False, "false": False, "no": False, "off": False}
+
+
+@dataclass(frozen=True)
+class ExecutionSpec:
+    """`job.execution`: engine settings, which change how epochs run but not their results.
+
+    The pipeline file sets them; an environment variable (`VARIABLES`) may override one for
+    an experiment, through `with_overrides(os.environ)`. `sources` says where each value
+    came from: "default", "file" or "environment".
+    """
+
+    #: Epochs with at most this many input rows run in the small-epoch mode (0 = off).
+    small_epoch_rows: int = 20_000
+    #: Source slices of at most this many rows are read on the driver (0 = never).
+    local_rows: int = 1_000
+    #: Keyed subtasks read local parquet files, and local epochs' rows, themselves.
+    direct_read: bool = True
+    #: In local mode, local epochs run keyed subtasks in the driver process.
+    driver_subtasks: bool = True
+    #: Keyed tasks write a local parquet files sink's staging files themselves.
+    task_sink: bool = True
+    #: Setting -> "default", "file" or "environment" (filled in for every setting).
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    #: Setting -> the environment variable that overrides it.
+    VARIABLES: ClassVar[Mapping[str, str]] = {
+        "small_epoch_rows": "STREAMER_SMALL_EPOCH_ROWS",
+        "local_rows": "STREAMER_LOCAL_ROWS",
+        "direct_read": "STREAMER_DIRECT_READ",
+        "driver_subtasks": "STREAMER_DRIVER_SUBTASKS",
+        "task_sink": "STREAMER_TASK_SINK",
+    }
+    #: What 0 means for the row-count settings, for messages.
+    _ZERO: ClassVar[Mapping[str, str]] = {
+        "small_epoch_rows": "0 turns the small-epoch mode off",
+        "local_rows": "0 never reads a slice on the driver",
+    }
+
+    def __post_init__(self) -> None:
+        unknown = set(self.sources) - set(self.VARIABLES)
+        bad = set(self.sources.values()) - {"default", "file", "environment"}
+        if unknown or bad:
+            msg = f"ExecutionSpec.sources has unknown settings or origins: {unknown | bad}"
+            raise ValueError(msg)
+        object.__setattr__(self, "sources", {
+            key: self.sources.get(key, "default") for key in self.VARIABLES})
+
+    def with_overrides(self, env: Mapping[str, str]) -> ExecutionSpec:
+        """These settings with the environment's overrides applied (an unset or empty
+        variable overrides nothing); raises `ConfigError` naming every variable whose value
+        is not valid, rather than falling back to a default."""
+        changes: dict[str, Any] = {}
+        errors: list[str] = []
+        for key, variable in self.VARIABLES.items():
+            raw = env.get(variable, "").strip()
+            if not raw:
+                continue
+            current = getattr(self, key)
+            if isinstance(current, bool):
+                value: bool | int | None = _SWITCH.get(raw.lower())
+                accepted = "one of 1/0, true/false, yes/no, on/off"
+                shown = str(current).lower()
+            else:
+                value = int(raw) if re.fullmatch(r"[0-9]+", raw) else None
+                accepted = f"a whole number of rows >= 0 ({self._ZERO[key]})"
+                shown = str(current)
+            if value is None:
+                errors.append(f"{variable}={raw!r} is not valid: it overrides "
+                              f"job.execution.{key} and must be {accepted}; fix it, or unset "
+                              f"it to use the pipeline's value ({shown})")
+            else:
+                changes[key] = value
+        if errors:
+            raise ConfigError("\n".join(errors))
+        if not changes:
+            return self
+        return dataclasses.replace(self, **changes, sources={
+            **self.sources, **dict.fromkeys(changes, "environment")})
+
+    def set_by(self, key: str) -> str | None:
+        """The environment variable that set `key` (for "(set by $VARIABLE)" in a plan's
+        reasons), or None when the value is the file's or the default."""
+        return self.VARIABLES[key] if self.sources[key] == "environment" else None
+
+    def describe(self) -> dict[str, tuple[int | bool, str]]:
+        """Setting -> (value, origin), origin being "default", "file" or the environment
+        variable that set it."""
+        return {key: (getattr(self, key), self.set_by(key) or self.sources[key])
+                for key in self.VARIABLES}
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """`job:` settings with their defaults filled in."""
@@ -143,6 +239,7 @@ class JobSpec:
     state_local_dir: str | None = None
     restart_attempts: int = 0
     restart_delay_ms: int = 5000
+    execution: ExecutionSpec = field(default_factory=ExecutionSpec)
 
 
 @dataclass(frozen=True)
@@ -254,6 +351,7 @@ def build_spec(data: Mapping[str, Any], positions: Positions,
     chk = job_raw.get("checkpoint") or {}
     state = job_raw.get("state") or {}
     restart = job_raw.get("restart") or {}
+    execution = job_raw.get("execution") or {}
     job = JobSpec(
         parallelism=job_raw.get("parallelism"),
         max_parallelism=job_raw.get("max_parallelism", 128),
@@ -266,6 +364,9 @@ def build_spec(data: Mapping[str, Any], positions: Positions,
         state_local_dir=state.get("local_dir"),
         restart_attempts=restart.get("attempts", 0),
         restart_delay_ms=_ms(restart.get("delay"), 5000) or 0,
+        execution=ExecutionSpec(
+            **{key: execution[key] for key in ExecutionSpec.VARIABLES if key in execution},
+            sources={key: "file" for key in ExecutionSpec.VARIABLES if key in execution}),
     )
     common_source = {"id", "type", "uid", "schema", "event_time", "watermark", "on_error"}
     sources = []

@@ -1892,6 +1892,176 @@ CASES = [
         ["p.yaml:3:20: 'max_parallelism' must be at least 1, got 0"],
         id="max-parallelism-zero",
     ),
+    pytest.param(
+        """\
+        name: p
+        job:
+          execution:
+            small_epoch_rows: -1
+        sources:
+          - id: src
+            type: datagen
+            fields: {x: offset}
+        sinks:
+          - id: out
+            type: console
+            input: src
+        """,
+        ["p.yaml:4:23: 'small_epoch_rows' must be at least 0, got -1; set a number of rows, "
+         "or 0 to turn the small-epoch mode off"],
+        id="execution-negative-small-epoch-rows",
+    ),
+    pytest.param(
+        """\
+        name: p
+        job:
+          execution:
+            local_rows: 1k
+        sources:
+          - id: src
+            type: datagen
+            fields: {x: offset}
+        sinks:
+          - id: out
+            type: console
+            input: src
+        """,
+        ["p.yaml:4:17: 'local_rows' must be a whole number, got '1k'; set a number of rows, or "
+         "0 to never read a slice on the driver"],
+        id="execution-local-rows-not-a-number",
+    ),
+    pytest.param(
+        """\
+        name: p
+        job:
+          execution:
+            local_rows: 2.5
+        sources:
+          - id: src
+            type: datagen
+            fields: {x: offset}
+        sinks:
+          - id: out
+            type: console
+            input: src
+        """,
+        ["p.yaml:4:17: 'local_rows' must be a whole number, got 2.5; set a number of rows, or "
+         "0 to never read a slice on the driver"],
+        id="execution-local-rows-decimal",
+    ),
+    pytest.param(
+        """\
+        name: p
+        job:
+          execution:
+            direct_read: off
+        sources:
+          - id: src
+            type: datagen
+            fields: {x: offset}
+        sinks:
+          - id: out
+            type: console
+            input: src
+        """,
+        ["p.yaml:4:18: 'direct_read' must be true or false, got 'off'"],
+        id="execution-direct-read-yaml-11-word",
+    ),
+    pytest.param(
+        """\
+        name: p
+        job:
+          execution:
+            driver_subtasks: 0
+        sources:
+          - id: src
+            type: datagen
+            fields: {x: offset}
+        sinks:
+          - id: out
+            type: console
+            input: src
+        """,
+        ["p.yaml:4:22: 'driver_subtasks' must be true or false, got 0"],
+        id="execution-driver-subtasks-number",
+    ),
+    pytest.param(
+        """\
+        name: p
+        job:
+          execution:
+            task_sink:
+        sources:
+          - id: src
+            type: datagen
+            fields: {x: offset}
+        sinks:
+          - id: out
+            type: console
+            input: src
+        """,
+        ["p.yaml:4:15: 'task_sink' must be true or false, got nothing (null)"],
+        id="execution-task-sink-null",
+    ),
+    pytest.param(
+        """\
+        name: p
+        job:
+          execution:
+            direct_reads: false
+        sources:
+          - id: src
+            type: datagen
+            fields: {x: offset}
+        sinks:
+          - id: out
+            type: console
+            input: src
+        """,
+        ["p.yaml:4:5: unknown key 'direct_reads' in 'execution'; did you mean 'direct_read'?"],
+        id="execution-unknown-key",
+    ),
+    pytest.param(
+        """\
+        name: p
+        job:
+          execution:
+            small_epochs: 0
+            local_rows: -5
+            task_sink: yes
+        sources:
+          - id: src
+            type: datagen
+            fields: {x: offset}
+        sinks:
+          - id: out
+            type: console
+            input: src
+        """,
+        ["p.yaml:4:5: unknown key 'small_epochs' in 'execution'; did you mean "
+         "'small_epoch_rows'?",
+         "p.yaml:5:17: 'local_rows' must be at least 0, got -5; set a number of rows, or "
+         "0 to never read a slice on the driver",
+         "p.yaml:6:16: 'task_sink' must be true or false, got 'yes'"],
+        id="execution-three-problems",
+    ),
+    pytest.param(
+        """\
+        name: p
+        job:
+          execution: [direct_read]
+        sources:
+          - id: src
+            type: datagen
+            fields: {x: offset}
+        sinks:
+          - id: out
+            type: console
+            input: src
+        """,
+        ["p.yaml:3:14: 'execution' must be a mapping, got a list"],
+        id="execution-not-a-mapping",
+    ),
     # ---------------------------------------------------------------- environment, tests
     pytest.param(
         """\
