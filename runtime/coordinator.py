@@ -174,12 +174,12 @@ class JobRunner:
         """Build connectors, analyze every expression, and compile the physical plan (no
         side effects: nothing is opened or written; `streamer plan --physical` stops here)."""
         from streamer.runtime.placement import on_cluster
-        from streamer.runtime.plan import execution_settings, plan_stages
+        from streamer.runtime.plan import plan_stages
         from streamer.runtime.userfunctions import ship_user_code
         from streamer.runtime.workdirs import default_state_root
 
         job, spec = self.job, self.spec
-        settings = execution_settings(spec, os.environ)
+        settings = spec.job.execution.with_overrides(os.environ)
         ctx = ConnectorContext(spark=self.spark, job_name=spec.name,
                                console=self.options.console, storage_url=job.storage_url,
                                exactly_once=self.options.checkpoints

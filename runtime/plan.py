@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from streamer.pipeline.spec import ExecutionSpec
 from streamer.runtime.keyed import DirectShape, KeyedStage
 from streamer.runtime.stages.base import EpochDecision, Stage
 from streamer.runtime.stages.keyed import (
@@ -35,39 +36,12 @@ if TYPE_CHECKING:
     from streamer.pipeline.spec import PipelineSpec
 
 
-@dataclass(frozen=True)
-class ExecutionSettings:
-    """The engine settings a plan is made with (`job.execution`, with any environment
-    overrides applied), and where each value came from."""
-
-    small_epoch_rows: int
-    local_rows: int
-    direct_read: bool
-    driver_subtasks: bool
-    task_sink: bool
-    #: Setting -> the environment variable that set it (settings not listed: the file or
-    #: the default).
-    overridden: Mapping[str, str] = field(default_factory=dict)
-
-    def origin(self, key: str) -> str:
-        """' (set by $VARIABLE)' when an environment variable set `key`, else ''."""
-        variable = self.overridden.get(key)
-        return f" (set by {variable})" if variable else ""
-
-    def describe(self) -> dict[str, Any]:
-        """Each setting with its value and, when overridden, the variable."""
-        return {k: {"value": getattr(self, k), **(
-            {"set_by": self.overridden[k]} if k in self.overridden else {})}
-            for k in ("small_epoch_rows", "local_rows", "direct_read", "driver_subtasks",
-                      "task_sink")}
-
-
 @dataclass
 class PhysicalPlan:
     """The stages of a job in dataflow order, and what the epoch loop needs of them."""
 
     stages: list[Stage]
-    settings: ExecutionSettings
+    settings: ExecutionSpec
     #: Node id -> how many nodes read its output (a frame read twice is persisted).
     consumers: dict[str, int] = field(default_factory=dict)
 
@@ -84,8 +58,9 @@ class PhysicalPlan:
 
     def to_json(self) -> dict[str, Any]:
         """The plan as `streamer plan --physical --format json` prints it."""
-        return {"stages": [s.describe() for s in self.stages],
-                "per_epoch": PER_EPOCH_RULE, "settings": self.settings.describe()}
+        return {"stages": [s.describe() for s in self.stages], "per_epoch": PER_EPOCH_RULE,
+                "settings": {key: {"value": value, "from": origin} for key, (value, origin)
+                             in self.settings.describe().items()}}
 
 
 #: How `decide` and the stages choose per epoch (shown with the plan).
@@ -99,7 +74,7 @@ PER_EPOCH_RULE = (
 
 def plan_stages(spec: PipelineSpec, flow: Dataflow, spark: SparkSession,
                 sources: Mapping[str, Source], sinks: Mapping[str, Sink],
-                schemas: Mapping[str, Any], settings: ExecutionSettings, *, on_cluster: bool,
+                schemas: Mapping[str, Any], settings: ExecutionSpec, *, on_cluster: bool,
                 state_root: str,
                 checkpointing: Callable[[str, int | None, str | None], Any]) -> PhysicalPlan:
     """Compile the dataflow into stages: one per source, stateless chain, keyed operator and
@@ -143,9 +118,15 @@ def plan_stages(spec: PipelineSpec, flow: Dataflow, spark: SparkSession,
     return PhysicalPlan(stages, settings, {n.id: len(flow.consumers(n.id)) for n in flow.nodes})
 
 
+def _set_by(settings: ExecutionSpec, key: str) -> str:
+    """' (set by $VARIABLE)' when an environment variable set `key`, else ''."""
+    variable = settings.set_by(key)
+    return f" (set by {variable})" if variable else ""
+
+
 def _keyed_stage(spec: PipelineSpec, flow: Dataflow, spark: SparkSession, node: Node,
                  sources: Mapping[str, Source], sinks: Mapping[str, Sink],
-                 schemas: Mapping[str, Any], settings: ExecutionSettings, *, has_ts: bool,
+                 schemas: Mapping[str, Any], settings: ExecutionSpec, *, has_ts: bool,
                  on_cluster: bool, state_root: str,
                  checkpointing: Callable[[str, int | None, str | None], Any]
                  ) -> KeyedOperatorStage:
@@ -164,8 +145,9 @@ def _keyed_stage(spec: PipelineSpec, flow: Dataflow, spark: SparkSession, node: 
     skipped: list[dict[str, str]] = []
     subtask_read = local = None
     if not settings.direct_read:
+        off = _set_by(settings, "direct_read")
         skipped.append({"name": "subtasks-read-files / local",
-                        "why": f"job.execution.direct_read is off{settings.origin('direct_read')}"})
+                        "why": f"job.execution.direct_read is off{off}"})
     else:
         source_id = op.inputs[0]
         if len(op.inputs) == 1 and source_id in sources:
@@ -187,13 +169,13 @@ def _keyed_stage(spec: PipelineSpec, flow: Dataflow, spark: SparkSession, node: 
             where = ("in the driver process, one subtask after the other" if stage.in_driver
                      else "in one plain RDD job (" + ("on a cluster the driver does not reach "
                      "the executors' state" if on_cluster else "job.execution.driver_subtasks "
-                     f"is off{settings.origin('driver_subtasks')}") + ")")
+                     f"is off{_set_by(settings, 'driver_subtasks')}") + ")")
             local = LocalRun(stage, "a local epoch's input (a local relation, collected "
                              f"without a job) goes to the subtasks {where}", shape)
         else:
             skipped.append({"name": LocalRun.name, "why": shape if isinstance(shape, str)
                             else "job.execution.local_rows is 0"
-                            f"{settings.origin('local_rows')}"})
+                            f"{_set_by(settings, 'local_rows')}"})
     sink_id, why = _task_written_sink(spec, flow, node.id, stage, sinks, settings)
     task_sink = None
     if sink_id is None:
@@ -210,7 +192,7 @@ def _keyed_stage(spec: PipelineSpec, flow: Dataflow, spark: SparkSession, node: 
 
 
 def _task_written_sink(spec: PipelineSpec, flow: Dataflow, node_id: str, stage: KeyedStage,
-                       sinks: Mapping[str, Sink], settings: ExecutionSettings
+                       sinks: Mapping[str, Sink], settings: ExecutionSpec
                        ) -> tuple[str | None, str]:
     """The sink whose files the keyed stage `node_id`'s tasks write themselves
     (`FilesSink.task_target`) and why, or (None, why none): the stage's only consumer is
@@ -219,7 +201,7 @@ def _task_written_sink(spec: PipelineSpec, flow: Dataflow, node_id: str, stage: 
     from streamer.connectors.files_sink import FilesSink
 
     if not settings.task_sink:
-        return None, f"job.execution.task_sink is off{settings.origin('task_sink')}"
+        return None, f"job.execution.task_sink is off{_set_by(settings, 'task_sink')}"
     if stage.side_schemas:
         return None, "the operator has side outputs"
     consumers = flow.consumers(node_id)
@@ -235,7 +217,7 @@ def _task_written_sink(spec: PipelineSpec, flow: Dataflow, node_id: str, stage: 
 
 
 def _source_stage(node: Node, source: Source, keyed: Any,
-                  settings: ExecutionSettings) -> ScanSource:
+                  settings: ExecutionSpec) -> ScanSource:
     for stage in keyed:
         if stage.subtask_read is not None and stage.subtask_read.shape.source_id == node.id:
             return SubtaskReadSource(
@@ -271,7 +253,7 @@ def decide(plan: PhysicalPlan, sources: Mapping[str, Source],
                          direct=_direct_reads(plan, sources, slices, watermark))
 
 
-def _small(settings: ExecutionSettings, slices: Mapping[str, SourceSlice],
+def _small(settings: ExecutionSpec, slices: Mapping[str, SourceSlice],
            last_input: int | None) -> bool:
     """Whether the epoch runs in the small-epoch mode (`runtime.spark.SMALL_EPOCH_CONF`):
     its input is known to be at most `small_epoch_rows` rows (a timer-only epoch has none),
@@ -331,23 +313,3 @@ def render(plan: PhysicalPlan) -> str:
     lines.append("per epoch: " + PER_EPOCH_RULE)
     return "\n".join(lines) + "\n"
 
-
-def execution_settings(spec: PipelineSpec, env: Mapping[str, str]) -> ExecutionSettings:
-    """The pipeline's `job.execution` settings with the environment's overrides."""
-    from streamer.runtime.local import DEFAULT_LOCAL_ROWS, LOCAL_ROWS_VARIABLE
-    from streamer.runtime.spark import SMALL_EPOCH_ROWS, env_rows
-
-    overridden = {}
-    for key, variable in (("small_epoch_rows", "STREAMER_SMALL_EPOCH_ROWS"),
-                          ("local_rows", LOCAL_ROWS_VARIABLE),
-                          ("direct_read", "STREAMER_DIRECT_READ"),
-                          ("driver_subtasks", "STREAMER_DRIVER_SUBTASKS"),
-                          ("task_sink", "STREAMER_TASK_SINK")):
-        if env.get(variable, "").strip():
-            overridden[key] = variable
-    return ExecutionSettings(
-        small_epoch_rows=env_rows("STREAMER_SMALL_EPOCH_ROWS", SMALL_EPOCH_ROWS),
-        local_rows=env_rows(LOCAL_ROWS_VARIABLE, DEFAULT_LOCAL_ROWS),
-        direct_read=env.get("STREAMER_DIRECT_READ", "1") != "0",
-        driver_subtasks=env.get("STREAMER_DRIVER_SUBTASKS", "1") != "0",
-        task_sink=env.get("STREAMER_TASK_SINK", "1") != "0", overridden=overridden)

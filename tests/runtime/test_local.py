@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -136,7 +137,8 @@ def test_local_table_gives_what_to_arrow_gives(spark) -> None:
 
 def test_a_bad_local_rows_setting_is_a_clear_error(spark, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("STREAMER_LOCAL_ROWS", "lots")
-    with pytest.raises(StreamerError, match="STREAMER_LOCAL_ROWS='lots' is not a row count"):
+    with pytest.raises(StreamerError, match=re.escape(
+            "STREAMER_LOCAL_ROWS='lots' is not valid: it overrides job.execution.local_rows")):
         run(spark, tmp_path, "memory", "bad")
 
 

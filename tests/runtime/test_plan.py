@@ -14,9 +14,10 @@ from typer.testing import CliRunner
 
 from streamer.cli.main import app
 from streamer.connectors.base import SourceSlice
+from streamer.pipeline.spec import ExecutionSpec
 from streamer.pipeline.validate import load_pipeline_text
 from streamer.runtime.checks import physical_plan
-from streamer.runtime.plan import ExecutionSettings, PhysicalPlan, _small, render
+from streamer.runtime.plan import PhysicalPlan, _small, render
 
 pytestmark = pytest.mark.spark
 
@@ -148,8 +149,7 @@ def test_json_filter_session_to_json_plans_a_fused_chain_and_the_spark_path(
 
 
 def test_the_small_epoch_rule() -> None:
-    settings = ExecutionSettings(small_epoch_rows=100, local_rows=10, direct_read=True,
-                                 driver_subtasks=True, task_sink=True)
+    settings = ExecutionSpec(small_epoch_rows=100, local_rows=10)
 
     def piece(n: int | None) -> SourceSlice:
         return SourceSlice("s", {}, {}, expected_records=n)
@@ -161,8 +161,7 @@ def test_the_small_epoch_rule() -> None:
     assert _small(settings, {"a": piece(None)}, 100)
     assert not _small(settings, {"a": piece(None)}, 101)
     assert not _small(settings, {"a": piece(None)}, None)
-    off = ExecutionSettings(small_epoch_rows=0, local_rows=10, direct_read=True,
-                            driver_subtasks=True, task_sink=True)
+    off = ExecutionSpec(small_epoch_rows=0)
     assert not _small(off, {"a": piece(1)}, 1)
 
 
@@ -183,7 +182,7 @@ def test_plan_physical_cli_prints_the_stages_as_text_and_json(
     assert as_json.exit_code == 0, as_json.output
     found = json.loads(as_json.output)
     assert [s["stage"] for s in found["stages"]] == ["events", "per_minute", "out"]
-    assert found["settings"]["small_epoch_rows"]["value"] >= 0
+    assert found["settings"]["small_epoch_rows"] == {"value": 20_000, "from": "default"}
     wrong = runner.invoke(app, ["plan", str(file), "--physical", "--format", "mermaid"])
     assert wrong.exit_code == 2
     assert not (tmp_path / "out").exists(), "planning must not open the sinks"
