@@ -618,7 +618,7 @@ class JobRunner:
             msg = (f"cannot restore savepoint {url} into {self.spec.file}: " + "; ".join(
                 f"operator {d.operator!r} (uid {d.uid!r}): {d.reason}" for d in refused))
             raise SavepointError(msg)
-        from streamer.checkpoint.storage import Storage
+        from streamer.storage import Storage
 
         root = Storage(url).url
         by_uid = {stage.op.uid: node for node, stage in self.keyed.items()}
@@ -1288,8 +1288,8 @@ class JobRunner:
         savepoint URL the next epoch writes, if one was asked for."""
         if self.control is None:
             return None
-        from streamer.checkpoint.storage import StorageError
         from streamer.savepoint.metadata import new_savepoint_url
+        from streamer.storage import StorageError
 
         self.registry.update(epoch=self.epoch, records_in=sum(m.total_in for m in self.history))
         try:

@@ -11,7 +11,7 @@ with either backend, calls `restore_key_groups` for the key groups it owns; `exp
 turns an operator's files into readable Parquet or JSON lines. The driver keeps the handles in
 the savepoint's `_metadata` (`operator_metadata` merges the handles of one operator).
 
-**Layout** under the savepoint root (any fsspec URL, see `streamer.checkpoint.storage`)::
+**Layout** under the savepoint root (any fsspec URL, see `streamer.storage`)::
 
     <uid>/kg-<00042>.parquet      every state entry and timer of key group 42 of operator <uid>
 
@@ -102,7 +102,6 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, cast
 
-from streamer.checkpoint.storage import MissingFileError, Storage, StorageError
 from streamer.operators.keyed import WINDOW_KEYS
 from streamer.savepoint.exceptions import (
     CorruptSavepointError,
@@ -120,6 +119,7 @@ from streamer.state.base import (
 )
 from streamer.state.codec import decode_key
 from streamer.state.exceptions import StateError
+from streamer.storage import MissingFileError, Storage, StorageError
 
 #: The version of the state files and handles this module writes and reads.
 FORMAT = 1

@@ -28,7 +28,7 @@ uses it when every file is there with the handle's size and sha256, and otherwis
 file, verifying size and sha256. Keep `local_copy_root` on the file system of the state root
 (hard links) and outside it (a restore empties the subtask directory).
 
-**Failures.** Nothing is ever partially written at a final name (see `checkpoint.storage`). A
+**Failures.** Nothing is ever partially written at a final name (see `streamer.storage`). A
 failed upload raises `SnapshotError` (the working state and earlier checkpoints are untouched;
 files this attempt uploaded are left for the coordinator's clean-up of unreferenced files, since a
 concurrent attempt may reference the same content-named file). Uploads past `deadline` raise
@@ -63,19 +63,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from streamer.checkpoint.storage import (
-    CorruptFileError,
-    MissingFileError,
-    Storage,
-    StorageError,
-    sha256_file,
-)
 from streamer.state.base import KeyedStateBackend, SubtaskLocation
 from streamer.state.exceptions import (
     CorruptSnapshotError,
     SnapshotError,
     SnapshotTimeoutError,
     StateError,
+)
+from streamer.storage import (
+    CorruptFileError,
+    MissingFileError,
+    Storage,
+    StorageError,
+    sha256_file,
 )
 
 #: The handle format `take_snapshot` writes and `restore_snapshot` reads.
