@@ -308,8 +308,8 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
     if not (cfg.kind == "aggregate" or (cfg.kind == "window"
                                         and cfg.window_kind in ("tumbling", "sliding"))):
         rows = rows.table.to_pylist()  # the operators that work row by row
+    from streamer import failpoints
     from streamer.checkpoint import task as checkpointing
-    from streamer.runtime import failpoints
 
     executor = None
     if cfg.executor_scoped:

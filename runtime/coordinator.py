@@ -389,7 +389,7 @@ class JobRunner:
         `job.restart.attempts` times (a subtask whose state was lost is restored without
         counting as an attempt).
         """
-        from streamer.runtime import failpoints
+        from streamer import failpoints
 
         def restore() -> object:
             return None
@@ -865,8 +865,8 @@ class JobRunner:
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
+        from streamer import failpoints
         from streamer.operators.direct import ipc_bytes
-        from streamer.runtime import failpoints
         from streamer.runtime.keyed import visible
 
         failpoints.reached("epoch-start", epoch)
@@ -1206,8 +1206,8 @@ class JobRunner:
         then on), commit the sinks' staged output, prune old checkpoints. A missing snapshot,
         a timeout or a storage error declines the checkpoint instead (reported; the previous
         ones are untouched and the job goes on)."""
+        from streamer import failpoints
         from streamer.checkpoint.metadata import CheckpointMetadata, OperatorState, now
-        from streamer.runtime import failpoints
 
         assert self.store is not None
         job = self.spec.job

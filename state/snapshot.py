@@ -290,7 +290,7 @@ def take_snapshot(backend: KeyedStateBackend, storage_url: str, checkpoint_id: i
             uploaded_bytes += ref.size if ref.written else 0
             if after_upload is not None:
                 after_upload(entry)
-            from streamer.runtime import failpoints  # crash tests: die with a partial upload
+            from streamer import failpoints  # crash tests: die with a partial upload
 
             failpoints.reached("mid-upload", checkpoint_id)
 
