@@ -68,7 +68,7 @@ class KeyedConfig:
     extra: dict[str, Any] = field(default_factory=dict)
     #: Checkpoint restore/snapshot instructions (`checkpoint.task.TaskCheckpointing`).
     checkpointing: Any = None
-    #: On a cluster: keep working state per executor (`runtime/placement.py`).
+    #: On a cluster: keep working state per executor (`operators/executor.py`).
     executor_scoped: bool = False
     #: A small epoch: keep the subtask's state open in the worker for the next task
     #: (`KeyedStateBackend.park`). A big epoch on the Spark path closes it, as its open costs
@@ -313,7 +313,7 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
 
     executor = None
     if cfg.executor_scoped:
-        from streamer.runtime.placement import executor_identity, scoped
+        from streamer.operators.executor import executor_identity, scoped
 
         executor = executor_identity()
         cfg = scoped(cfg, executor)
