@@ -159,7 +159,7 @@ class DatagenSource(Source):
         from pyspark.sql import functions as F
         from pyspark.sql.types import StructType
 
-        from streamer.runtime.spark import spark_error_message
+        from streamer.spark_errors import spark_error_message
 
         empty = self.ctx.spark.sql(self._base_sql([0] * self.splits, [0] * self.splits,
                                                   self._generated_at(0)))

@@ -335,7 +335,7 @@ class KafkaSource(Source):
         try:
             df = reader.load()
         except Exception as exc:
-            from streamer.runtime.spark import spark_error_message
+            from streamer.spark_errors import spark_error_message
 
             msg = (f"source {self.spec.id!r} has client: spark, but Spark's Kafka connector "
                    f"failed to load ({spark_error_message(exc)}); use client: confluent, or "

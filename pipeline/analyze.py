@@ -54,7 +54,7 @@ class Analyzer:
         from pyspark.errors import PySparkException
         from pyspark.sql import functions as F
 
-        from streamer.runtime.spark import spark_error_message
+        from streamer.spark_errors import spark_error_message
 
         try:
             out = df.select(F.expr(expr))

@@ -1406,7 +1406,7 @@ class JobRunner:
 
         from streamer.connectors.exceptions import ReadFailed
         from streamer.runtime.keyed import SubtaskFailed
-        from streamer.runtime.spark import spark_error_message
+        from streamer.spark_errors import spark_error_message
 
         try:
             return action()
