@@ -37,6 +37,10 @@ DEAD_LETTER_COLUMNS = ("source", "split", "offset", "record", "error")
 #: `DecodeError` for the user (see `connectors.formats.guard_or_split`).
 DECODE_ERROR_MARKER = "streamer-decode-error: "
 
+#: Largest slice a source reads as a local relation (rows over all its splits); above it the
+#: inline table costs more to parse than a Spark job (1,000 rows: ~45 ms, 5,000: ~100 ms).
+DEFAULT_LOCAL_ROWS = 1_000
+
 
 @dataclass
 class ConnectorContext:
@@ -53,6 +57,9 @@ class ConnectorContext:
     #: Whether sinks commit only when a checkpoint completes (`mode: exactly_once` with
     #: checkpoints on), so staged output must survive a crash until then.
     exactly_once: bool = False
+    #: Rows up to which a source reads a slice as a local relation, evaluated on the driver
+    #: without a Spark job (`runtime.local`); 0 = never.
+    local_rows: int = DEFAULT_LOCAL_ROWS
 
 
 @dataclass(frozen=True)

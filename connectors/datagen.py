@@ -4,7 +4,7 @@ Splits are named "0".."n-1" and each split's offset is the next row number it wi
 so re-reading a slice from the same offsets gives the same rows. All splits advance by the
 same number of rows per epoch, which lets one `spark.range` (one partition per split) build
 a whole slice: `split = id DIV k`, `offset = start[split] + id % k` for `k` rows per split.
-A slice of at most `runtime.local.local_rows()` rows is an inline `VALUES` table of the same
+A slice of at most `ctx.local_rows` rows is an inline `VALUES` table of the same
 (split, offset) pairs instead, so that Spark evaluates the epoch on the driver, without a job.
 
 Admission per epoch, per split, is the smallest of: what is left before `limit`; with
@@ -177,11 +177,9 @@ class DatagenSource(Source):
 
     def read(self, piece: SourceSlice) -> SourceRead:
         """The slice's rows: lazy, deterministic (but for `generated_at`), no Python UDFs."""
-        from streamer.runtime.local import local_rows
-
         payload = piece.payload
         rows = sum(payload["counts"])
-        local = 0 < rows <= local_rows()
+        local = 0 < rows <= self.ctx.local_rows
         base = (self._local_sql if local else self._base_sql)(
             payload["start"], payload["counts"], payload["generated_at"])
         columns = [f"({expr}) AS `{name}`" for name, expr in self.fields]

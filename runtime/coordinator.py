@@ -252,7 +252,8 @@ class JobRunner:
         ctx = ConnectorContext(spark=self.spark, job_name=self.spec.name,
                                console=self.options.console, storage_url=self.storage_url,
                                exactly_once=self.options.checkpoints
-                               and self.spec.job.checkpoint.mode == "exactly_once")
+                               and self.spec.job.checkpoint.mode == "exactly_once",
+                               local_rows=local_rows())
         make_src = self._source_factory or make_source
         make_snk = self._sink_factory or make_sink
         self.sources = {s.id: make_src(s, ctx) for s in self.spec.sources}

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from streamer.connectors.base import DEFAULT_LOCAL_ROWS
+
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame
 
-#: Largest slice a source reads as a local relation (rows over all its splits); above it the
-#: inline table costs more to parse than a Spark job (1,000 rows: ~45 ms, 5,000: ~100 ms).
-DEFAULT_LOCAL_ROWS = 1_000
 LOCAL_ROWS_VARIABLE = "STREAMER_LOCAL_ROWS"
 
 _FLAT = ("BooleanType", "ByteType", "ShortType", "IntegerType", "LongType", "FloatType",
