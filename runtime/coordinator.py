@@ -30,9 +30,9 @@ from streamer.connectors.base import (
 from streamer.connectors.exceptions import DecodeError
 from streamer.exceptions import StreamerError
 from streamer.operators.stateless import apply_stateless, union
-from streamer.pipeline.analyze import analyze
 from streamer.pipeline.graph import Dataflow, compile_dataflow
 from streamer.pipeline.spec import PipelineSpec
+from streamer.runtime.analyze import analyze
 from streamer.runtime.exceptions import JobFailedError
 from streamer.runtime.local import LocalSeen, local_rows, local_table
 from streamer.runtime.metrics import EpochMetrics, QuietReporter, Reporter
