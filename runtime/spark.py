@@ -1,4 +1,5 @@
-"""Starting Spark: a Java check with a readable error, and a quiet, loopback-only session.
+"""Starting Spark: a Java check and a standalone-master check with readable errors, and a quiet,
+loopback-only session.
 
 pyspark is imported inside the functions so that `streamer --help` stays instant.
 """
@@ -83,6 +84,29 @@ def check_java() -> str:
     return java
 
 
+def check_master(master: str, timeout: float = 5.0) -> None:
+    """For a standalone master (`spark://h1:p1[,h2:p2]`): that one of its hosts accepts a
+    connection, so a wrong URL is one clear line instead of a minute of retries and a JVM
+    stack trace."""
+    import socket
+
+    from streamer.runtime.exceptions import MasterUnreachableError
+
+    if not master.startswith("spark://"):
+        return
+    problems = []
+    for address in master.removeprefix("spark://").split(","):
+        host, _, port = address.rpartition(":")
+        try:
+            with socket.create_connection((host, int(port)), timeout=timeout):
+                return
+        except (OSError, ValueError) as exc:
+            problems.append(f"{address}: {getattr(exc, 'strerror', None) or exc}")
+    msg = (f"cannot reach the Spark master {master} ({'; '.join(problems)}); start the "
+           "cluster, or check --master")
+    raise MasterUnreachableError(msg)
+
+
 def quiet_python_loggers() -> None:
     """Silence PySpark's Python-side loggers, which print JSON error records to stderr for
     errors that streamer reports itself.
@@ -106,8 +130,6 @@ def create_session(app_name: str = "streamer", master: str | None = None,
 
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ
     if master and not submitted:
-        from streamer.runtime.submit import check_master
-
         check_master(master)
     settings = dict(DEFAULT_CONF)
     if not submitted:
