@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 #: Rows per epoch over all splits of an unbounded datagen source without a rate.
 DEFAULT_MAX_RECORDS_PER_EPOCH = 1_000_000
+#: The column naming each record's split (`SourceRead.split_column`; the runtime drops it).
+_SPLIT_COLUMN = "__split"
 
 
 class DatagenSource(Source):
@@ -185,8 +187,8 @@ class DatagenSource(Source):
         columns = [f"({expr}) AS `{name}`" for name, expr in self.fields]
         split_column = None
         if self.spec.event_time:  # the split only matters for per-split watermarks
-            columns.append("CAST(split AS STRING) AS __split")
-            split_column = "__split"
+            columns.append(f"CAST(split AS STRING) AS {_SPLIT_COLUMN}")
+            split_column = _SPLIT_COLUMN
         return SourceRead(records=self.ctx.spark.sql(f"SELECT {', '.join(columns)} FROM ({base})"),
                           split_column=split_column, local=local,
                           local_rows=rows if local else None)

@@ -19,14 +19,27 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from streamer.columns import (
+    DUMMY,
+    EVENT_TIME,
+    EVENT_TIME_MS,
+    KEY_GROUP,
+    META,
+    OUT,
+    ROW_KIND,
+    ROW_META,
+    SEQUENCE,
+    SIDE_OUTPUT,
+    SUBTASK,
+    WINDOW_END,
+    WINDOW_START,
+    partial,
+)
 from streamer.operators.aggregates import accumulator
 from streamer.pipeline.spec import AggregateSpec
+from streamer.state.names import WINDOW_KEYS
 
-META = "meta"
-OUT = "out"
 NS_ROLLING = b""
-#: Time windows: per key group, window and epoch, the keys that got the window that epoch.
-WINDOW_KEYS = "window_keys"
 _I64 = struct.Struct(">q")
 
 
@@ -87,26 +100,26 @@ def output_schema(spark: Any, op: Any, input_schema: Any) -> Any:
     from pyspark.sql.types import StringType, StructField, StructType, TimestampType
 
     kind = op.keyed_kind
-    fields = [StructField("__kind", StringType()), StructField("__meta", StringType())]
+    fields = [StructField(ROW_KIND, StringType()), StructField(ROW_META, StringType())]
     if kind == "process":
         from streamer.operators.process import load_function_class
 
         fn = load_function_class(op.process, "", op.id)
         declared = StructType.fromDDL(fn.output_schema)
         assert isinstance(declared, StructType)
-        return StructType([*fields, StructField("__side", StringType()), *declared.fields,
-                           StructField("__ts", TimestampType())])
+        return StructType([*fields, StructField(SIDE_OUTPUT, StringType()), *declared.fields,
+                           StructField(EVENT_TIME, TimestampType())])
     if kind == "dedupe":
         fields += list(input_schema.fields)
-        if "__ts" not in input_schema.fieldNames():
-            fields.append(StructField("__ts", TimestampType()))
+        if EVENT_TIME not in input_schema.fieldNames():
+            fields.append(StructField(EVENT_TIME, TimestampType()))
         return StructType(fields)
     empty = spark.createDataFrame([], input_schema)
     fields += [input_schema[k] for k in op.key_by]
     if kind == "window":
         fields += [StructField("window_start", TimestampType()),
                    StructField("window_end", TimestampType()),
-                   StructField("__ts", TimestampType())]
+                   StructField(EVENT_TIME, TimestampType())]
     for agg in op.aggregates:
         acc = accumulator(agg, "0", "0")
         dtype = empty.select(F.expr(acc.type_sql).alias(agg.name)).schema[0].dataType
@@ -116,7 +129,7 @@ def output_schema(spark: Any, op: Any, input_schema: Any) -> Any:
 
 def _partials(cfg: KeyedConfig) -> list[tuple[Any, int]]:
     """(accumulator, number of partial columns) per aggregate, in order."""
-    accs = [accumulator(a, "__ts_ms", "__seq") for a in cfg.aggregates]
+    accs = [accumulator(a, EVENT_TIME_MS, SEQUENCE) for a in cfg.aggregates]
     return [(acc, len(acc.sql)) for acc in accs]
 
 
@@ -155,29 +168,29 @@ class _Emitter:
             micros = np.asarray(starts, dtype=np.int64) * 1000  # (window times in microseconds)
             cols["window_start"] = micros
             cols["window_end"] = micros + size * 1000
-            cols["__ts"] = micros + (size - 1) * 1000
+            cols[EVENT_TIME] = micros + (size - 1) * 1000
         for agg, column in zip(self.cfg.aggregates, values, strict=True):
             cols[agg.name] = column
         self.chunks.append((n, cols))
 
     def window(self, key: Sequence[Any], start: int, end: int, values: list[Any]) -> None:
-        row: dict[str, Any] = {"__kind": OUT, "__meta": None}
+        row: dict[str, Any] = {ROW_KIND: OUT, ROW_META: None}
         row.update(zip(self.cfg.keys, key, strict=True))
         row["window_start"] = start * 1000
         row["window_end"] = end * 1000
-        row["__ts"] = (end - 1) * 1000
+        row[EVENT_TIME] = (end - 1) * 1000
         for agg, value in zip(self.cfg.aggregates, values, strict=True):
             row[agg.name] = value
         self.rows.append(row)
 
     def record(self, record: dict[str, Any]) -> None:
-        self.rows.append({"__kind": OUT, "__meta": None, **record})
+        self.rows.append({ROW_KIND: OUT, ROW_META: None, **record})
 
     def batch(self, meta: dict[str, Any]) -> Any:
         import pyarrow as pa
 
         schema = self.cfg.out_schema
-        rows = [*self.rows, {"__kind": META, "__meta": json.dumps(meta)}]
+        rows = [*self.rows, {ROW_KIND: META, ROW_META: json.dumps(meta)}]
         last = pa.RecordBatch.from_pylist(rows, schema=schema)
         if not self.chunks:
             return last
@@ -187,7 +200,7 @@ class _Emitter:
             for f in schema:
                 if f.name in cols:
                     arrays.append(pa.array(cols[f.name], type=f.type))
-                elif f.name == "__kind":
+                elif f.name == ROW_KIND:
                     arrays.append(pa.array([OUT] * n, type=f.type))
                 else:
                     arrays.append(pa.nulls(n, type=f.type))
@@ -208,7 +221,7 @@ def _lifted(accs: list[tuple[Any, int]], rows: _Input) -> list[list[Any]]:
     """The mergeable accumulators of every input row, a column (list) per aggregate."""
     per_agg, i = [], 0
     for acc, n in accs:
-        per_agg.append(acc.lift_rows([rows.column(f"__p{i + j}") for j in range(n)]))
+        per_agg.append(acc.lift_rows([rows.column(partial(i + j)) for j in range(n)]))
         i += n
     return per_agg
 
@@ -276,7 +289,7 @@ def _namespaces(starts: list[int]) -> list[bytes]:
 def _lift(accs: list[tuple[Any, int]], row: dict[str, Any]) -> list[Any]:
     out, i = [], 0
     for acc, n in accs:
-        out.append(acc.lift([row[f"__p{i + j}"] for j in range(n)]))
+        out.append(acc.lift([row[partial(i + j)] for j in range(n)]))
         i += n
     return out
 
@@ -398,10 +411,10 @@ def _read_input(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> _Inpu
 
     received = list(batches)
     if not received:
-        return _Input(pa.table({"__kg": pa.array([], pa.int32())}))
+        return _Input(pa.table({KEY_GROUP: pa.array([], pa.int32())}))
     table = pa.Table.from_batches(received)
-    dummy = pc.fill_null(table.column("__dummy"), False)
-    routed = set(table.filter(dummy).column("__subtask").to_pylist())
+    dummy = pc.fill_null(table.column(DUMMY), False)
+    routed = set(table.filter(dummy).column(SUBTASK).to_pylist())
     if routed - {subtask}:
         msg = (f"keyed stage of {cfg.uid!r}: rows for subtask {min(routed - {subtask})} "
                f"reached Spark partition {subtask}; key-group routing is broken")
@@ -538,8 +551,8 @@ def _time_windows(cfg: KeyedConfig, backend: Any, rows: _Input, out: _Emitter) -
         _window_chunks(cfg, backend, accs, rows, epoch, delay)
         return
     keys = rows.keys(cfg.keys)
-    starts = rows.column("__start")
-    cells = list(zip(rows.column("__kg"), _encode_keys(keys), _namespaces(starts), strict=True))
+    starts = rows.column(WINDOW_START)
+    cells = list(zip(rows.column(KEY_GROUP), _encode_keys(keys), _namespaces(starts), strict=True))
     stored = backend.get_many("acc", cells)
     updates, merged_all = [], []
     fresh: dict[tuple[int, bytes], list[bytes]] = {}
@@ -567,10 +580,10 @@ def _window_chunks(cfg: KeyedConfig, backend: Any, accs: list[tuple[Any, int]], 
     import pyarrow.compute as pc
 
     table = rows.table
-    order = pc.sort_indices(table, [("__kg", "ascending"), ("__start", "ascending")])
+    order = pc.sort_indices(table, [(KEY_GROUP, "ascending"), (WINDOW_START, "ascending")])
     table = table.take(order)
-    kgs = table.column("__kg").to_numpy()
-    starts = table.column("__start").to_numpy()
+    kgs = table.column(KEY_GROUP).to_numpy()
+    starts = table.column(WINDOW_START).to_numpy()
     bounds = [0, *(np.flatnonzero((kgs[1:] != kgs[:-1]) | (starts[1:] != starts[:-1])) + 1)
               .tolist(), len(kgs)]
     key_lists = [table.column(k).to_pylist() for k in cfg.keys]
@@ -592,7 +605,7 @@ def _rolling(cfg: KeyedConfig, backend: Any, rows: _Input, out: _Emitter) -> Non
         return
     keys = rows.keys(cfg.keys)
     cells = [(kg, key, NS_ROLLING)
-             for kg, key in zip(rows.column("__kg"), _encode_keys(keys), strict=True)]
+             for kg, key in zip(rows.column(KEY_GROUP), _encode_keys(keys), strict=True)]
     stored = backend.get_many("acc", cells)
     merged_all = [_merge(accs, old, new)
                   for old, new in zip(stored, _lift_columns(accs, rows), strict=True)]
@@ -610,7 +623,7 @@ def _sessions(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]],
     fired_keys = {(t.key_group, t.key) for t in due}
     by_key: dict[tuple[int, bytes], list[dict[str, Any]]] = {}
     for row in rows:
-        by_key.setdefault((row["__kg"], _key_bytes([row[k] for k in cfg.keys])), []).append(row)
+        by_key.setdefault((row[KEY_GROUP], _key_bytes([row[k] for k in cfg.keys])), []).append(row)
     cells = sorted(fired_keys | set(by_key))
     if not cells:
         return
@@ -630,7 +643,7 @@ def _sessions(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]],
         before = {(s[0], s[1]) for s in sessions}
         for row in by_key.get((kg, kb), []):
             key = tuple(row[k] for k in cfg.keys)
-            sessions.append([row["__start"], row["__end"], _lift(accs, row), True])
+            sessions.append([row[WINDOW_START], row[WINDOW_END], _lift(accs, row), True])
         sessions.sort(key=lambda s: (s[0], s[1]))
         merged: list[list[Any]] = []
         for s in sessions:
@@ -673,11 +686,11 @@ def _count_windows(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]],
     Flink's count windows)."""
     accs = _partials(cfg)
     limit = cfg.count or 1
-    rows = sorted(rows, key=lambda r: (r["__kg"], _key_bytes([r[k] for k in cfg.keys]),
-                                       r["__ts_ms"], r["__seq"]))
+    rows = sorted(rows, key=lambda r: (r[KEY_GROUP], _key_bytes([r[k] for k in cfg.keys]),
+                                       r[EVENT_TIME_MS], r[SEQUENCE]))
     by_key: dict[tuple[int, bytes], list[dict[str, Any]]] = {}
     for row in rows:
-        by_key.setdefault((row["__kg"], _key_bytes([row[k] for k in cfg.keys])), []).append(row)
+        by_key.setdefault((row[KEY_GROUP], _key_bytes([row[k] for k in cfg.keys])), []).append(row)
     cells = list(by_key)
     if not cells:
         return
@@ -689,8 +702,8 @@ def _count_windows(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]],
         for row in by_key[(kg, kb)]:
             key = tuple(row[k] for k in cfg.keys)
             state = _merge(accs, state, _lift(accs, row))
-            first = row["__ts_ms"] if first is None else first
-            last = row["__ts_ms"]
+            first = row[EVENT_TIME_MS] if first is None else first
+            last = row[EVENT_TIME_MS]
             n += 1
             if n == limit:
                 out.window(key, first, last, _finals(accs, state))
@@ -712,7 +725,7 @@ def _dedupe(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]], out: _Em
         backend.delete_many("acc", [(t.key_group, t.key, NS_ROLLING) for t in due])
     if not rows:
         return
-    cells = [(r["__kg"], _key_bytes([r[k] for k in cfg.keys]), NS_ROLLING) for r in rows]
+    cells = [(r[KEY_GROUP], _key_bytes([r[k] for k in cfg.keys]), NS_ROLLING) for r in rows]
     seen = backend.get_many("acc", cells)
     puts, timers = [], []
     for row, cell, old in zip(rows, cells, seen, strict=True):
@@ -720,7 +733,7 @@ def _dedupe(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]], out: _Em
             continue
         record = {c: row[c] for c in cfg.record_columns}
         out.record(record)
-        expiry = row["__ts_ms"] + (cfg.dedupe_ms or 0)
+        expiry = row[EVENT_TIME_MS] + (cfg.dedupe_ms or 0)
         puts.append((*cell, (None, None, None, expiry)))
         timers.append((cell[0], expiry, cell[1], NS_ROLLING))
     if puts:

@@ -102,7 +102,6 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, cast
 
-from streamer.operators.keyed import WINDOW_KEYS
 from streamer.savepoint.exceptions import (
     CorruptSavepointError,
     IncompatibleSavepointError,
@@ -119,6 +118,7 @@ from streamer.state.base import (
 )
 from streamer.state.codec import decode_key
 from streamer.state.exceptions import StateError
+from streamer.state.names import WINDOW_KEYS
 from streamer.storage import MissingFileError, Storage, StorageError
 
 #: The version of the state files and handles this module writes and reads.
