@@ -168,7 +168,7 @@ def export(path: PathArg, operator: Annotated[str, typer.Option(
     """Write an operator's keyed state as Parquet or JSON lines: one row per state entry
     (and timer), keys and values decoded, for inspection and migration."""
     from streamer.exceptions import ConfigError
-    from streamer.savepoint.format import export_operator
+    from streamer.savepoint.export import export_operator
     from streamer.savepoint.metadata import SavepointError, read_metadata
 
     if fmt not in ("parquet", "jsonl"):
