@@ -65,7 +65,7 @@ def open_backend(kind: str, root_dir: str, job: str, uid: str, subtask: int,
     """
     location = SubtaskLocation(str(root_dir), job, uid, subtask)
     if kind == "memory":
-        from streamer.state.memory import MemoryBackend
+        from streamer.state.memory_backend import MemoryBackend
 
         return MemoryBackend(location, key_groups, options, states)
     if kind == "rocksdb":

@@ -129,7 +129,7 @@ def _backend_class(name: Any) -> type[KeyedStateBackend]:
 
         return RocksDBBackend
     if name == "memory":
-        from streamer.state.memory import MemoryBackend
+        from streamer.state.memory_backend import MemoryBackend
 
         return MemoryBackend
     msg = f"a state handle names unknown backend {name!r}; use 'memory' or 'rocksdb'"
