@@ -393,7 +393,7 @@ def restore_snapshot(handle: dict[str, Any], storage_url: str, target: SubtaskLo
 
     # 1. Empty the target; the new directory is built aside and renamed into place.
     if handle["backend"] == "rocksdb":
-        from streamer.state.rocksdb import release_parked
+        from streamer.state.rocksdb_parking import release_parked
 
         release_parked(path)  # a handle this process kept open on the directory replaced
     try:
