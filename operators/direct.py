@@ -121,7 +121,7 @@ def _key_groups(distinct: list[tuple[Any, ...]], key_types: tuple[str, ...],
 
 
 def read_direct(cfg: Any, d: DirectRead, subtask: int) -> tuple[Any, dict[str, Any]]:
-    """The pre-aggregated rows of `subtask` in the epoch (what `operators.keyed._Input`
+    """The pre-aggregated rows of `subtask` in the epoch (what `operators.keyed_rows._Input`
     wraps) and the epoch's `records_in` and `max_ts` (ms, or None)."""
     import numpy as np
     import pyarrow as pa

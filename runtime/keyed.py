@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.accumulators import AccumulatorParam
 
+from streamer.columns import META, OUT
 from streamer.operators.aggregates import accumulator
 from streamer.operators.direct import DIRECT_AGGREGATES, DirectRead, ipc_bytes
-from streamer.operators.keyed import META, OUT, KeyedConfig, output_schema, run_task
+from streamer.operators.keyed import output_schema, run_task
+from streamer.operators.keyed_config import KeyedConfig
 from streamer.pipeline.spec import JobSpec, OperatorSpec
 
 if TYPE_CHECKING:
