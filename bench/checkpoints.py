@@ -205,8 +205,8 @@ def changelog_tasks(url: str, timing_dir: Path) -> Iterator[None]:
         import pickle as pickle_
         import time as time_
 
-        from streamer.checkpoint.storage import Storage
         from streamer.state.rocksdb import RocksDBBackend
+        from streamer.storage import Storage
 
         commit = RocksDBBackend.commit
         record: dict[str, Any] = {}
@@ -345,7 +345,7 @@ def apply_changelog(storage_url: str, uid: str, subtask: int, epochs: list[int],
 
     from rocksdict import Options, Rdict, WriteBatch
 
-    from streamer.checkpoint.storage import Storage
+    from streamer.storage import Storage
 
     storage = Storage(storage_url)
     started = time.perf_counter()

@@ -1,3 +1,4 @@
-"""Checkpoints: the storage they are written to (`storage`), fault injection for tests
-(`faults`), and the coordinator and metadata that make them exactly-once.
+"""Checkpoints: the metadata that makes them exactly-once (`metadata`) and the keyed subtask's
+side of them (`task`). The storage they are written to is `streamer.storage` (fault injection
+for tests: `streamer.storage_faults`).
 """

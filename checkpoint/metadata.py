@@ -28,8 +28,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from streamer.checkpoint.storage import MissingFileError, Storage, StorageError
 from streamer.exceptions import StreamerError
+from streamer.storage import MissingFileError, Storage, StorageError
 
 FORMAT = 1
 METADATA = "_metadata"

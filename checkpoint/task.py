@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from streamer.columns import META, ROW_KIND, ROW_META
+
 STATE_BEHIND = "STREAMER_STATE_BEHIND"
 
 
@@ -170,9 +172,7 @@ def snapshot_batch(cfg: Any, backend: Any, subtask: int, info: dict[str, Any]) -
         return None
     import pyarrow as pa
 
-    from streamer.operators.keyed import META
-
-    return pa.RecordBatch.from_pylist([{"__kind": META, "__meta": json.dumps(meta)}],
+    return pa.RecordBatch.from_pylist([{ROW_KIND: META, ROW_META: json.dumps(meta)}],
                                       schema=cfg.out_schema)
 
 

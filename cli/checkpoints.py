@@ -36,7 +36,7 @@ def default_storage(storage: str | None) -> str:
 def open_store(job: str, storage: str | None) -> CheckpointStore:
     """The job's checkpoint store; a clear error if the storage holds no such job."""
     from streamer.checkpoint.metadata import CheckpointError, CheckpointStore
-    from streamer.checkpoint.storage import Storage
+    from streamer.storage import Storage
 
     url = default_storage(storage)
     store = CheckpointStore(url, job)

@@ -170,7 +170,7 @@ def register_job_commands(app: typer.Typer) -> None:
         differ from the savepoint's."""
         from dataclasses import replace
 
-        from streamer.cli.main import run_job
+        from streamer.cli.launch import run_job
         from streamer.pipeline.validate import load_pipeline
 
         spec = load_pipeline(str(file))

@@ -54,8 +54,8 @@ def status(request: Annotated[str, typer.Argument(help="The request id from --de
            storage: StorageOpt = None, as_json: JsonOpt = False) -> None:
     """The state of a savepoint request: pending, accepted (being written), completed (with
     its path) or failed (with why)."""
-    from streamer.checkpoint.storage import Storage
     from streamer.runtime.control import ControlChannel, JobControlError
+    from streamer.storage import Storage
 
     url = default_storage(storage)
     jobs = [job] if job else Storage(url).ls("")
@@ -168,7 +168,7 @@ def export(path: PathArg, operator: Annotated[str, typer.Option(
     """Write an operator's keyed state as Parquet or JSON lines: one row per state entry
     (and timer), keys and values decoded, for inspection and migration."""
     from streamer.exceptions import ConfigError
-    from streamer.savepoint.format import export_operator
+    from streamer.savepoint.export import export_operator
     from streamer.savepoint.metadata import SavepointError, read_metadata
 
     if fmt not in ("parquet", "jsonl"):
@@ -179,7 +179,7 @@ def export(path: PathArg, operator: Annotated[str, typer.Option(
         msg = (f"savepoint {path} has no operator uid {operator!r}; it has "
                f"{', '.join(sorted(meta.operators)) or 'none'}")
         raise SavepointError(msg)
-    from streamer.checkpoint.storage import Storage
+    from streamer.storage import Storage
 
     export_operator(Storage(path).url, meta.operators[operator].get("files", []), output, fmt)
     _console().print(f"wrote {output}")

@@ -11,8 +11,9 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from streamer.connectors.base import ConnectorContext, TableSink
+from streamer.connectors.base import ConnectorContext
 from streamer.connectors.formats import json_value
+from streamer.connectors.table_sink import TableSink
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -4,7 +4,7 @@ Splits are named "0".."n-1" and each split's offset is the next row number it wi
 so re-reading a slice from the same offsets gives the same rows. All splits advance by the
 same number of rows per epoch, which lets one `spark.range` (one partition per split) build
 a whole slice: `split = id DIV k`, `offset = start[split] + id % k` for `k` rows per split.
-A slice of at most `runtime.local.local_rows()` rows is an inline `VALUES` table of the same
+A slice of at most `ctx.local_rows` rows is an inline `VALUES` table of the same
 (split, offset) pairs instead, so that Spark evaluates the epoch on the driver, without a job.
 
 Admission per epoch, per split, is the smallest of: what is left before `limit`; with
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 #: Rows per epoch over all splits of an unbounded datagen source without a rate.
 DEFAULT_MAX_RECORDS_PER_EPOCH = 1_000_000
+#: The column naming each record's split (`SourceRead.split_column`; the runtime drops it).
+_SPLIT_COLUMN = "__split"
 
 
 class DatagenSource(Source):
@@ -57,6 +59,11 @@ class DatagenSource(Source):
         #: (now_ms, offsets) of the first plan: the origin of rate admission.
         self._rate_origin: tuple[int, dict[str, int]] | None = None
         self._schema: StructType | None = None
+
+    @property
+    def local_reads(self) -> bool:
+        """Small slices are an inline `VALUES` table."""
+        return True
 
     @property
     def bounded(self) -> bool:
@@ -159,7 +166,7 @@ class DatagenSource(Source):
         from pyspark.sql import functions as F
         from pyspark.sql.types import StructType
 
-        from streamer.runtime.spark import spark_error_message
+        from streamer.spark_errors import spark_error_message
 
         empty = self.ctx.spark.sql(self._base_sql([0] * self.splits, [0] * self.splits,
                                                   self._generated_at(0)))
@@ -177,18 +184,16 @@ class DatagenSource(Source):
 
     def read(self, piece: SourceSlice) -> SourceRead:
         """The slice's rows: lazy, deterministic (but for `generated_at`), no Python UDFs."""
-        from streamer.runtime.local import local_rows
-
         payload = piece.payload
         rows = sum(payload["counts"])
-        local = 0 < rows <= local_rows()
+        local = 0 < rows <= self.ctx.local_rows
         base = (self._local_sql if local else self._base_sql)(
             payload["start"], payload["counts"], payload["generated_at"])
         columns = [f"({expr}) AS `{name}`" for name, expr in self.fields]
         split_column = None
         if self.spec.event_time:  # the split only matters for per-split watermarks
-            columns.append("CAST(split AS STRING) AS __split")
-            split_column = "__split"
+            columns.append(f"CAST(split AS STRING) AS {_SPLIT_COLUMN}")
+            split_column = _SPLIT_COLUMN
         return SourceRead(records=self.ctx.spark.sql(f"SELECT {', '.join(columns)} FROM ({base})"),
                           split_column=split_column, local=local,
                           local_rows=rows if local else None)

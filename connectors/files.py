@@ -74,7 +74,7 @@ def parse_schema(spec: SourceSpec) -> StructType | None:
         return None
     from pyspark.sql.types import DataType, StructField, StructType
 
-    from streamer.runtime.spark import spark_error_message
+    from streamer.spark_errors import spark_error_message
 
     fields = []
     for name, type_name in spec.schema:
@@ -249,7 +249,7 @@ class FilesSource(Source):
         return self._schema
 
     def _infer(self) -> StructType:
-        from streamer.runtime.spark import spark_error_message
+        from streamer.spark_errors import spark_error_message
 
         files = self.list_files()[:INFER_MAX_FILES]
         if not files:

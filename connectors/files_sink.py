@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
+from streamer.columns import HIDDEN_PREFIX
 from streamer.connectors.base import ConnectorContext, Sink
 from streamer.connectors.exceptions import ConnectorError
 from streamer.connectors.files import is_local, spark_path
@@ -132,7 +133,7 @@ class TaskFile:
         is_out = pc.equal(batch.column(self.kind_column), self.out_kind)
         out = batch.filter(is_out)
         if out.num_rows:
-            out = out.select([n for n in batch.schema.names if not n.startswith("__")])
+            out = out.select([n for n in batch.schema.names if not n.startswith(HIDDEN_PREFIX)])
             if self._writer is None:
                 self._writer = self.target.writer(self._tmp, nullable(out.schema))
             self._writer.write_batch(pa.RecordBatch.from_arrays(

@@ -12,7 +12,7 @@ Two clients read the ranges (`client:`):
   partition range, `assign()`ed at the range's start and read until its end. Offsets of a
   transactional topic skip control markers and aborted records, so a range ends at the first
   record at or past `end`, or at the partition's end (`enable.partition.eof`).
-  A slice of at most `runtime.local.local_rows()` records (1,000 by default) is read on the
+  A slice of at most `ctx.local_rows` records (1,000 by default) is read on the
   driver instead, by one consumer kept for the run, into a local relation (`runtime.local`):
   no Spark job, no task start-up, no consumer per range.
 - `spark`: Spark's own Kafka connector (`spark-sql-kafka-0-10`, resolved from Maven Central
@@ -178,6 +178,11 @@ class KafkaSource(Source):
 
     # ------------------------------------------------------------------------- contract
     @property
+    def local_reads(self) -> bool:
+        """Small slices are read by a consumer kept on the driver (confluent client)."""
+        return self.client == "confluent"
+
+    @property
     def bounded(self) -> bool:
         """Bounded with `bounded: true`."""
         return self.is_bounded
@@ -273,11 +278,9 @@ class KafkaSource(Source):
 
     def _local_frame(self, ranges: list[list[Any]]) -> DataFrame | None:
         """The ranges' records read on the driver as a local relation, when they are few
-        enough (`runtime.local.local_rows`) and the client is confluent; else None."""
-        from streamer.runtime.local import local_rows
-
+        enough (`ConnectorContext.local_rows`) and the client is confluent; else None."""
         total = sum(end - start for _, _, start, end in ranges)
-        if self.client != "confluent" or not 0 < total <= local_rows():
+        if self.client != "confluent" or not 0 < total <= self.ctx.local_rows:
             return None
         import pyarrow as pa
 
@@ -335,7 +338,7 @@ class KafkaSource(Source):
         try:
             df = reader.load()
         except Exception as exc:
-            from streamer.runtime.spark import spark_error_message
+            from streamer.spark_errors import spark_error_message
 
             msg = (f"source {self.spec.id!r} has client: spark, but Spark's Kafka connector "
                    f"failed to load ({spark_error_message(exc)}); use client: confluent, or "

@@ -32,10 +32,11 @@ import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from streamer.connectors.base import ConnectorContext, TableSink
+from streamer.connectors.base import ConnectorContext
 from streamer.connectors.exceptions import ConnectorError
 from streamer.connectors.formats import column, timestamps_as_iso
 from streamer.connectors.kafka import client_config, quiet_logger
+from streamer.connectors.table_sink import TableSink
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from streamer.connectors.base import ConnectorContext, TableSink
+from streamer.connectors.base import ConnectorContext
 from streamer.connectors.exceptions import ConnectorError
 from streamer.connectors.formats import json_rows
+from streamer.connectors.table_sink import TableSink
 
 if TYPE_CHECKING:
     import pyarrow as pa

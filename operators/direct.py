@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from streamer.columns import KEY_GROUP, WINDOW_START, partial
+
 #: Per worker process: (key types, max_parallelism) -> key -> key group.
 _KEY_GROUPS: dict[tuple[tuple[str, ...], int], dict[Any, int]] = {}
 _KEY_GROUP_CACHE_LIMIT = 2_000_000
@@ -119,7 +121,7 @@ def _key_groups(distinct: list[tuple[Any, ...]], key_types: tuple[str, ...],
 
 
 def read_direct(cfg: Any, d: DirectRead, subtask: int) -> tuple[Any, dict[str, Any]]:
-    """The pre-aggregated rows of `subtask` in the epoch (what `operators.keyed._Input`
+    """The pre-aggregated rows of `subtask` in the epoch (what `operators.keyed_rows._Input`
     wraps) and the epoch's `records_in` and `max_ts` (ms, or None)."""
     import numpy as np
     import pyarrow as pa
@@ -169,17 +171,17 @@ def read_direct(cfg: Any, d: DirectRead, subtask: int) -> tuple[Any, dict[str, A
         rows = np.flatnonzero(keep)
         starts = np.zeros(len(rows), dtype=np.int64)
     picked = table.take(pa.array(rows, pa.int64()))
-    columns: dict[str, Any] = {"__kg": pa.array(kg[rows], pa.int32())}
+    columns: dict[str, Any] = {KEY_GROUP: pa.array(kg[rows], pa.int32())}
     for name in cfg.keys:
         columns[name] = picked.column(name)
-    columns["__start"] = pa.array(starts, pa.int64())
+    columns[WINDOW_START] = pa.array(starts, pa.int64())
     aggregations: list[tuple[Any, ...]] = []
     j = 0
     for spec in cfg.aggregates:
         for fn, arg in _partial_functions(spec.function, spec.arg):
             name = f"__in{j}"
             if arg is None:
-                columns[name] = columns["__kg"]
+                columns[name] = columns[KEY_GROUP]
                 aggregations.append((name, "count", pc.CountOptions(mode="all")))
             else:
                 values = picked.column(arg)
@@ -191,14 +193,14 @@ def read_direct(cfg: Any, d: DirectRead, subtask: int) -> tuple[Any, dict[str, A
     if j != sum(len(accumulator(a, "0", "0").sql) for a in cfg.aggregates):
         msg = f"direct read of {cfg.uid!r}: partials do not match the accumulators"
         raise RuntimeError(msg)
-    grouped = pa.table(columns).group_by(["__kg", *cfg.keys, "__start"], use_threads=False)
+    grouped = pa.table(columns).group_by([KEY_GROUP, *cfg.keys, WINDOW_START], use_threads=False)
     result = grouped.aggregate(aggregations)
-    out = {"__kg": result.column("__kg")}
+    out = {KEY_GROUP: result.column(KEY_GROUP)}
     for name in cfg.keys:
         out[name] = result.column(name)
-    out["__start"] = result.column("__start")
+    out[WINDOW_START] = result.column(WINDOW_START)
     for i, agg in enumerate(aggregations):
-        out[f"__p{i}"] = result.column(f"{agg[0]}_{agg[1]}")
+        out[partial(i)] = result.column(f"{agg[0]}_{agg[1]}")
     return pa.table(out), info
 
 

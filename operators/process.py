@@ -40,6 +40,17 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from streamer.columns import (
+    EVENT_TIME,
+    EVENT_TIME_MS,
+    KEY_GROUP,
+    OUT,
+    ROW_KIND,
+    ROW_META,
+    SEQUENCE,
+    SIDE,
+    SIDE_OUTPUT,
+)
 from streamer.exceptions import StreamerError
 
 
@@ -276,11 +287,11 @@ def run_process(fn_class: type[KeyedProcessFunction], keys: tuple[str, ...],
 
     def emit(produced: Iterable[dict[str, Any]] | None, ts: int | None) -> Iterator[dict]:
         for row in produced or ():
-            yield {"__kind": "out", "__meta": None, "__side": None,
-                   "__ts": ts * 1000 if ts is not None else None, **row}
+            yield {ROW_KIND: OUT, ROW_META: None, SIDE_OUTPUT: None,
+                   EVENT_TIME: ts * 1000 if ts is not None else None, **row}
         for name, items in side.items():
             for row in items:
-                yield {"__kind": "side", "__side": name, "__meta": json.dumps(row, default=str)}
+                yield {ROW_KIND: SIDE, SIDE_OUTPUT: name, ROW_META: json.dumps(row, default=str)}
             items.clear()
 
     timers = sorted([*backend.due_timers("event", fire_event_up_to, remove=True),
@@ -289,12 +300,12 @@ def run_process(fn_class: type[KeyedProcessFunction], keys: tuple[str, ...],
         ctx.key_group, ctx.key_bytes = timer.key_group, timer.key
         ctx.key, ctx.timestamp = decode_key(timer.key), timer.time_ms
         yield from emit(fn.on_timer(timer.time_ms, ctx), timer.time_ms)
-    rows.sort(key=lambda r: (r["__kg"], encode_key(tuple(r[k] for k in keys)), r["__ts_ms"],
-                             r["__seq"]))
+    rows.sort(key=lambda r: (r[KEY_GROUP], encode_key(tuple(r[k] for k in keys)), r[EVENT_TIME_MS],
+                             r[SEQUENCE]))
     for row in rows:
-        ctx.key_group = row["__kg"]
+        ctx.key_group = row[KEY_GROUP]
         ctx.key = tuple(row[k] for k in keys)
         ctx.key_bytes = encode_key(ctx.key)
-        ctx.timestamp = row["__ts_ms"]
+        ctx.timestamp = row[EVENT_TIME_MS]
         record = {c: row[c] for c in record_columns}
-        yield from emit(fn.process_element(record, ctx), row["__ts_ms"])
+        yield from emit(fn.process_element(record, ctx), row[EVENT_TIME_MS])

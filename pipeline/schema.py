@@ -2,7 +2,7 @@
 
 This is the single description from which `streamer validate` checks files and `streamer
 schema` renders JSON Schema. Cross-references (inputs, on_error, cycles) are checked in
-`pipeline/validate.py`, and expressions against schemas in `pipeline/analyze.py`.
+`pipeline/validate.py`, and expressions against schemas in `runtime/analyze.py` (it needs Spark).
 """
 
 from __future__ import annotations

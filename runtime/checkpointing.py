@@ -143,7 +143,7 @@ class CheckpointCoordinator:
                  started: float) -> CheckpointMetadata | None:
         """Complete the checkpoint in its numbered steps (module docstring); its metadata,
         or None when it was declined."""
-        from streamer.runtime import failpoints
+        from streamer import failpoints
 
         assert self.store is not None
         # 1. the subtasks' handles

@@ -27,7 +27,7 @@ def analyze_spec(spec: PipelineSpec, spark: SparkSession | None = None) -> None:
     """Check every expression of `spec` against its input schema; raise `PipelineError`."""
     from streamer.connectors.base import ConnectorContext
     from streamer.connectors.registry import make_source
-    from streamer.pipeline.analyze import analyze
+    from streamer.runtime.analyze import analyze
 
     session = spark or shared_session(spec)
     ctx = ConnectorContext(spark=session, job_name=spec.name)

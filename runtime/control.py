@@ -24,8 +24,8 @@ import time
 import uuid
 from typing import Any
 
-from streamer.checkpoint.storage import Storage, StorageError
 from streamer.exceptions import StreamerError
+from streamer.storage import Storage, StorageError
 
 HEARTBEAT_S = 5.0
 STALE_AFTER_S = 30.0

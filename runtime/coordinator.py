@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 from streamer.connectors.base import DEAD_LETTER_DDL, ConnectorContext, Sink, Source, SourceSlice
 from streamer.exceptions import StreamerError
-from streamer.pipeline.analyze import analyze
 from streamer.pipeline.graph import compile_dataflow
 from streamer.pipeline.spec import PipelineSpec
+from streamer.runtime.analyze import analyze
 from streamer.runtime.checkpointing import CheckpointCoordinator
 from streamer.runtime.epoch import EpochRunner, guarded
 from streamer.runtime.exceptions import JobFailedError
@@ -183,7 +183,8 @@ class JobRunner:
         ctx = ConnectorContext(spark=self.spark, job_name=spec.name,
                                console=self.options.console, storage_url=job.storage_url,
                                exactly_once=self.options.checkpoints
-                               and spec.job.checkpoint.mode == "exactly_once")
+                               and spec.job.checkpoint.mode == "exactly_once",
+                               local_rows=settings.local_rows)
         job.sources = {s.id: (self._source_factory or _make_source)(s, ctx)
                        for s in spec.sources}
         ship_user_code(spec, self.spark)
@@ -232,7 +233,7 @@ class JobRunner:
 
     def _start(self) -> None:
         """Before Spark starts: claim the job (a second run is refused at once)."""
-        from streamer.runtime import failpoints
+        from streamer import failpoints
 
         if failpoints.ENV in os.environ:
             os.environ[failpoints.DRIVER_PID_ENV] = str(os.getpid())

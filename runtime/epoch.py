@@ -37,7 +37,7 @@ def guarded(epoch: int, what: str, action: Callable[[], Any]) -> Any:
 
     from streamer.connectors.exceptions import ReadFailed
     from streamer.runtime.keyed import SubtaskFailed
-    from streamer.runtime.spark import spark_error_message
+    from streamer.spark_errors import spark_error_message
 
     try:
         return action()
@@ -77,7 +77,7 @@ class EpochRunner:
         """Run one epoch; with `checkpoint`, its end is also a checkpoint: keyed subtasks
         snapshot their state after committing it, then `_metadata` is written and the
         sinks' staged output committed."""
-        from streamer.runtime import failpoints
+        from streamer import failpoints
 
         job = self.job
         assert job.plan is not None

@@ -80,7 +80,7 @@ class JobControl:
         savepoint URL the next epoch writes, if one was asked for."""
         if self.channel is None:
             return None
-        from streamer.checkpoint.storage import StorageError
+        from streamer.storage import StorageError
 
         job = self.job
         self.registry.update(epoch=job.epoch, records_in=sum(m.total_in for m in job.history))

@@ -18,18 +18,18 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.accumulators import AccumulatorParam
 
+from streamer import columns as C
+from streamer.columns import META, OUT
 from streamer.operators.aggregates import accumulator
 from streamer.operators.direct import DirectRead, ipc_bytes
-from streamer.operators.keyed import META, OUT, KeyedConfig, output_schema, run_task
+from streamer.operators.keyed import output_schema, run_task
+from streamer.operators.keyed_config import KeyedConfig
 from streamer.pipeline.spec import JobSpec, OperatorSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-HIDDEN = "__"
-#: The columns of a keyed task's batches that say what a row is, not part of the output.
-BOOKKEEPING = ("__kind", "__meta", "__side")
 EPOCH_SEQ = 1 << 40
 
 
@@ -50,7 +50,7 @@ def route_values(spark: SparkSession, parallelism: int) -> list[int]:
 
 def visible(df: DataFrame) -> DataFrame:
     """`df` without streamer's hidden columns (event time, routing)."""
-    hidden = [c for c in df.columns if c.startswith(HIDDEN)]
+    hidden = [c for c in df.columns if c.startswith(C.HIDDEN_PREFIX)]
     return df.drop(*hidden) if hidden else df
 
 
@@ -180,7 +180,8 @@ class KeyedStage:
         """The operator's output columns as downstream operators and sinks see them."""
         from pyspark.sql.types import StructType
 
-        return StructType([f for f in self.out_schema.fields if not f.name.startswith(HIDDEN)])
+        return StructType([f for f in self.out_schema.fields
+                           if not f.name.startswith(C.HIDDEN_PREFIX)])
 
     def _no_output(self) -> DataFrame:
         """An empty frame of the stage's output columns (for stages whose tasks wrote it)."""
@@ -189,7 +190,7 @@ class KeyedStage:
 
             self._empty = self.spark.createDataFrame([], StructType([
                 f for f in self.out_schema.fields
-                if f.name not in BOOKKEEPING]))
+                if f.name not in C.BOOKKEEPING]))
         return self._empty
 
     # ------------------------------------------------------------------ per epoch
@@ -203,15 +204,15 @@ class KeyedStage:
         # (A Spark job, run only by stages that take the Spark path: direct reads need none.)
         routes = route_values(self.spark, self.parallelism)
         self._route = F.element_at(F.array(*[F.lit(r).cast("bigint") for r in routes]),
-                                   F.col("__subtask") + 1)
+                                   F.col(C.SUBTASK) + 1)
         self._dummies = self.spark.range(0, self.parallelism, 1, 1).select(
-            F.col("id").cast("int").alias("__subtask"), F.lit(True).alias("__dummy"))
-        self._routed_dummies = self._dummies.withColumn("__route", self._route).repartition(
-            self.parallelism, "__route")
+            F.col("id").cast("int").alias(C.SUBTASK), F.lit(True).alias(C.DUMMY))
+        self._routed_dummies = self._dummies.withColumn(C.ROUTE, self._route).repartition(
+            self.parallelism, C.ROUTE)
 
     def _routed(self, df: DataFrame) -> DataFrame:
         """`df` with its route, in the Spark partition of its subtask."""
-        return df.withColumn("__route", self._route).repartition(self.parallelism, "__route")
+        return df.withColumn(C.ROUTE, self._route).repartition(self.parallelism, C.ROUTE)
 
     def _prepare(self, df: DataFrame, epoch: int, now_ms: int, watermark: int,
                  prerouted: bool = False) -> tuple[DataFrame, DataFrame | None]:
@@ -222,35 +223,29 @@ class KeyedStage:
 
         keys = [F.col(k) for k in self.op.key_by]
         ts = (F.lit(now_ms).cast("bigint") if self.domain == "processing"
-              else F.expr("unix_millis(__ts)"))
+              else F.expr(f"unix_millis({C.EVENT_TIME})"))
         p, mp = self.parallelism, self.max_parallelism
         df = df.withColumns({
-            "__ts_ms": ts,
-            "__seq": F.lit(epoch * EPOCH_SEQ) + F.monotonically_increasing_id(),
-            "__kg": F.expr(f"pmod(xxhash64({', '.join(self.op.key_by)}), {mp})").cast("int"),
-        }).withColumn("__subtask", F.expr(f"cast(__kg * {p} div {mp} as int)"))
-        group = [F.col("__subtask"), F.col("__kg"), *keys]
+            C.EVENT_TIME_MS: ts,
+            C.SEQUENCE: F.lit(epoch * EPOCH_SEQ) + F.monotonically_increasing_id(),
+            C.KEY_GROUP: F.expr(f"pmod(xxhash64({', '.join(self.op.key_by)}), {mp})").cast("int"),
+        }).withColumn(C.SUBTASK, F.expr(f"cast({C.KEY_GROUP} * {p} div {mp} as int)"))
+        group = [F.col(C.SUBTASK), F.col(C.KEY_GROUP), *keys]
         late = None
         window = self.op.window
         lateness = window.allowed_lateness_ms if window else 0
         if self.kind == "process":  # every record goes to the user's function
             return df, None
         if self.kind == "dedupe":
-            cols = [F.col(c) for c in df.columns if c not in ("__subtask", "__kg", "__seq")]
-            first = F.min_by(F.struct(*cols, F.col("__seq")), F.struct("__ts_ms", "__seq"))
-            if prerouted:
-                df, group = self._routed(df), [F.col("__route"), *group]
-            rows = df.groupBy(*group).agg(first.alias("__r")).select(
-                *(["__route"] if prerouted else []), "__subtask", "__kg", "__r.*")
-            return rows, None
+            return self._first_records(df, group, prerouted), None
         if window and window.kind in ("tumbling", "sliding") and self.domain == "event":
             size, slide = window.size_ms or 0, window.slide_ms or window.size_ms or 0
-            last_start = F.col("__ts_ms") - F.expr(f"pmod(__ts_ms, {slide})")
+            last_start = F.col(C.EVENT_TIME_MS) - F.expr(f"pmod({C.EVENT_TIME_MS}, {slide})")
             is_late = last_start + F.lit(size - 1 + lateness) <= F.lit(watermark)
             late = df.filter(is_late)
             df = df.filter(~is_late)
         elif window and window.kind == "session" and self.domain == "event":
-            is_late = F.col("__ts_ms") + F.lit((window.gap_ms or 0) - 1 + lateness) <= F.lit(
+            is_late = F.col(C.EVENT_TIME_MS) + F.lit((window.gap_ms or 0) - 1 + lateness) <= F.lit(
                 watermark)
             late = df.filter(is_late)
             df = df.filter(~is_late)
@@ -259,39 +254,54 @@ class KeyedStage:
             # Window starts are multiples of the slide: the last one at or before ts, back to
             # the first whose window still contains ts (filtered below when size % slide).
             back = ((size - 1) // slide) * slide
-            last = F.col("__ts_ms") - F.expr(f"pmod(__ts_ms, {slide})")
+            ms = C.EVENT_TIME_MS
+            last = F.col(C.EVENT_TIME_MS) - F.expr(f"pmod({C.EVENT_TIME_MS}, {slide})")
             # One window per record (tumbling, or a slide not below the size) needs no
             # array and explode per record.
             starts = last if back == 0 else F.explode(F.expr(
-                f"sequence(__ts_ms - pmod(__ts_ms, {slide}) - {back}, "
-                f"__ts_ms - pmod(__ts_ms, {slide}), {slide})"))
-            df = df.withColumn("__start", starts).filter(
-                F.col("__start") + F.lit(size) > F.col("__ts_ms"))
-            group.append(F.col("__start"))
+                f"sequence({ms} - pmod({ms}, {slide}) - {back}, "
+                f"{ms} - pmod({ms}, {slide}), {slide})"))
+            df = df.withColumn(C.WINDOW_START, starts).filter(
+                F.col(C.WINDOW_START) + F.lit(size) > F.col(C.EVENT_TIME_MS))
+            group.append(F.col(C.WINDOW_START))
             if self.domain == "event":
-                df = df.filter(F.col("__start") + F.lit(size - 1 + lateness) > F.lit(watermark))
+                df = df.filter(F.col(C.WINDOW_START) + F.lit(size - 1 + lateness)
+                               > F.lit(watermark))
         elif window and window.kind == "session":
             gap = window.gap_ms or 0
-            session = F.session_window(F.timestamp_millis(F.col("__ts_ms")), f"{gap} milliseconds")
-            group.append(session.alias("__session"))
+            session = F.session_window(F.timestamp_millis(F.col(C.EVENT_TIME_MS)),
+                                       f"{gap} milliseconds")
+            group.append(session.alias(C.SESSION))
         elif window and window.kind == "count":
-            group += [F.col("__ts_ms"), F.col("__seq")]
+            group += [F.col(C.EVENT_TIME_MS), F.col(C.SEQUENCE)]
         partials = []
         for agg in self.op.aggregates:
-            acc = accumulator(agg, "__ts_ms", "__seq")
+            acc = accumulator(agg, C.EVENT_TIME_MS, C.SEQUENCE)
             partials += [F.expr(sql) for sql in acc.sql]
         if prerouted:
-            df, group = self._routed(df), [F.col("__route"), *group]
-        rows = df.groupBy(*group).agg(*[c.alias(f"__p{i}") for i, c in enumerate(partials)])
+            df, group = self._routed(df), [F.col(C.ROUTE), *group]
+        rows = df.groupBy(*group).agg(*[c.alias(C.partial(i)) for i, c in enumerate(partials)])
         if window and window.kind == "session":
             rows = rows.withColumns({
-                "__start": F.expr("unix_millis(__session.start)"),
-                "__end": F.expr("unix_millis(__session.end)")}).drop("__session")
+                C.WINDOW_START: F.expr(f"unix_millis({C.SESSION}.start)"),
+                C.WINDOW_END: F.expr(f"unix_millis({C.SESSION}.end)")}).drop(C.SESSION)
         elif not window:
-            rows = rows.withColumn("__start", F.lit(0).cast("bigint"))
+            rows = rows.withColumn(C.WINDOW_START, F.lit(0).cast("bigint"))
         if late is not None:
             late = visible(late)
         return rows, late
+
+    def _first_records(self, df: DataFrame, group: list[Any], prerouted: bool) -> DataFrame:
+        """Dedupe: each key's first record of the epoch (by event time, then arrival)."""
+        from pyspark.sql import functions as F
+
+        cols = [F.col(c) for c in df.columns if c not in (C.SUBTASK, C.KEY_GROUP, C.SEQUENCE)]
+        first = F.min_by(F.struct(*cols, F.col(C.SEQUENCE)),
+                         F.struct(C.EVENT_TIME_MS, C.SEQUENCE))
+        if prerouted:
+            df, group = self._routed(df), [F.col(C.ROUTE), *group]
+        return df.groupBy(*group).agg(first.alias(C.FIRST_RECORD)).select(
+            *([C.ROUTE] if prerouted else []), C.SUBTASK, C.KEY_GROUP, f"{C.FIRST_RECORD}.*")
 
     def run(self, df: DataFrame | None, epoch: int, now_ms: int, watermark: int,
             fire_up_to: int, checkpointing: Any = None, small: bool = False,
@@ -305,8 +315,8 @@ class KeyedStage:
 
         if df is None:
             df = self.spark.createDataFrame([], self.input_schema)
-            if "__ts" not in df.columns:
-                df = df.withColumn("__ts", F.lit(None).cast("timestamp"))
+            if C.EVENT_TIME not in df.columns:
+                df = df.withColumn(C.EVENT_TIME, F.lit(None).cast("timestamp"))
         self._constants()
         assert self._dummies is not None and self._routed_dummies is not None
         prerouted = small and self.kind != "process"
@@ -315,10 +325,10 @@ class KeyedStage:
             # Both sides are hash-partitioned by route into `parallelism` partitions, so the
             # union keeps partition i = subtask i (spark.sql.unionOutputPartitioning) and
             # needs no further shuffle; `_read_input` checks it.
-            rows = rows.withColumn("__dummy", F.lit(False)).unionByName(
+            rows = rows.withColumn(C.DUMMY, F.lit(False)).unionByName(
                 self._routed_dummies, allowMissingColumns=True)
         else:
-            rows = rows.withColumn("__dummy", F.lit(False)).unionByName(
+            rows = rows.withColumn(C.DUMMY, F.lit(False)).unionByName(
                 self._dummies, allowMissingColumns=True)
             rows = self._routed(rows)
         cfg = replace(self.base_config, epoch=epoch, fire_up_to=fire_up_to, now_ms=now_ms,
@@ -387,7 +397,7 @@ class KeyedStage:
         import pyarrow as pa
 
         schema = pa.schema([f for f in self.base_config.out_schema
-                            if f.name not in BOOKKEEPING])
+                            if f.name not in C.BOOKKEEPING])
         tables = [p if isinstance(p, pa.Table) else pa.Table.from_batches([p]) for p in parts]
         # One chunk: PySpark 4.3's createDataFrame drops the rows after an empty chunk
         # (measured: chunks of 2, 0 and 1 rows give 2 rows; tests/runtime/test_local.py).
@@ -436,12 +446,12 @@ class KeyedStage:
         # (usually the sink's). A second evaluation is safe: every task finds its epoch
         # already committed and replays the stored output instead of applying it again.
         result = rows.mapInArrow(task, self.out_schema)
-        output = result.filter(F.col("__kind") == OUT).drop(*BOOKKEEPING)
+        output = result.filter(F.col(C.ROW_KIND) == OUT).drop(*C.BOOKKEEPING)
         sides = {}
         for name, ddl in self.side_schemas.items():
-            rows_of = result.filter((F.col("__kind") == "side") & (F.col("__side") == name))
-            sides[name] = rows_of.select(F.from_json("__meta", ddl).alias("r")).select("r.*")
-        run_job = None if write_to is None else result.select("__kind").collect
+            rows_of = result.filter((F.col(C.ROW_KIND) == C.SIDE) & (F.col(C.SIDE_OUTPUT) == name))
+            sides[name] = rows_of.select(F.from_json(C.ROW_META, ddl).alias("r")).select("r.*")
+        run_job = None if write_to is None else result.select(C.ROW_KIND).collect
         return KeyedResult(output, late, _Metas(lambda: metas.value), sides, run_job)
 
 
@@ -455,7 +465,7 @@ def subtask_batches(cfg: KeyedConfig, batches: Iterator[Any], subtask: int, writ
 
     from streamer.connectors.files_sink import TaskFile
 
-    out = None if write_to is None else TaskFile(write_to, subtask, "__kind", OUT)
+    out = None if write_to is None else TaskFile(write_to, subtask, C.ROW_KIND, OUT)
     try:
         for batch in (run or run_task)(cfg, batches, subtask):
             kinds = batch.column(0).to_pylist()
@@ -479,8 +489,8 @@ def output_rows(batch: Any) -> Any:
     """The output rows of a keyed task's batch, without the stage's bookkeeping columns."""
     import pyarrow.compute as pc
 
-    out = batch.filter(pc.equal(batch.column("__kind"), OUT))
-    return out.select([n for n in out.schema.names if n not in BOOKKEEPING])
+    out = batch.filter(pc.equal(batch.column(C.ROW_KIND), OUT))
+    return out.select([n for n in out.schema.names if n not in C.BOOKKEEPING])
 
 
 class SubtaskFailed(Exception):

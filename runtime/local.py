@@ -20,22 +20,10 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame
 
-#: Largest slice a source reads as a local relation (rows over all its splits); above it the
-#: inline table costs more to parse than a Spark job (1,000 rows: ~45 ms, 5,000: ~100 ms).
-DEFAULT_LOCAL_ROWS = 1_000
-LOCAL_ROWS_VARIABLE = "STREAMER_LOCAL_ROWS"
 
 _FLAT = ("BooleanType", "ByteType", "ShortType", "IntegerType", "LongType", "FloatType",
          "DoubleType", "StringType", "BinaryType", "DateType", "DecimalType", "TimestampType",
          "TimestampNTZType", "NullType")
-
-
-def local_rows() -> int:
-    """Rows up to which a source reads a slice as a local relation (0 = never):
-    `$STREAMER_LOCAL_ROWS`, else `DEFAULT_LOCAL_ROWS`."""
-    from streamer.runtime.spark import env_rows
-
-    return env_rows(LOCAL_ROWS_VARIABLE, DEFAULT_LOCAL_ROWS)
 
 
 def is_local(df: DataFrame) -> bool:

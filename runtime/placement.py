@@ -9,16 +9,13 @@ copy is of the latest checkpoint, else from checkpoint storage. On a cluster the
 checkpoints every epoch (incremental), so storage always holds the version a moved subtask
 needs and a move never rewinds the job (see README, "Running on a Spark cluster").
 
-Task side: `executor_identity`, `scoped`. Driver side: `Placement` counts moves per epoch.
+Task side (it runs in the keyed operator's task): `operators.executor` (`executor_identity`,
+`scoped`). Driver side, here: `on_cluster`, and `Placement` counts moves per epoch.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
-import re
-import socket
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -27,26 +24,6 @@ def on_cluster(master: str | None) -> bool:
     `local[...]` (`local-cluster[...]` has executors of its own, as a real cluster does)."""
     master = master or "local"
     return not (master == "local" or master.startswith("local["))
-
-
-def executor_identity() -> str:
-    """The identity of the Spark executor whose Python worker runs this: the host name plus a
-    digest of the executor's own scratch directories (`SPARK_EXECUTOR_DIRS` on standalone,
-    `SPARK_LOCAL_DIRS` everywhere), which differ between executors of one host."""
-    dirs = os.environ.get("SPARK_EXECUTOR_DIRS") or os.environ.get("SPARK_LOCAL_DIRS") or ""
-    host = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()) or "host"
-    digest = hashlib.sha1(f"{host}\0{dirs}\0{os.getppid() if not dirs else ''}".encode())
-    return f"{host}-{digest.hexdigest()[:10]}"
-
-
-def scoped(cfg: Any, executor: str) -> Any:
-    """`cfg` (a `KeyedConfig`) with its state root and local-copy root inside `executor`'s
-    own directories."""
-    part = f"executor-{executor}"
-    chk = cfg.checkpointing
-    if chk is not None and chk.local_copy_root:
-        chk = replace(chk, local_copy_root=os.path.join(chk.local_copy_root, part))
-    return replace(cfg, state_root=os.path.join(cfg.state_root, part), checkpointing=chk)
 
 
 @dataclass

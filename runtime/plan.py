@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from streamer.columns import EVENT_TIME
 from streamer.pipeline.spec import ExecutionSpec
 from streamer.runtime.keyed import DirectShape, KeyedStage
 from streamer.runtime.stages.base import EpochDecision, Stage
@@ -138,7 +139,7 @@ def _keyed_stage(spec: PipelineSpec, flow: Dataflow, spark: SparkSession, node: 
     op = node.operator
     schema = schemas[op.inputs[0]]
     if has_ts:
-        schema = StructType([*schema.fields, StructField("__ts", TimestampType())])
+        schema = StructType([*schema.fields, StructField(EVENT_TIME, TimestampType())])
     stage = KeyedStage(spark, op, spec.job, spec.name, schema, has_ts, state_root)
     if on_cluster:
         stage.base_config = replace(stage.base_config, executor_scoped=True)
@@ -225,7 +226,7 @@ def _source_stage(node: Node, source: Source, keyed: Any,
                 "files itself (Spark reads only a slice whose files need it)", source,
                 node.source)
     reason = "Spark reads the slice"
-    if getattr(source, "local_reads", False) and settings.local_rows > 0:
+    if source.local_reads and settings.local_rows > 0:
         reason += (f"; a slice of at most {settings.local_rows:,} rows is read on the driver "
                    "as a local relation (job.execution.local_rows)")
     return ScanSource(node.id, reason, source, node.source)

@@ -105,8 +105,8 @@ class Recovery:
     def restore_savepoint(self, url: str, *, first: bool) -> None:
         """Start from a savepoint: per operator uid restore, start empty, drop or refuse;
         sources at its offsets (new ones at their start), its watermark and epoch."""
-        from streamer.checkpoint.storage import Storage
         from streamer.savepoint.metadata import SavepointError, plan_restore, read_metadata
+        from streamer.storage import Storage
 
         job, chk = self.job, self.checkpoints
         assert chk.store is not None

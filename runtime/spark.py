@@ -1,4 +1,5 @@
-"""Starting Spark: a Java check with a readable error, and a quiet, loopback-only session.
+"""Starting Spark: a Java check and a standalone-master check with readable errors, and a quiet,
+loopback-only session.
 
 pyspark is imported inside the functions so that `streamer --help` stays instant.
 """
@@ -83,6 +84,29 @@ def check_java() -> str:
     return java
 
 
+def check_master(master: str, timeout: float = 5.0) -> None:
+    """For a standalone master (`spark://h1:p1[,h2:p2]`): that one of its hosts accepts a
+    connection, so a wrong URL is one clear line instead of a minute of retries and a JVM
+    stack trace."""
+    import socket
+
+    from streamer.runtime.exceptions import MasterUnreachableError
+
+    if not master.startswith("spark://"):
+        return
+    problems = []
+    for address in master.removeprefix("spark://").split(","):
+        host, _, port = address.rpartition(":")
+        try:
+            with socket.create_connection((host, int(port)), timeout=timeout):
+                return
+        except (OSError, ValueError) as exc:
+            problems.append(f"{address}: {getattr(exc, 'strerror', None) or exc}")
+    msg = (f"cannot reach the Spark master {master} ({'; '.join(problems)}); start the "
+           "cluster, or check --master")
+    raise MasterUnreachableError(msg)
+
+
 def quiet_python_loggers() -> None:
     """Silence PySpark's Python-side loggers, which print JSON error records to stderr for
     errors that streamer reports itself.
@@ -106,8 +130,6 @@ def create_session(app_name: str = "streamer", master: str | None = None,
 
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ
     if master and not submitted:
-        from streamer.runtime.submit import check_master
-
         check_master(master)
     settings = dict(DEFAULT_CONF)
     if not submitted:
@@ -145,27 +167,6 @@ def spark_log_path() -> Path:
     return Path(base) / f"spark-driver-{os.getpid()}.log"
 
 
-def spark_error_message(exc: BaseException) -> str:
-    """The first meaningful line of a Spark error, without the JVM stack trace or plan."""
-    text = str(exc)
-    if "Traceback (most recent call last)" in text:  # a Python worker failed: its last line
-        lines = [ln.strip() for ln in text.split("Traceback (most recent call last)")[-1]
-                 .splitlines() if ln.strip() and not ln.startswith((" ", "\t"))]
-        tail = [ln for ln in lines if not ln.startswith(("File ", "^", ":"))]
-        if tail:
-            return f"Python worker failed: {tail[-1]}"
-    for marker in ("\n\tat ", "\nJVM stacktrace", "; line 1 pos", "\n'", "\n+-", "\n=="):
-        cut = text.find(marker)
-        if cut > 0:
-            text = text[:cut]
-    text = re.sub(r"\s*SQLSTATE: \w+\.?", "", text)
-    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-
-
-#: Epochs with at most this many input rows run in the small-epoch mode (see
-#: `small_epoch_conf`); `$STREAMER_SMALL_EPOCH_ROWS` overrides it, 0 turns the mode off.
-SMALL_EPOCH_ROWS = 20_000
-
 #: What the small-epoch mode sets for the epoch's Spark actions. An epoch's plan holds
 #: literals that change every epoch (offsets, the watermark, the epoch's sequence base), and
 #: Spark inlines primitive literals into the Java code it generates, so every epoch compiled
@@ -184,26 +185,6 @@ SMALL_EPOCH_CONF: dict[str, str] = {
     # two inputs partitioned alike keeping that partitioning (runtime/keyed.py).
     "spark.sql.unionOutputPartitioning": "true",
 }
-
-
-def env_rows(variable: str, default: int) -> int:
-    """A row-count setting from the environment: `$variable` if set (0 = off), else
-    `default`; a value that is not a whole number >= 0 is an error, not a silent default."""
-    raw = os.environ.get(variable, "").strip()
-    if not raw:
-        return default
-    if not raw.isdigit():
-        from streamer.runtime.exceptions import JobFailedError
-
-        msg = (f"{variable}={raw!r} is not a row count; set a whole number (0 turns it "
-               f"off) or unset it for the default, {default}")
-        raise JobFailedError(msg)
-    return int(raw)
-
-
-def small_epoch_rows() -> int:
-    """The small-epoch threshold in rows (0 = off)."""
-    return env_rows("STREAMER_SMALL_EPOCH_ROWS", SMALL_EPOCH_ROWS)
 
 
 class EpochConf:

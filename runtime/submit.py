@@ -72,29 +72,6 @@ def check_options(options: SubmitOptions) -> None:
         raise ConfigError(msg)
 
 
-def check_master(master: str, timeout: float = 5.0) -> None:
-    """For a standalone master (`spark://h1:p1[,h2:p2]`): that one of its hosts accepts a
-    connection, so a wrong URL is one clear line instead of a minute of retries and a JVM
-    stack trace."""
-    import socket
-
-    from streamer.runtime.exceptions import MasterUnreachableError
-
-    if not master.startswith("spark://"):
-        return
-    problems = []
-    for address in master.removeprefix("spark://").split(","):
-        host, _, port = address.rpartition(":")
-        try:
-            with socket.create_connection((host, int(port)), timeout=timeout):
-                return
-        except (OSError, ValueError) as exc:
-            problems.append(f"{address}: {getattr(exc, 'strerror', None) or exc}")
-    msg = (f"cannot reach the Spark master {master} ({'; '.join(problems)}); start the "
-           "cluster, or check --master")
-    raise MasterUnreachableError(msg)
-
-
 def is_loopback(master: str) -> bool:
     """Whether the master runs on this machine's loopback (then so may the driver)."""
     host = urlparse(master.split(",")[0]).hostname or ""
@@ -180,7 +157,7 @@ def submit(pipeline: Path, run_args: Sequence[str], options: SubmitOptions,
            pipeline_conf: Mapping[str, str], *, app_name: str) -> int:
     """Run spark-submit in the foreground (its output is the driver's) and return its exit
     code (the driver's exit code)."""
-    from streamer.runtime.spark import check_java
+    from streamer.runtime.spark import check_java, check_master
     from streamer.runtime.standalone import spark_home
 
     check_java()

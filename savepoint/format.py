@@ -7,11 +7,12 @@ contained** (no file outside the savepoint directory is referenced) and **reloca
 path is relative to the savepoint root, so a copied directory restores as well as the original).
 This module is the task side: a Spark task of the old job calls `write_key_groups` with its
 subtask's backend open at the savepoint's epoch; a task of the new job, at any parallelism and
-with either backend, calls `restore_key_groups` for the key groups it owns; `export_operator`
-turns an operator's files into readable Parquet or JSON lines. The driver keeps the handles in
-the savepoint's `_metadata` (`operator_metadata` merges the handles of one operator).
+with either backend, calls `restore_key_groups` for the key groups it owns. The driver keeps the
+handles in the savepoint's `_metadata` (`operator_metadata` merges the handles of one operator).
+`export_operator` (savepoint/export.py) turns an operator's files into readable Parquet or JSON
+lines.
 
-**Layout** under the savepoint root (any fsspec URL, see `streamer.checkpoint.storage`)::
+**Layout** under the savepoint root (any fsspec URL, see `streamer.storage`)::
 
     <uid>/kg-<00042>.parquet      every state entry and timer of key group 42 of operator <uid>
 
@@ -36,28 +37,9 @@ Rows are sorted by (state, domain, time_ms, key, namespace, user_key), nulls las
 state, then the timers. The Parquet schema's key-value metadata `streamer.savepoint` holds JSON
 `{"format": 1, "value_encoding": "tagged-json-1", "uid": ..., "key_group": ...}`.
 
-**Values** (`encode_value` / `decode_value`) are compact UTF-8 JSON, so that any tool can read
-them and no Python class is needed to load them. None, bool, str, int (any size), finite float
-and list map to JSON itself (a float always keeps its `.0` or exponent, so ints and floats stay
-apart; a str holding lone surrogates, which only Python can make, is written with UTF-8's
-`surrogatepass`: exact, but not valid UTF-8). Every other type is a one-key object whose key
-starts with `$`:
-
-    {"$tuple": [...]}             {"$bytes": "<base64>"}         {"$float": "nan"|"inf"|"-inf"}
-    {"$set": [...]}               {"$frozenset": [...]}          (elements sorted by their JSON)
-    {"$dict": [[k, v], ...]}      a dict with a key that is not a str or that starts with "$"
-    {"$decimal": "1.50"}          {"$date": "2024-05-01"}        {"$time": "12:30:00.5"}
-    {"$datetime": "<ISO 8601>"}   naive or fixed-offset; a zoneinfo zone as ["<ISO>", "<zone>"]
-    {"$timedelta": [days, seconds, microseconds]}
-    {"$pickle": "<base64>"}       any other object, pickled (protocol 5)
-
-A dict whose keys are all str not starting with `$` is a plain JSON object. This covers every
-value the built-in operators keep (accumulator lists of numbers, strings, None, (time, seq,
-value) tuples, frozensets, Decimals and datetimes from Arrow; session and count-window tuples;
-window key lists of bytes, and per-window columns of keys and accumulators). Only objects of
-other types (a process function's own classes,
-numpy scalars, subclasses such as named tuples) fall back to pickle, which is Python-only and
-needs the class at restore time; a handle counts them in `pickled_values` so the caller can warn.
+**Values** are encoded as compact, tagged UTF-8 JSON ("tagged-json-1", `savepoint/values.py`),
+so that any tool can read them and no Python class is needed to load them (but for pickled
+objects, which a handle counts in `pickled_values`).
 
 **Handle** returned by `write_key_groups` (the savepoint `_metadata` keeps it)::
 
@@ -83,32 +65,26 @@ file; a file of another format raises `IncompatibleSavepointError`.
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import datetime as dt
 import gc
 import hashlib
 import io
 import json
-import math
 import pickle
 import posixpath
 import re
 import time
-import zoneinfo
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any, cast
 
-from streamer.checkpoint.storage import MissingFileError, Storage, StorageError
-from streamer.operators.keyed import WINDOW_KEYS
 from streamer.savepoint.exceptions import (
     CorruptSavepointError,
     IncompatibleSavepointError,
     SavepointError,
 )
+from streamer.savepoint.values import VALUE_ENCODING, _is_pickled, decode_values, encode_value
 from streamer.state.base import (
     KeyedStateBackend,
     StateDescriptor,
@@ -118,17 +94,13 @@ from streamer.state.base import (
     Timer,
     TimerSpec,
 )
-from streamer.state.codec import decode_key
 from streamer.state.exceptions import StateError
+from streamer.storage import MissingFileError, Storage, StorageError
 
 #: The version of the state files and handles this module writes and reads.
 FORMAT = 1
-#: The name of the value encoding (see the module docstring).
-VALUE_ENCODING = "tagged-json-1"
 #: The Parquet key-value metadata key of a state file.
 METADATA_KEY = b"streamer.savepoint"
-#: Export formats of `export_operator`.
-EXPORT_FORMATS = ("parquet", "jsonl")
 TIMER = "timer"
 
 _UID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
@@ -145,152 +117,6 @@ def _schema() -> Any:
         ("namespace", pa.binary()), ("user_key", pa.binary()), ("value", pa.binary()),
         ("expires_at_ms", pa.int64()), ("domain", pa.string()), ("time_ms", pa.int64()),
     ])
-
-
-# ------------------------------------------------------------------------------ values
-#: Types that JSON itself keeps apart and round-trips (floats only when finite).
-_JSON_SCALARS = frozenset({str, int, float, bool, type(None)})
-
-
-def _sorted_items(values: Any, exact: bool) -> list[Any]:
-    """The tagged elements of a set, sorted by their JSON text (canonical, hash-seed free)."""
-    tagged = [_tag(v, exact) for v in values]
-    return sorted(tagged, key=lambda t: json.dumps(t, sort_keys=True))
-
-
-def _tag(value: Any, exact: bool = False) -> Any:
-    """The JSON-able tagged form of `value` (see the module docstring). Without `exact`, a list
-    of JSON scalars is returned as it is, even if it holds a NaN or an infinity: the encoder
-    refuses those (ValueError), and `encode_value` then tags again with `exact`.
-    """
-    kind = type(value)
-    if kind in _JSON_SCALARS:
-        if kind is float and not math.isfinite(value):
-            return {"$float": repr(value)}
-        return value
-    if kind is list:
-        if not exact and all(type(v) in _JSON_SCALARS for v in value):
-            return value
-        return [_tag(v, exact) for v in value]
-    if kind is tuple:
-        return {"$tuple": [_tag(v, exact) for v in value]}
-    if kind is dict:
-        if all(type(k) is str and not k.startswith("$") for k in value):
-            return {k: _tag(v, exact) for k, v in value.items()}
-        return {"$dict": [[_tag(k, exact), _tag(v, exact)] for k, v in value.items()]}
-    if kind is bytes:
-        return {"$bytes": base64.b64encode(value).decode("ascii")}
-    if kind is frozenset:
-        return {"$frozenset": _sorted_items(value, exact)}
-    if kind is set:
-        return {"$set": _sorted_items(value, exact)}
-    if kind is Decimal:
-        return {"$decimal": str(value)}
-    if kind is dt.datetime:
-        tz = value.tzinfo
-        if tz is None or type(tz) is dt.timezone:
-            return {"$datetime": value.isoformat()}
-        if type(tz) is zoneinfo.ZoneInfo and value.utcoffset() is not None:
-            return {"$datetime": [value.isoformat(), tz.key]}
-    elif kind is dt.date:
-        return {"$date": value.isoformat()}
-    elif kind is dt.time:
-        if value.tzinfo is None or type(value.tzinfo) is dt.timezone:
-            return {"$time": value.isoformat()}
-    elif kind is dt.timedelta:
-        return {"$timedelta": [value.days, value.seconds, value.microseconds]}
-    return {"$pickle": base64.b64encode(pickle.dumps(value, protocol=5)).decode("ascii")}
-
-
-def _datetime(arg: Any) -> dt.datetime:
-    if isinstance(arg, list):
-        text, zone = arg
-        return dt.datetime.fromisoformat(text).astimezone(zoneinfo.ZoneInfo(zone))
-    return dt.datetime.fromisoformat(arg)
-
-
-def _float(arg: Any) -> float:
-    if arg not in ("nan", "inf", "-inf"):
-        msg = f"not a non-finite float: {arg!r}"
-        raise ValueError(msg)
-    return float(arg)
-
-
-_UNTAG: dict[str, Any] = {
-    "$tuple": tuple,
-    "$bytes": lambda a: base64.b64decode(a, validate=True),
-    "$float": _float,
-    "$set": set,
-    "$frozenset": frozenset,
-    "$dict": dict,
-    "$decimal": Decimal,
-    "$datetime": _datetime,
-    "$date": dt.date.fromisoformat,
-    "$time": dt.time.fromisoformat,
-    "$timedelta": lambda a: dt.timedelta(days=a[0], seconds=a[1], microseconds=a[2]),
-    "$pickle": lambda a: pickle.loads(base64.b64decode(a, validate=True)),
-}
-
-
-def _untag(obj: dict[str, Any]) -> Any:
-    if len(obj) == 1:
-        ((name, arg),) = obj.items()
-        if name[:1] == "$":
-            decode = _UNTAG.get(name)
-            if decode is None:
-                msg = f"unknown value tag {name!r}"
-                raise ValueError(msg)
-            return decode(arg)
-    return obj
-
-
-def _not_json(value: Any) -> Any:
-    msg = f"{type(value).__name__} is not JSON"
-    raise TypeError(msg)
-
-
-def _make_encoder() -> Callable[[Any], str]:
-    """A compact JSON encoder of tagged values. CPython's C encoder is built once and reused:
-    `json.dumps` would build one per call, which costs more than encoding a small value.
-    """
-    c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
-    if c_make_encoder is None:  # not CPython
-        return json.JSONEncoder(separators=(",", ":"), allow_nan=False,
-                                ensure_ascii=False).encode
-    encode_chunks = c_make_encoder(None, _not_json, json.encoder.encode_basestring, None,
-                                   ":", ",", False, False, False)
-    return lambda value: "".join(encode_chunks(value, 0))
-
-
-_encode_json = _make_encoder()
-
-
-def encode_value(value: Any) -> bytes:
-    """A state value in the savepoint's tagged JSON encoding (UTF-8)."""
-    try:
-        text = _encode_json(_tag(value))
-    except ValueError:  # a NaN or infinity in a list of scalars: tag every element
-        text = _encode_json(_tag(value, exact=True))
-    return text.encode("utf-8", "surrogatepass")
-
-
-def decode_value(data: bytes) -> Any:
-    """The value `encode_value` encoded; raises ValueError on text it did not write."""
-    return json.loads(data.decode("utf-8", "surrogatepass"), object_hook=_untag)
-
-
-def decode_values(values: Sequence[bytes]) -> list[Any]:
-    """`decode_value` of many values at once (one JSON parse of all of them: much faster)."""
-    text = (b"[" + b",".join(values) + b"]").decode("utf-8", "surrogatepass")
-    decoded = json.loads(text, object_hook=_untag)
-    if len(decoded) != len(values):
-        msg = f"{len(values)} encoded values decoded as {len(decoded)}"
-        raise ValueError(msg)
-    return list(decoded)
-
-
-def _is_pickled(data: bytes) -> bool:
-    return b'{"$pickle":' in data
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -701,181 +527,3 @@ def restore_key_groups(savepoint_url: str, operator_files: Sequence[Mapping[str,
         size += int(entry["size"])
     return {"files": files, "entries": entries, "timers": timers, "bytes": size,
             "duration_ms": _ms_since(started)}
-
-
-# ------------------------------------------------------------------------------ export
-def _plain(value: Any) -> Any:
-    """A decoded state value as plain JSON: tuples and sets as lists, bytes as hex, times as
-    ISO text, Decimals as text, non-finite floats as "NaN" / "Infinity"; else `repr`.
-    """
-    kind = type(value)
-    if kind is str or kind is int or kind is bool or value is None:
-        return value
-    if kind is float:
-        if math.isfinite(value):
-            return value
-        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, set | frozenset):
-        return sorted((_plain(v) for v in value), key=lambda v: json.dumps(v, sort_keys=True))
-    if isinstance(value, dict):
-        return {k if isinstance(k, str) else json.dumps(_plain(k)): _plain(v)
-                for k, v in value.items()}
-    if isinstance(value, bytes):
-        return value.hex()
-    if isinstance(value, dt.date | dt.time):
-        return value.isoformat()
-    if isinstance(value, dt.timedelta):
-        return value.total_seconds()
-    if isinstance(value, Decimal):
-        return str(value)
-    return repr(value)
-
-
-def _export_value(data: bytes) -> Any:
-    try:
-        return _plain(decode_value(data))
-    except Exception:  # a pickled object whose class is not importable here
-        return data.decode("utf-8", "replace")
-
-
-def _json_text(value: Any) -> str:
-    """JSON text, non-ASCII characters kept, unless a lone surrogate forces escapes."""
-    text = json.dumps(value, ensure_ascii=False)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return json.dumps(value)
-    return text
-
-
-def _user_key(data: bytes | None) -> str | None:
-    if data is None:
-        return None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return data.hex()
-
-
-def _export_rows(table: Any, key_group: int, as_text: bool) -> list[dict[str, Any]]:
-    """The readable rows of one state file: key, namespace and value decoded."""
-    rows = []
-    encode = _json_text if as_text else (lambda v: v)
-    for row in table.to_pylist():
-        ns = row["namespace"]
-        timer = row["kind"] == TIMER
-        if not timer and row["state"] == WINDOW_KEYS and len(ns) == 16:
-            window = _window_partials(row, key_group, encode)
-            if window is not None:
-                rows.extend(window)
-                continue
-        try:
-            key = _plain(list(decode_key(row["key"])))
-        except StateError:
-            key = row["key"].hex()
-        rows.append({
-            "key_group": key_group,
-            "state": row["state"],
-            "kind": row["kind"],
-            "key": encode(key),
-            "namespace": ns.hex(),
-            "window_start_ms": int.from_bytes(ns, "big", signed=True) if len(ns) == 8 else None,
-            "user_key": _user_key(row["user_key"]),
-            "value": None if timer else encode(_export_value(row["value"])),
-            "expires_at_ms": row["expires_at_ms"],
-            "domain": row["domain"],
-            "time_ms": row["time_ms"],
-        })
-    return rows
-
-
-def _window_partials(row: dict[str, Any], key_group: int, encode: Any
-                     ) -> list[dict[str, Any]] | None:
-    """An `emit: final` window's entry of one epoch (columns of keys and accumulators,
-    `operators.keyed._window_chunks`) as one "acc" row per key, as per-key state reads;
-    the namespace keeps the epoch (window start + epoch), so a window written over several
-    epochs shows one partial per epoch. None for an entry of another layout."""
-    try:
-        value = decode_value(row["value"])
-    except Exception:  # a pickled object whose class is not importable here
-        return None
-    if not (isinstance(value, tuple) and len(value) == 2):
-        return None
-    ns = row["namespace"]
-    key_columns, acc_columns = value
-    return [{
-        "key_group": key_group, "state": "acc", "kind": row["kind"],
-        "key": encode(_plain(list(key))), "namespace": ns.hex(),
-        "window_start_ms": int.from_bytes(ns[:8], "big", signed=True), "user_key": None,
-        "value": encode(_plain(list(acc))), "expires_at_ms": row["expires_at_ms"],
-        "domain": row["domain"], "time_ms": row["time_ms"],
-    } for key, acc in zip(zip(*key_columns, strict=True), zip(*acc_columns, strict=True),
-                          strict=True)]
-
-
-def _export_schema() -> Any:
-    import pyarrow as pa
-
-    return pa.schema([
-        ("key_group", pa.int32()), ("state", pa.string()), ("kind", pa.string()),
-        ("key", pa.string()), ("namespace", pa.string()), ("window_start_ms", pa.int64()),
-        ("user_key", pa.string()), ("value", pa.string()), ("expires_at_ms", pa.int64()),
-        ("domain", pa.string()), ("time_ms", pa.int64()),
-    ])
-
-
-def _export_groups(savepoint_url: str, operator_files: Sequence[Mapping[str, Any]],
-                   verify: bool) -> Iterator[tuple[int, Any]]:
-    storage = _storage(savepoint_url)
-    by_group = _files_by_key_group(savepoint_url, operator_files)
-    for key_group in sorted(by_group):
-        yield key_group, _read_table(storage, savepoint_url, by_group[key_group], verify)
-
-
-def export_operator(savepoint_url: str, operator_files: Sequence[Mapping[str, Any]],
-                    out_path: str, fmt: str, *, verify: bool = True) -> dict[str, Any]:
-    """Write an operator's savepoint state to `out_path` (a path or fsspec URL) as "parquet"
-    or "jsonl", one row per state entry and per timer (kind "timer"), key groups in order:
-    key_group, state, kind, key (decoded key columns, a JSON array; Parquet: its JSON text),
-    namespace (hex), window_start_ms (for an 8-byte namespace), user_key (UTF-8, else hex),
-    value (decoded, as plain JSON; Parquet: its JSON text), expires_at_ms, domain, time_ms.
-    An `emit: final` window's per-epoch entry is shown as one "acc" row per key (a partial
-    per epoch that touched the window; its value is their merge).
-    Returns {"path", "format", "rows", "entries", "timers", "key_groups"}.
-    """
-    import fsspec
-
-    if fmt not in EXPORT_FORMATS:
-        msg = f"unknown export format {fmt!r}; use one of {', '.join(map(repr, EXPORT_FORMATS))}"
-        raise SavepointError(msg)
-    entries = timers = groups = 0
-    try:
-        with fsspec.open(out_path, "wb") as sink:
-            writer: Any = None
-            if fmt == "parquet":
-                import pyarrow as pa
-                import pyarrow.parquet as pq
-
-                schema = _export_schema()
-                writer = pq.ParquetWriter(sink, schema, compression="zstd")
-            try:
-                for key_group, table in _export_groups(savepoint_url, operator_files, verify):
-                    rows = _export_rows(table, key_group, as_text=writer is not None)
-                    groups += 1
-                    n_timers = sum(1 for r in rows if r["kind"] == TIMER)
-                    timers += n_timers
-                    entries += len(rows) - n_timers
-                    if writer is not None:
-                        writer.write_table(pa.Table.from_pylist(rows, schema=schema))
-                    else:
-                        sink.write("".join(_json_text(r) + "\n" for r in rows).encode())
-            finally:
-                if writer is not None:
-                    writer.close()
-    except OSError as exc:
-        msg = f"cannot write the export of savepoint {savepoint_url!r} to {out_path!r}: {exc}"
-        raise SavepointError(msg) from exc
-    return {"path": out_path, "format": fmt, "rows": entries + timers, "entries": entries,
-            "timers": timers, "key_groups": groups}

@@ -22,9 +22,9 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from streamer.checkpoint.storage import MissingFileError, Storage, StorageError
 from streamer.pipeline.spec import OperatorSpec, PipelineSpec
 from streamer.savepoint.exceptions import SavepointError
+from streamer.storage import MissingFileError, Storage, StorageError
 
 FORMAT = 1
 METADATA = "_metadata"

@@ -65,7 +65,7 @@ def open_backend(kind: str, root_dir: str, job: str, uid: str, subtask: int,
     """
     location = SubtaskLocation(str(root_dir), job, uid, subtask)
     if kind == "memory":
-        from streamer.state.memory import MemoryBackend
+        from streamer.state.memory_backend import MemoryBackend
 
         return MemoryBackend(location, key_groups, options, states)
     if kind == "rocksdb":
@@ -86,12 +86,12 @@ def release_process_state(root_dir: str) -> None:
     (rocksdb handles parked between tasks, the memory backend's committed dicts): the
     driver, which runs local epochs' subtasks itself, calls it when a run ends."""
     root = os.path.join(os.path.abspath(root_dir), "")
-    rocksdb = sys.modules.get("streamer.state.rocksdb")
-    if rocksdb is not None:
-        with rocksdb._PARKED_LOCK:
-            parked = [path for path in rocksdb._PARKED if path.startswith(root)]
+    parking = sys.modules.get("streamer.state.rocksdb_parking")
+    if parking is not None:
+        with parking._PARKED_LOCK:
+            parked = [path for path in parking._PARKED if path.startswith(root)]
         for path in parked:
-            rocksdb.release_parked(path)
+            parking.release_parked(path)
     memory = sys.modules.get("streamer.state.memory")
     if memory is not None:
         for path in [path for path in memory._PROCESS_CACHE if path.startswith(root)]:

@@ -28,7 +28,7 @@ uses it when every file is there with the handle's size and sha256, and otherwis
 file, verifying size and sha256. Keep `local_copy_root` on the file system of the state root
 (hard links) and outside it (a restore empties the subtask directory).
 
-**Failures.** Nothing is ever partially written at a final name (see `checkpoint.storage`). A
+**Failures.** Nothing is ever partially written at a final name (see `streamer.storage`). A
 failed upload raises `SnapshotError` (the working state and earlier checkpoints are untouched;
 files this attempt uploaded are left for the coordinator's clean-up of unreferenced files, since a
 concurrent attempt may reference the same content-named file). Uploads past `deadline` raise
@@ -63,19 +63,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from streamer.checkpoint.storage import (
-    CorruptFileError,
-    MissingFileError,
-    Storage,
-    StorageError,
-    sha256_file,
-)
 from streamer.state.base import KeyedStateBackend, SubtaskLocation
 from streamer.state.exceptions import (
     CorruptSnapshotError,
     SnapshotError,
     SnapshotTimeoutError,
     StateError,
+)
+from streamer.storage import (
+    CorruptFileError,
+    MissingFileError,
+    Storage,
+    StorageError,
+    sha256_file,
 )
 
 #: The handle format `take_snapshot` writes and `restore_snapshot` reads.
@@ -129,7 +129,7 @@ def _backend_class(name: Any) -> type[KeyedStateBackend]:
 
         return RocksDBBackend
     if name == "memory":
-        from streamer.state.memory import MemoryBackend
+        from streamer.state.memory_backend import MemoryBackend
 
         return MemoryBackend
     msg = f"a state handle names unknown backend {name!r}; use 'memory' or 'rocksdb'"
@@ -290,7 +290,7 @@ def take_snapshot(backend: KeyedStateBackend, storage_url: str, checkpoint_id: i
             uploaded_bytes += ref.size if ref.written else 0
             if after_upload is not None:
                 after_upload(entry)
-            from streamer.runtime import failpoints  # crash tests: die with a partial upload
+            from streamer import failpoints  # crash tests: die with a partial upload
 
             failpoints.reached("mid-upload", checkpoint_id)
 
@@ -393,7 +393,7 @@ def restore_snapshot(handle: dict[str, Any], storage_url: str, target: SubtaskLo
 
     # 1. Empty the target; the new directory is built aside and renamed into place.
     if handle["backend"] == "rocksdb":
-        from streamer.state.rocksdb import release_parked
+        from streamer.state.rocksdb_parking import release_parked
 
         release_parked(path)  # a handle this process kept open on the directory replaced
     try:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from streamer.columns import EVENT_TIME
 from streamer.operators.direct import DIRECT_AGGREGATES, ipc_bytes
 from streamer.operators.stateless import union
 from streamer.runtime.keyed import DirectShape, KeyedResult, KeyedStage
@@ -234,7 +235,7 @@ def local_plan(stage: KeyedStage) -> DirectShape | str:
     if window is not None and (window.kind not in ("tumbling", "sliding") or window.late):
         return "a session or count window, or a late: output"
     return _direct_shape(stage, "", stage.input_schema,
-                         "__ts" if stage.domain == "event" else None)
+                         EVENT_TIME if stage.domain == "event" else None)
 
 
 def _direct_shape(stage: KeyedStage, source_id: str, schema: StructType,

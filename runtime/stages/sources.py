@@ -14,6 +14,7 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from streamer.columns import EVENT_TIME
 from streamer.runtime.local import LocalSeen, local_table
 from streamer.runtime.stages.base import EpochContext, Stage
 
@@ -50,8 +51,8 @@ class ScanSource(Stage):
         stats = [F.count(F.lit(1)).alias("n")]
         event_time = self.spec.event_time
         if event_time:
-            records = records.withColumn("__ts", F.expr(event_time))
-            ms = F.expr("unix_millis(__ts)")
+            records = records.withColumn(EVENT_TIME, F.expr(event_time))
+            ms = F.expr(f"unix_millis({EVENT_TIME})")
             if read.split_column:
                 split_col = F.col(read.split_column)
                 for i, split in enumerate(piece.end):
@@ -120,7 +121,7 @@ def local_stats(records: DataFrame, read: SourceRead, splits: list[str],
     split = read.split_column
     table = local_table(records.selectExpr(
         f"{split} AS split" if split else "'' AS split",
-        "unix_millis(__ts) AS ms" if event_time else "CAST(NULL AS BIGINT) AS ms"))
+        f"unix_millis({EVENT_TIME}) AS ms" if event_time else "CAST(NULL AS BIGINT) AS ms"))
     if table is None:
         return None
     newest: dict[str, int] = {}

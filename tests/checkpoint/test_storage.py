@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from streamer.checkpoint.storage import (
+from streamer.exceptions import StreamerError
+from streamer.storage import (
     CorruptFileError,
     FileRef,
     MissingFileError,
@@ -20,7 +21,6 @@ from streamer.checkpoint.storage import (
     StorageError,
     sha256_file,
 )
-from streamer.exceptions import StreamerError
 
 
 @pytest.fixture(params=["path", "file", "memory", "faulty"])
@@ -155,9 +155,9 @@ def test_local_writes_leave_no_temporary_files(tmp_path: Path) -> None:
 
 
 def test_a_spark_worker_like_process_resolves_faulty_urls(tmp_path: Path) -> None:
-    """A fresh interpreter has not imported streamer.checkpoint.faults: Storage does it."""
+    """A fresh interpreter has not imported streamer.storage_faults: Storage does it."""
     url = f"faulty://{tmp_path}/s"
-    code = ("import sys; from streamer.checkpoint.storage import Storage; "
+    code = ("import sys; from streamer.storage import Storage; "
             "s = Storage(sys.argv[1]); s.write_atomic('a/b', b'hi'); print(s.fs.protocol)")
     out = subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True,
                          env={k: v for k, v in os.environ.items() if k != "STREAMER_FAULTS"},

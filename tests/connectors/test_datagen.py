@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from streamer.connectors.base import ConnectorContext
+from streamer.connectors.base import DEFAULT_LOCAL_ROWS, ConnectorContext
 from streamer.connectors.datagen import DEFAULT_MAX_RECORDS_PER_EPOCH, DatagenSource
 from streamer.connectors.exceptions import ConnectorError
 from streamer.pipeline.validate import load_pipeline_text
@@ -25,13 +25,13 @@ FIELDS = {
 def make(spark: Any) -> Any:
     """A factory of datagen sources from their options."""
 
-    def build(**options: Any) -> DatagenSource:
+    def build(*, local_rows: int = DEFAULT_LOCAL_ROWS, **options: Any) -> DatagenSource:
         source = {"id": "gen", "type": "datagen", "fields": FIELDS, **options}
         text = yaml.safe_dump({"name": "t", "sources": [source],
                                "sinks": [{"id": "out", "type": "console", "input": "gen"}]},
                               sort_keys=False)
         spec = load_pipeline_text(text).sources[0]
-        return DatagenSource(spec, ConnectorContext(spark, "t"))
+        return DatagenSource(spec, ConnectorContext(spark, "t", local_rows=local_rows))
 
     return build
 
@@ -58,10 +58,10 @@ def test_rows_are_a_function_of_split_and_offset(make: Any) -> None:
 
 
 @pytest.mark.parametrize("event_time", [None, "ts"])
-def test_one_partition_per_split_and_columns_in_field_order(make: Any, monkeypatch,
-                                                            event_time) -> None:
-    monkeypatch.setenv("STREAMER_LOCAL_ROWS", "0")  # a spark.range, not an inline table
-    source = make(splits=3, limit=2, **({"event_time": event_time} if event_time else {}))
+def test_one_partition_per_split_and_columns_in_field_order(make: Any, event_time) -> None:
+    # local_rows=0: a spark.range, not an inline table
+    source = make(splits=3, limit=2, local_rows=0,
+                  **({"event_time": event_time} if event_time else {}))
     read = source.read(source.plan(source.initial_offsets(), 0))
     df = read.records
     if source.spec.event_time:  # per-split watermarks; the runtime drops the column
@@ -77,8 +77,7 @@ def test_one_partition_per_split_and_columns_in_field_order(make: Any, monkeypat
 
 
 @pytest.mark.parametrize("rate", [None, 1000.0])
-def test_a_small_slice_is_an_inline_table_with_the_range_s_rows(make: Any, monkeypatch,
-                                                                 rate) -> None:
+def test_a_small_slice_is_an_inline_table_with_the_range_s_rows(make: Any, rate) -> None:
     from streamer.runtime.local import is_local
 
     extra = {"rows_per_second": rate} if rate else {}
@@ -88,7 +87,7 @@ def test_a_small_slice_is_an_inline_table_with_the_range_s_rows(make: Any, monke
         piece = source.plan({"0": 5, "1": 9, "2": 7}, 30)  # 30 ms: 30 rows, 10 per split
     assert piece is not None
     local = source.read(piece)
-    monkeypatch.setenv("STREAMER_LOCAL_ROWS", "0")
+    source.ctx.local_rows = 0
     ranged = source.read(piece)
     assert local.local and local.local_rows == piece.expected_records
     assert not ranged.local and ranged.local_rows is None

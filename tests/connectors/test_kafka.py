@@ -126,7 +126,7 @@ def test_start_latest_skips_what_was_there_and_lag_counts_the_rest(
 
 @pytest.mark.parametrize("local", [True, False])
 def test_transactional_input_reads_committed_records_only_across_markers(
-        spark: Any, kafka: Any, monkeypatch: Any, local: bool) -> None:
+        spark: Any, kafka: Any, local: bool) -> None:
     from confluent_kafka import Producer
 
     from streamer.runtime.local import is_local
@@ -157,7 +157,7 @@ def test_transactional_input_reads_committed_records_only_across_markers(
     # 9 records and 3 transaction markers: the range covers 12 offsets.
     assert dict(piece.end) == {f"{name}:0": 12}
     if not local:
-        monkeypatch.setenv("STREAMER_LOCAL_ROWS", "0")
+        source.ctx.local_rows = 0
     read = source.read(piece)
     assert read.local == local and is_local(read.records) == local
     assert sorted(r["n"] for r in read.records.collect()) == [0, 1, 2, 20, 21]

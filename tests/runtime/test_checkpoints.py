@@ -256,7 +256,7 @@ def test_local_recovery_copy_is_used_when_intact(spark, tmp_path: Path,
 
 def test_a_failed_epoch_restarts_from_the_last_checkpoint(
         spark, tmp_path: Path, expected: Counter[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    import streamer.checkpoint.faults  # noqa: F401 - registers faulty:// in this process
+    import streamer.storage_faults  # noqa: F401 - registers faulty:// in this process
 
     rules = tmp_path / "faults.json"
     # The third epoch's staged upload fails once (the sink stages in the driver).
@@ -274,7 +274,7 @@ def test_a_failed_epoch_restarts_from_the_last_checkpoint(
 
 def test_without_restart_attempts_a_failed_epoch_fails_the_run(
         spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import streamer.checkpoint.faults  # noqa: F401
+    import streamer.storage_faults  # noqa: F401
     from streamer.runtime.exceptions import JobFailedError
 
     rules = tmp_path / "faults.json"

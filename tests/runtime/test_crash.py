@@ -3,7 +3,7 @@
 One bounded job (datagen -> event-time tumbling windows at parallelism 2 -> files, a
 checkpoint every epoch) is started with `streamer run` and killed with SIGKILL, every one of
 its processes at once as in a machine crash, then started again, until a run finishes. The
-kills land at fail points (`runtime/failpoints.py`: at the start of an epoch, inside a keyed
+kills land at fail points (`failpoints.py`: at the start of an epoch, inside a keyed
 task, in the middle of a snapshot upload, after the snapshots, between `_metadata` and the sink
 commit, right after a sink commit) and at random moments after a few of the run's JSON events.
 The committed output must then equal an uninterrupted run's row for row (nothing lost, nothing

@@ -211,7 +211,8 @@ def test_a_retried_task_replays_its_output_instead_of_applying_the_epoch_twice(t
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-    from streamer.operators.keyed import KeyedConfig, run_task
+    from streamer.operators.keyed import run_task
+    from streamer.operators.keyed_config import KeyedConfig
     from streamer.pipeline.spec import AggregateSpec
 
     schema = StructType([StructField("__kind", StringType()), StructField("__meta", StringType()),
@@ -288,7 +289,8 @@ def test_a_window_stored_in_both_layouts_fires_once_with_every_partial(tmp_path)
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
-    from streamer.operators.keyed import KeyedConfig, run_task
+    from streamer.operators.keyed import run_task
+    from streamer.operators.keyed_config import KeyedConfig
     from streamer.pipeline.spec import AggregateSpec
 
     schema = StructType([StructField("__kind", StringType()), StructField("__meta", StringType()),

@@ -14,7 +14,8 @@ import pytest
 
 from streamer.checkpoint import task as checkpointing
 from streamer.checkpoint.task import STATE_BEHIND, TaskCheckpointing
-from streamer.runtime.placement import Placement, executor_identity, on_cluster, scoped
+from streamer.operators.executor import executor_identity, scoped
+from streamer.runtime.placement import Placement, on_cluster
 from streamer.state import StateDescriptor, open_backend
 from streamer.state.codec import encode_key
 from streamer.state.snapshot import take_snapshot

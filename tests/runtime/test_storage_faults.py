@@ -1,5 +1,5 @@
 """Injected storage faults under a real `streamer run`: checkpoint storage is `faulty://`
-(`checkpoint/faults.py`), the local file system with chosen operations failing. A checkpoint
+(`storage_faults.py`), the local file system with chosen operations failing. A checkpoint
 whose upload, `_metadata` write or clean-up fails is declined cleanly or completed, and the job
 runs on to the output of an uninterrupted run; a checkpoint that cannot be read back is
 reported and an earlier one is used, or the run fails with a one-line error.

@@ -29,18 +29,16 @@ from streamer.savepoint.exceptions import (
     IncompatibleSavepointError,
     SavepointError,
 )
+from streamer.savepoint.export import export_operator
 from streamer.savepoint.format import (
     FORMAT,
-    decode_value,
-    decode_values,
-    encode_value,
-    export_operator,
     key_group_path,
     operator_metadata,
     restore_key_groups,
     state_schema,
     write_key_groups,
 )
+from streamer.savepoint.values import decode_value, decode_values, encode_value
 from streamer.state import (
     BackendOptions,
     KeyedStateBackend,

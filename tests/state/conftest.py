@@ -11,7 +11,7 @@ import pytest
 
 from streamer.state import BackendOptions, KeyedStateBackend, StateDescriptor, open_backend
 from streamer.state.memory import drop_process_cache
-from streamer.state.rocksdb import release_parked
+from streamer.state.rocksdb_parking import release_parked
 
 #: The states most contract tests declare.
 STATES = (

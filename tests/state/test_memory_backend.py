@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from streamer.state import BackendOptions, StateDescriptor, memory, open_backend
+from streamer.state import BackendOptions, StateDescriptor, memory, memory_backend, open_backend
 from streamer.state.codec import encode_key
 from streamer.state.exceptions import CorruptStateError, StateError
+from streamer.state.memory_backend import MemoryBackend
 
 STATES = [StateDescriptor("acc", "aggregating"), StateDescriptor("seen", "map")]
 K = encode_key(("k",))
@@ -21,11 +22,11 @@ def open_memory(tmp_path: Path) -> Any:
     """A factory of memory backends of subtask 0 under tmp_path (the process cache is reset)."""
     opened: list[Any] = []
 
-    def factory(**options: Any) -> memory.MemoryBackend:
+    def factory(**options: Any) -> MemoryBackend:
         backend = open_backend("memory", str(tmp_path), "job", "op", 0, range(4), states=STATES,
                                options=BackendOptions(**{"lock_timeout_s": 0.05, **options}))
         opened.append(backend)
-        assert isinstance(backend, memory.MemoryBackend)
+        assert isinstance(backend, MemoryBackend)
         return backend
 
     memory.drop_process_cache()
@@ -126,7 +127,7 @@ def test_a_failed_commit_leaves_the_last_version(open_memory: Any,
     def disk_full(*_: Any) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(memory, "_write_atomic", disk_full)
+    monkeypatch.setattr(memory_backend, "_write_atomic", disk_full)
     with pytest.raises(StateError, match="No space left"):
         backend.commit(2)
     with pytest.raises(StateError, match="failed after an error"):

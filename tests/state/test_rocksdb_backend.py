@@ -10,7 +10,7 @@ from rocksdict import Options, Rdict
 from streamer.state import BackendOptions, StateDescriptor, open_backend
 from streamer.state.codec import encode_key, encode_window, split_state_key, split_timer_key
 from streamer.state.exceptions import CorruptStateError
-from streamer.state.rocksdb import _is_lock_error
+from streamer.state.rocksdb_parking import _is_lock_error
 
 STATES = [StateDescriptor("counts", "aggregating"), StateDescriptor("buffer", "list"),
           StateDescriptor("attrs", "map")]

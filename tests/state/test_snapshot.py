@@ -13,8 +13,6 @@ from typing import Any
 
 import pytest
 
-from streamer.checkpoint.faults import FAULTS_ENV
-from streamer.checkpoint.storage import Storage, sha256_file
 from streamer.state import (
     KeyedStateBackend,
     StateDescriptor,
@@ -37,6 +35,8 @@ from streamer.state.snapshot import (
     restore_snapshot,
     take_snapshot,
 )
+from streamer.storage import Storage, sha256_file
+from streamer.storage_faults import FAULTS_ENV
 
 STATES = (StateDescriptor("value", "value"), StateDescriptor("acc", "aggregating"),
           StateDescriptor("items", "list"), StateDescriptor("attrs", "map"))

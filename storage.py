@@ -1,7 +1,9 @@
-"""Checkpoint storage: the files of checkpoints under one fsspec URL.
+"""Storage: the files of checkpoints, savepoints, state snapshots and job control under one
+fsspec URL. It sits at the bottom of the package graph (next to `streamer.exceptions`) because
+`state.snapshot`, `checkpoint`, `savepoint` and `runtime.control` all write through it.
 
 `Storage(url)` works on any URL fsspec knows (`file://`, a plain local path, `memory://`, `s3://`,
-`hdfs://`, ... and `faulty://` from `streamer.checkpoint.faults` in tests). It is cheap to build,
+`hdfs://`, ... and `faulty://` from `streamer.storage_faults` in tests). It is cheap to build,
 so a Spark task rebuilds it from the URL string it was given (fsspec caches file-system objects
 per process).
 
@@ -120,7 +122,7 @@ class Storage:
             text = "file://" + os.path.abspath(text)
         if text.startswith("faulty://"):
             # Registers the `faulty` protocol in this process too (Spark workers import lazily).
-            importlib.import_module("streamer.checkpoint.faults")
+            importlib.import_module("streamer.storage_faults")
 
         try:
             fs, root = url_to_fs(text)

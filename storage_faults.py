@@ -2,7 +2,7 @@
 
 `faulty://<absolute local path>` reads and writes that local path, except that operations chosen
 by rules fail with `OSError` (errno EIO). Importing this module registers the protocol with
-fsspec; `streamer.checkpoint.storage.Storage` imports it whenever it sees a `faulty://` URL, so
+fsspec; `streamer.storage.Storage` imports it whenever it sees a `faulty://` URL, so
 Spark's Python workers resolve it too. Those workers see `STREAMER_FAULTS` only if it was set
 before the SparkSession (its JVM) started, or passed as `spark.executorEnv.STREAMER_FAULTS`
 (measured: a variable set later is absent in local-mode workers). So point the variable at a

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from streamer.columns import HIDDEN_PREFIX
 from streamer.exceptions import StreamerError
 from streamer.pipeline.exceptions import PipelineError, Problem
 from streamer.pipeline.graph import Dataflow, compile_dataflow
@@ -54,7 +55,7 @@ class Analyzer:
         from pyspark.errors import PySparkException
         from pyspark.sql import functions as F
 
-        from streamer.runtime.spark import spark_error_message
+        from streamer.spark_errors import spark_error_message
 
         try:
             out = df.select(F.expr(expr))
@@ -190,7 +191,7 @@ class Analyzer:
 
             out = output_schema(self.spark, o, df.schema)
             self.schemas[o.id] = StructType(
-                [f for f in out.fields if not f.name.startswith("__")])
+                [f for f in out.fields if not f.name.startswith(HIDDEN_PREFIX)])
 
     def sink(self, k: SinkSpec) -> None:
         """Check that a sink's inputs union and fit its format."""

@@ -1,4 +1,5 @@
-"""Named crash points for the crash tests (like FoundationDB's and TiKV's fail points).
+"""Named crash points for the crash tests (like FoundationDB's and TiKV's fail points). A core
+module: the driver, keyed tasks (`operators`) and state snapshots (`state`) all reach them.
 
 `STREAMER_FAILPOINTS="after-metadata:3,mid-upload:2"` makes the run SIGKILL its driver process
 (`streamer run`, and with it Spark) the first time the named point is reached for checkpoint or

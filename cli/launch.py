@@ -1,0 +1,56 @@
+"""Running a loaded pipeline in this process with the CLI's reporters, shared by `run`
+(cli/main.py) and `restore` (cli/jobs.py): main.py imports jobs.py to register its commands,
+so jobs.py cannot import main.py back.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+
+def parse_conf(conf: list[str] | None) -> dict[str, str]:
+    """`--conf KEY=VALUE` items as a dict, or a clear error."""
+    extra = {}
+    for item in conf or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            from streamer.exceptions import ConfigError
+
+            msg = (f"--conf {item!r} must be KEY=VALUE, e.g. "
+                   "--conf spark.sql.shuffle.partitions=4")
+            raise ConfigError(msg)
+        extra[key.strip()] = value
+    return extra
+
+
+def run_job(spec: object, *, quiet: bool = False, json_lines: bool = False,
+            master: str | None = None, conf: list[str] | None = None,
+            max_epochs: int | None = None, no_ui: bool = False,
+            from_checkpoint: str | None = None, fresh: bool = False,
+            no_checkpoints: bool = False, storage: str | None = None,
+            from_savepoint: str | None = None, allow_non_restored_state: bool = False) -> None:
+    """Run a loaded pipeline with the CLI's reporters (shared by `run` and `restore`)."""
+    from streamer.runtime.coordinator import JobRunner, RunOptions
+    from streamer.runtime.metrics import JsonReporter, LiveReporter, QuietReporter, Reporter
+
+    extra = parse_conf(conf)
+    reporter: Reporter
+    console = Console(stderr=False, highlight=False)
+    if quiet:
+        reporter = QuietReporter()
+    elif json_lines:
+        reporter = JsonReporter()
+    else:
+        reporter = LiveReporter(Console(stderr=True, highlight=False))
+    if sum(map(bool, (fresh, from_checkpoint, from_savepoint))) > 1:
+        from streamer.exceptions import ConfigError
+
+        msg = ("--fresh, --from-checkpoint and --from-savepoint contradict each other; give "
+               "one of them")
+        raise ConfigError(msg)
+    options = RunOptions(master=master, spark_conf=extra, ui=not no_ui, max_epochs=max_epochs,
+                         console=None if json_lines or quiet else console,
+                         checkpoints=not no_checkpoints, from_checkpoint=from_checkpoint,
+                         fresh=fresh, storage=storage, from_savepoint=from_savepoint,
+                         allow_non_restored_state=allow_non_restored_state)
+    JobRunner(spec, options, reporter=reporter).run()  # type: ignore[arg-type]

@@ -1,0 +1,53 @@
+"""`KeyedConfig`: everything a keyed task needs (operators/keyed.py), as plain picklable data
+shipped to its Spark task every epoch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamer.pipeline.spec import AggregateSpec
+
+
+@dataclass(frozen=True)
+class KeyedConfig:
+    """Everything a task needs, as plain picklable data."""
+
+    uid: str
+    kind: str  # window | aggregate | dedupe
+    keys: tuple[str, ...]
+    aggregates: tuple[AggregateSpec, ...]
+    window_kind: str | None
+    size_ms: int | None
+    slide_ms: int | None
+    gap_ms: int | None
+    count: int | None
+    lateness_ms: int
+    emit: str
+    domain: str  # event | processing
+    dedupe_ms: int | None
+    record_columns: tuple[str, ...]  # dedupe: the forwarded record's columns
+    out_schema: Any  # pyarrow.Schema of the output batches
+    backend: str
+    state_root: str
+    job: str
+    parallelism: int
+    max_parallelism: int
+    epoch: int
+    #: Timers at or before this time fire this epoch (watermark, or wall clock).
+    fire_up_to: int
+    #: process only: the user's KeyedProcessFunction subclass, and the wall clock.
+    fn_class: Any = None
+    now_ms: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+    #: Checkpoint restore/snapshot instructions (`checkpoint.task.TaskCheckpointing`).
+    checkpointing: Any = None
+    #: On a cluster: keep working state per executor (`operators/executor.py`).
+    executor_scoped: bool = False
+    #: A small epoch: keep the subtask's state open in the worker for the next task
+    #: (`KeyedStateBackend.park`). A big epoch on the Spark path closes it, as its open costs
+    #: little next to it; direct-read epochs always park (`KeyedStage.run_direct`).
+    park: bool = False
+    #: The keyed stage reads this epoch's files itself (`operators.direct.DirectRead`).
+    direct: Any = None

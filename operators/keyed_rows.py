@@ -1,0 +1,211 @@
+"""The rows of a keyed task (operators/keyed.py): its input (`_Input`, read a column at a
+time), its output batch (`_Emitter`), and the accumulator, key and namespace helpers that the
+logic of every keyed kind (operators/keyed_kinds.py) shares.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+from streamer.columns import (
+    EVENT_TIME,
+    EVENT_TIME_MS,
+    META,
+    OUT,
+    ROW_KIND,
+    ROW_META,
+    SEQUENCE,
+    partial,
+)
+from streamer.operators.aggregates import accumulator
+from streamer.operators.keyed_config import KeyedConfig
+
+NS_ROLLING = b""
+_I64 = struct.Struct(">q")
+
+
+def ns_of(start_ms: int) -> bytes:
+    """A window namespace: its start, big-endian so namespaces sort by time."""
+    return _I64.pack(start_ms)
+
+
+def _partials(cfg: KeyedConfig) -> list[tuple[Any, int]]:
+    """(accumulator, number of partial columns) per aggregate, in order."""
+    accs = [accumulator(a, EVENT_TIME_MS, SEQUENCE) for a in cfg.aggregates]
+    return [(acc, len(acc.sql)) for acc in accs]
+
+
+class _Emitter:
+    """Collects output rows and turns them into one Arrow batch: row by row (`rows`, dicts)
+    or, for the columnar operators, a column chunk at a time (`columns`); the batch holds the
+    chunks, then the rows, then the meta row."""
+
+    def __init__(self, cfg: KeyedConfig) -> None:
+        self.cfg = cfg
+        self.rows: list[dict[str, Any]] = []
+        self.chunks: list[tuple[int, dict[str, Any]]] = []
+
+    def __len__(self) -> int:
+        return len(self.rows) + sum(n for n, _ in self.chunks)
+
+    def columns(self, keys: list[tuple[Any, ...]], values: list[list[Any]],
+                starts: list[int] | None = None, size: int = 0) -> None:
+        """Output rows of `keys` with the final `values` (one list per aggregate); with
+        `starts`, of the windows [start, start + size)."""
+        if not keys:
+            return
+        self.key_columns([[k[i] for k in keys] for i in range(len(self.cfg.keys))], values,
+                         starts, size)
+
+    def key_columns(self, keys: list[list[Any]], values: list[list[Any]],
+                    starts: list[int] | None = None, size: int = 0) -> None:
+        """`columns`, with the keys given a column (list) per key column."""
+        n = len(values[0]) if values else len(starts or ())
+        if not n:
+            return
+        cols: dict[str, Any] = dict(zip(self.cfg.keys, keys, strict=True))
+        if starts is not None:
+            import numpy as np
+
+            micros = np.asarray(starts, dtype=np.int64) * 1000  # (window times in microseconds)
+            cols["window_start"] = micros
+            cols["window_end"] = micros + size * 1000
+            cols[EVENT_TIME] = micros + (size - 1) * 1000
+        for agg, column in zip(self.cfg.aggregates, values, strict=True):
+            cols[agg.name] = column
+        self.chunks.append((n, cols))
+
+    def window(self, key: Sequence[Any], start: int, end: int, values: list[Any]) -> None:
+        row: dict[str, Any] = {ROW_KIND: OUT, ROW_META: None}
+        row.update(zip(self.cfg.keys, key, strict=True))
+        row["window_start"] = start * 1000
+        row["window_end"] = end * 1000
+        row[EVENT_TIME] = (end - 1) * 1000
+        for agg, value in zip(self.cfg.aggregates, values, strict=True):
+            row[agg.name] = value
+        self.rows.append(row)
+
+    def record(self, record: dict[str, Any]) -> None:
+        self.rows.append({ROW_KIND: OUT, ROW_META: None, **record})
+
+    def batch(self, meta: dict[str, Any]) -> Any:
+        import pyarrow as pa
+
+        schema = self.cfg.out_schema
+        rows = [*self.rows, {ROW_KIND: META, ROW_META: json.dumps(meta)}]
+        last = pa.RecordBatch.from_pylist(rows, schema=schema)
+        if not self.chunks:
+            return last
+        parts = []
+        for n, cols in self.chunks:
+            arrays = []
+            for f in schema:
+                if f.name in cols:
+                    arrays.append(pa.array(cols[f.name], type=f.type))
+                elif f.name == ROW_KIND:
+                    arrays.append(pa.array([OUT] * n, type=f.type))
+                else:
+                    arrays.append(pa.nulls(n, type=f.type))
+            parts.append(pa.RecordBatch.from_arrays(arrays, schema=schema))
+        return pa.concat_batches([*parts, last])
+
+
+def _finals(accs: list[tuple[Any, int]], state: list[Any]) -> list[Any]:
+    return [acc.final(value) for (acc, _), value in zip(accs, state, strict=True)]
+
+
+def _final_columns(accs: list[tuple[Any, int]], states: list[list[Any]]) -> list[list[Any]]:
+    """The final values of many accumulator lists, one list per aggregate."""
+    return [acc.final_rows([state[i] for state in states]) for i, (acc, _) in enumerate(accs)]
+
+
+def _lifted(accs: list[tuple[Any, int]], rows: _Input) -> list[list[Any]]:
+    """The mergeable accumulators of every input row, a column (list) per aggregate."""
+    per_agg, i = [], 0
+    for acc, n in accs:
+        per_agg.append(acc.lift_rows([rows.column(partial(i + j)) for j in range(n)]))
+        i += n
+    return per_agg
+
+
+def _lift_columns(accs: list[tuple[Any, int]], rows: _Input) -> list[list[Any]]:
+    """The mergeable accumulators of every input row (a list per row, like `_lift`)."""
+    return [list(values) for values in zip(*_lifted(accs, rows), strict=True)]
+
+
+class _Input:
+    """A subtask's input rows of an epoch (dummy rows removed) as an Arrow table, read into
+    Python a column at a time: the columnar operators never build a dict per row."""
+
+    def __init__(self, table: Any) -> None:
+        self.table = table
+        self._columns: dict[str, list[Any]] = {}
+
+    def __len__(self) -> int:
+        return int(self.table.num_rows)
+
+    def column(self, name: str) -> list[Any]:
+        """One column as a Python list."""
+        values = self._columns.get(name)
+        if values is None:
+            values = self._columns[name] = self.table.column(name).to_pylist()
+        return values
+
+    def keys(self, names: Sequence[str]) -> list[tuple[Any, ...]]:
+        """The key tuple of every row."""
+        if not names:
+            return [()] * len(self)
+        return list(zip(*(self.column(k) for k in names), strict=True))
+
+
+def _encode_keys(keys: list[tuple[Any, ...]]) -> list[bytes]:
+    """`encode_key` of every key, once per distinct key.
+
+    A cache by key is safe: equal keys of one column encode alike (a column has one type,
+    and encode_key maps -0.0 and 0.0 alike).
+    """
+    from streamer.state.codec import encode_key
+
+    cache: dict[tuple[Any, ...], bytes] = {}
+    out = []
+    for key in keys:
+        data = cache.get(key)
+        if data is None:
+            data = cache[key] = encode_key(key)
+        out.append(data)
+    return out
+
+
+def _namespaces(starts: list[int]) -> list[bytes]:
+    """`ns_of` of every window start, once per distinct start."""
+    cache: dict[int, bytes] = {}
+    out = []
+    for start in starts:
+        ns = cache.get(start)
+        if ns is None:
+            ns = cache[start] = ns_of(start)
+        out.append(ns)
+    return out
+
+
+def _lift(accs: list[tuple[Any, int]], row: dict[str, Any]) -> list[Any]:
+    out, i = [], 0
+    for acc, n in accs:
+        out.append(acc.lift([row[partial(i + j)] for j in range(n)]))
+        i += n
+    return out
+
+
+def _merge(accs: list[tuple[Any, int]], a: list[Any] | None, b: list[Any]) -> list[Any]:
+    if a is None:
+        return b
+    return [acc.merge(x, y) for (acc, _), x, y in zip(accs, a, b, strict=True)]
+
+
+def _key_bytes(key: Sequence[Any]) -> bytes:
+    from streamer.state.codec import encode_key
+
+    return encode_key(tuple(key))
