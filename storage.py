@@ -194,6 +194,53 @@ class Storage:
                 self.fs.makedirs(self.fs._parent(path), exist_ok=True)
                 self.fs.pipe_file(path, data)
 
+    def create_exclusive(self, rel: str, data: bytes) -> bool:
+        """Create the file `rel` with `data` only if no file has that name: True when this
+        call created it, False when it existed. Two processes creating one name at once get
+        one True between them. Local (and NFS) paths link a complete temporary file into place
+        (`link` fails atomically on an existing name, so a reader never sees a partial file);
+        other stores open the file in mode `xb` (a conditional PUT where the store has one,
+        e.g. s3fs and gcsfs), and the file is read back, so a store that only checks before
+        writing still leaves one winner unless two writes interleave within the read-back.
+        """
+        path = self.path(rel)
+        with self._errors("create", rel):
+            if self._local:
+                return self._create_local(path, data)
+            self.fs.makedirs(self.fs._parent(path), exist_ok=True)
+            self.fs.invalidate_cache(path)
+            try:
+                with self.fs.open(path, "xb") as fh:
+                    fh.write(data)
+            except FileExistsError:
+                return False
+            except (ValueError, NotImplementedError):  # no exclusive mode: check, then write
+                if self.fs.exists(path):
+                    return False
+                self.fs.pipe_file(path, data)
+            self.fs.invalidate_cache(path)
+            return bytes(self.fs.cat_file(path)) == data
+
+    @staticmethod
+    def _create_local(path: str, data: bytes) -> bool:
+        parent = os.path.dirname(path)
+        os.makedirs(parent, exist_ok=True)
+        tmp = _temp_name(path)
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        _fsync_dir(parent)
+        return True
+
     def read_bytes(self, rel: str) -> bytes:
         """The content of the file `rel` (`MissingFileError` if absent)."""
         with self._errors("read", rel):

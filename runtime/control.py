@@ -4,6 +4,8 @@ shared.
 
     <storage>/<job>/job.json                      status, run id, host, pid, start time,
                                                   heartbeat, epoch, last checkpoint, figures
+    <storage>/<job>/claims/<generation>.json      the run that claimed each generation,
+                                                  created exclusively (one winner per race)
     <storage>/<job>/control/requests/<id>.json    savepoint | stop | cancel, from the CLI
     <storage>/<job>/control/responses/<id>.json   the job's answer (path of a savepoint, ...)
 
@@ -30,6 +32,10 @@ from streamer.storage import Storage, StorageError
 HEARTBEAT_S = 5.0
 STALE_AFTER_S = 30.0
 KINDS = ("savepoint", "stop", "cancel")
+#: Where runs claim a job, one exclusively created file per generation.
+CLAIMS = "claims"
+#: Claims lost to other runs before giving up (each loss re-reads the newest claim).
+CLAIM_ATTEMPTS = 5
 
 
 class JobControlError(StreamerError):
@@ -55,6 +61,15 @@ def _read_json(storage: Storage, rel: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     return data if isinstance(data, dict) else None
+
+
+def _claim_name(generation: int) -> str:
+    return f"{CLAIMS}/{generation:012d}.json"
+
+
+def _claim_generation(name: str) -> int | None:
+    stem = name.removesuffix(".json")
+    return int(stem) if name.endswith(".json") and stem.isdigit() else None
 
 
 def _pid_namespace() -> str | None:
@@ -112,26 +127,67 @@ class JobRegistry:
 
     def claim(self, run_id: str, info: dict[str, Any]) -> str | None:
         """Register this run; refuse if another run is alive. Returns a note when a dead run
-        (stale heartbeat) was taken over."""
-        previous = self.read()
-        note = None
-        if previous and previous.get("status") == "running":
-            if state_of(previous) == "running" and previous.get("run_id") != run_id:
-                age = time.time() - float(previous.get("heartbeat_at", 0))
-                msg = (f"job {self.job!r} is already running (run {previous.get('run_id')} on "
-                       f"{previous.get('host')}, pid {previous.get('pid')}, heartbeat "
-                       f"{age:.0f} s ago); stop it first (`streamer stop {self.job}`), or wait "
-                       f"{STALE_AFTER_S:.0f} s after it died")
-                raise JobAlreadyRunningError(msg)
-            note = (f"taking over job {self.job!r} from run {previous.get('run_id')}, which "
-                    "died without cleaning up")
-        now = time.time()
-        self.record = {"job": self.job, "run_id": run_id, "status": "running",
-                       "host": socket.gethostname(), "pid": os.getpid(),
-                       "pid_namespace": _pid_namespace(), "started_at": now,
-                       "heartbeat_at": now, **info}
-        self._write()
-        return note
+        (stale heartbeat, or its process on this machine gone) was taken over.
+
+        A claim is the exclusive creation of `claims/<generation>.json`, one past the newest
+        (`Storage.create_exclusive`): of runs that start at the same instant exactly one
+        creates it; the others read it and are refused, naming the winner."""
+        for _ in range(CLAIM_ATTEMPTS):
+            generation, holder = self._holder()
+            note = self._check_holder(holder, run_id)
+            now = time.time()
+            record = {"job": self.job, "run_id": run_id, "status": "running",
+                      "host": socket.gethostname(), "pid": os.getpid(),
+                      "pid_namespace": _pid_namespace(), "started_at": now,
+                      "heartbeat_at": now, "generation": generation + 1,
+                      "claim_token": uuid.uuid4().hex, **info}
+            body = json.dumps(record, default=str).encode()
+            if self.storage.create_exclusive(_claim_name(generation + 1), body):
+                self.record = record
+                self._write()
+                self._prune_claims(generation + 1)
+                return note
+        msg = (f"job {self.job!r} could not be claimed: {CLAIM_ATTEMPTS} other runs claimed it "
+               f"meanwhile; see `streamer list`")
+        raise JobAlreadyRunningError(msg)
+
+    def _holder(self) -> tuple[int, dict[str, Any] | None]:
+        """The newest claim's generation and its run's record: `job.json` once the run wrote
+        it, else the claim itself (its start is its first heartbeat)."""
+        generations = [g for name in self.storage.ls(CLAIMS)
+                       if (g := _claim_generation(name)) is not None]
+        current = self.read()
+        if not generations:
+            return 0, current  # never claimed through claims/ (or a registry before them)
+        newest = max(generations)
+        claimed = _read_json(self.storage, _claim_name(newest))
+        if claimed is None:  # unreadable: a store without atomic creation, mid-write
+            claimed = {"run_id": "(unknown)", "status": "running", "heartbeat_at": time.time()}
+        if current is not None and current.get("run_id") == claimed.get("run_id"):
+            return newest, current
+        return newest, claimed
+
+    def _check_holder(self, holder: dict[str, Any] | None, run_id: str) -> str | None:
+        """Refuse when `holder` is another live run; a note when it is a dead one."""
+        if not holder or holder.get("status") != "running":
+            return None
+        if state_of(holder) == "running" and holder.get("run_id") != run_id:
+            age = time.time() - float(holder.get("heartbeat_at", 0))
+            msg = (f"job {self.job!r} is already running (run {holder.get('run_id')} on "
+                   f"{holder.get('host')}, pid {holder.get('pid')}, heartbeat "
+                   f"{age:.0f} s ago); stop it first (`streamer stop {self.job}`), or wait "
+                   f"{STALE_AFTER_S:.0f} s after it died")
+            raise JobAlreadyRunningError(msg)
+        return (f"taking over job {self.job!r} from run {holder.get('run_id')}, which "
+                "died without cleaning up")
+
+    def _prune_claims(self, generation: int) -> None:
+        """Keep the newest claims (a racing run reads the newest), delete older ones."""
+        with contextlib.suppress(StorageError):
+            for name in self.storage.ls(CLAIMS):
+                g = _claim_generation(name)
+                if g is not None and g < generation - 2:
+                    self.storage.rm(f"{CLAIMS}/{name}")
 
     def _write(self) -> None:
         with self._lock:

@@ -5,11 +5,14 @@ heartbeat to go stale)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -56,3 +59,78 @@ def test_a_fresh_run_whose_process_cannot_be_checked_here_is_alive(
     assert state_of(record) == "running"
     with pytest.raises(JobAlreadyRunningError, match="already running"):
         JobRegistry(str(tmp_path), "job").claim("run-b", {})
+
+
+def _race(storage: str, contenders: int, round_: int) -> tuple[list[str], list[str]]:
+    """`contenders` threads claim the job at once; the run ids that won and the refusals."""
+    barrier = threading.Barrier(contenders)
+    won: list[str] = []
+    refused: list[str] = []
+
+    def contend(i: int) -> None:
+        run_id = f"run-{round_}-{i}"
+        registry = JobRegistry(storage, "job")
+        barrier.wait()
+        try:
+            registry.claim(run_id, {})
+        except JobAlreadyRunningError as exc:
+            refused.append(str(exc))
+        else:
+            won.append(run_id)
+            registry.close("finished")  # the next round may claim it again
+
+    threads = [threading.Thread(target=contend, args=(i,)) for i in range(contenders)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return won, refused
+
+
+def test_simultaneous_claims_have_exactly_one_winner(tmp_path: Path) -> None:
+    for round_ in range(8):
+        won, refused = _race(str(tmp_path), 4, round_)
+        assert len(won) == 1, f"round {round_}: {won} all claimed the job"
+        assert len(refused) == 3
+        # The refused name the winner, even when it had not written job.json yet.
+        assert all(won[0] in text and str(os.getpid()) in text for text in refused), refused
+    claims = sorted(p.name for p in (tmp_path / "job" / "claims").iterdir())
+    assert len(claims) == 3, claims  # older generations are pruned
+
+
+CONTEND = """
+import sys, time
+from streamer.runtime.control import JobAlreadyRunningError, JobRegistry
+registry = JobRegistry(sys.argv[1], "job")
+while time.time() < float(sys.argv[2]):
+    pass
+try:
+    registry.claim(sys.argv[3], {})
+except JobAlreadyRunningError as exc:
+    print("refused", exc, flush=True)
+else:
+    print("claimed", flush=True)
+    time.sleep(float(sys.argv[2]) + 3 - time.time())
+"""
+
+
+def test_simultaneous_claims_from_processes_have_one_winner(tmp_path: Path) -> None:
+    for round_ in range(3):
+        start = time.time() + 1.5  # every process spins until then, then claims
+        children = [subprocess.Popen([sys.executable, "-c", CONTEND, str(tmp_path),
+                                      str(start), f"run-{round_}-{i}"],
+                                     stdout=subprocess.PIPE, text=True) for i in range(4)]
+        outputs = [child.communicate(timeout=60)[0] for child in children]
+        claimed = [out for out in outputs if out.startswith("claimed")]
+        assert len(claimed) == 1, outputs
+        assert sum(out.startswith("refused") for out in outputs) == 3, outputs
+        # The winner exited without closing: the next round takes it over (pid gone).
+
+
+def test_exclusive_creation_on_a_non_local_store() -> None:
+    from streamer.storage import Storage
+
+    storage = Storage(f"memory://claims-{uuid.uuid4().hex}")
+    assert storage.create_exclusive("claims/1.json", b"a")
+    assert not storage.create_exclusive("claims/1.json", b"b")
+    assert storage.read_bytes("claims/1.json") == b"a"
