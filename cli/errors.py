@@ -8,6 +8,7 @@
 | 3    | Java 17+ is missing                                            |
 | 70   | internal error (a bug in streamer; `--debug` shows the trace)  |
 | 130  | cancelled with Ctrl-C                                          |
+| 143  | cancelled by SIGTERM (a second one, or past job.shutdown_timeout) |
 """
 
 from __future__ import annotations
@@ -66,9 +67,9 @@ def boundary(func: F) -> F:
                 traceback.print_exc()
             print_error(exc)
             raise typer.Exit(exc.exit_code) from None
-        except KeyboardInterrupt:
-            err_console().print("[yellow]cancelled[/yellow]")
-            raise typer.Exit(EXIT_CANCELLED) from None
+        except KeyboardInterrupt as exc:  # runtime's JobTerminatedError carries 143
+            err_console().print(f"[yellow]cancelled[/yellow]{f' ({exc})' if str(exc) else ''}")
+            raise typer.Exit(getattr(exc, "exit_code", EXIT_CANCELLED)) from None
         except Exception as exc:
             if state["debug"]:
                 traceback.print_exc(file=sys.stderr)

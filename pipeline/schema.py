@@ -439,6 +439,9 @@ JOB = Obj(
             "attempts": Field(Int("Automatic restarts from the last checkpoint.", minimum=0)),
             "delay": Field(Duration("Wait between restarts.", allow_zero=True)),
         }, "Restart strategy.")),
+        "shutdown_timeout": Field(Duration(
+            "After SIGTERM, how long the job may take to stop at its next epoch boundary "
+            "with a final checkpoint before it is cancelled (default 30s).")),
         "execution": Field(EXECUTION),
     },
     "How the job runs.",

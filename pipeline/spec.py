@@ -239,6 +239,8 @@ class JobSpec:
     state_local_dir: str | None = None
     restart_attempts: int = 0
     restart_delay_ms: int = 5000
+    #: After SIGTERM: how long a graceful stop may take before the run is cancelled.
+    shutdown_timeout_ms: int = 30_000
     execution: ExecutionSpec = field(default_factory=ExecutionSpec)
 
 
@@ -364,6 +366,7 @@ def build_spec(data: Mapping[str, Any], positions: Positions,
         state_local_dir=state.get("local_dir"),
         restart_attempts=restart.get("attempts", 0),
         restart_delay_ms=_ms(restart.get("delay"), 5000) or 0,
+        shutdown_timeout_ms=_ms(job_raw.get("shutdown_timeout"), 30_000) or 30_000,
         execution=ExecutionSpec(
             **{key: execution[key] for key in ExecutionSpec.VARIABLES if key in execution},
             sources={key: "file" for key in ExecutionSpec.VARIABLES if key in execution}),

@@ -213,13 +213,13 @@ class JobRunner:
         try:
             self._start()
             self.spark  # noqa: B018  (PySpark installs its SIGINT handler when it starts)
-            restore = self.control.install_sigint()
+            restore = self.control.install_signals()
             self._open()
             result, restarts = self._attempts()
         except BaseException as exc:
-            reason = str(exc) if isinstance(exc, StreamerError) else type(exc).__name__
-            self.control.close("failed", reason)
-            self.reporter.finished({"status": "failed", "reason": reason})
+            status, reason = _failure(exc)
+            self.control.close(status, reason)
+            self.reporter.finished({"status": status, "reason": reason})
             raise
         finally:
             restore()
@@ -432,6 +432,18 @@ class JobRunner:
             reason=reason, offsets={k: dict(v) for k, v in self.job.offsets.items()},
             metrics=history, checkpoints=list(self.checkpoints.completed),
             restored_from=self.checkpoints.result_restored_from)
+
+
+def _failure(exc: BaseException) -> tuple[str, str]:
+    """How a run that raised `exc` is recorded: cancelled (a second Ctrl-C or SIGTERM, or a
+    SIGTERM stop past `job.shutdown_timeout`) or failed, and why."""
+    from streamer.runtime.exceptions import JobTerminatedError
+
+    if isinstance(exc, JobTerminatedError):
+        return "cancelled", f"cancelled: {exc}"
+    if isinstance(exc, KeyboardInterrupt):
+        return "cancelled", "cancelled with Ctrl-C"
+    return "failed", str(exc) if isinstance(exc, StreamerError) else type(exc).__name__
 
 
 def _make_source(spec: Any, ctx: ConnectorContext) -> Source:

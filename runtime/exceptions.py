@@ -22,3 +22,16 @@ class PipelineTestFailedError(StreamerError):
 class MasterUnreachableError(StreamerError):
     """Raised when the Spark master of `--master spark://...` does not accept connections;
     start the cluster, or check the host and port."""
+
+
+class JobTerminatedError(KeyboardInterrupt):
+    """Raised in the main thread when a SIGTERM cancels the run: a second SIGTERM, or a
+    graceful stop that took longer than `job.shutdown_timeout`. The run ends at once, without
+    a final checkpoint (the next run resumes from the last one), and the CLI exits 143.
+
+    It is a `KeyboardInterrupt`, not a `StreamerError`, for the reason a second Ctrl-C is:
+    it must pass through every `except Exception` between the signal and the CLI (an epoch's
+    error handling would otherwise turn it into a failed epoch and restart the job), and
+    PySpark cancels the running Spark jobs on a `KeyboardInterrupt`."""
+
+    exit_code = 143

@@ -1,15 +1,18 @@
 """Job control at epoch boundaries: the job registry claim and heartbeat, the control
-channel's requests (savepoint, stop, stop with savepoint, cancel), Ctrl-C, and the answers
-to whoever asked. Requests are read from the job's storage, so they work for a job on a
-cluster as for a local one."""
+channel's requests (savepoint, stop, stop with savepoint, cancel), Ctrl-C and SIGTERM (a
+graceful stop bounded by `job.shutdown_timeout`), and the answers to whoever asked.
+Requests are read from the job's storage, so they work for a job on a cluster as for a
+local one."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Callable
 from typing import Any
 
+from streamer.runtime.exceptions import JobTerminatedError
 from streamer.runtime.job import JobState
 
 
@@ -22,6 +25,8 @@ class JobControl:
         self.channel: Any = None
         self.stop = threading.Event()
         self.cancelled = False
+        #: Why a SIGTERM stop is being cancelled (its deadline passed), else "".
+        self.terminating = ""
         #: The savepoint a stop-with-savepoint writes, and whether it drains first.
         self.stop_savepoint: str | None = None
         self.stop_drain = False
@@ -57,23 +62,54 @@ class JobControl:
         if self.registry is not None:
             self.registry.close(status, reason, epoch=self.job.epoch, **fields)
 
-    def install_sigint(self) -> Callable[[], object]:
-        """The first Ctrl-C stops at the next epoch boundary, a second cancels now; returns
-        what restores the previous handler."""
+    def install_signals(self) -> Callable[[], object]:
+        """Ctrl-C and SIGTERM: the first stops at the next epoch boundary after a final
+        checkpoint, a second cancels now. A SIGTERM stop that takes longer than
+        `job.shutdown_timeout` cancels too. Returns what restores the previous handlers.
+        Installed once the Spark session exists, as PySpark sets its own SIGINT handler."""
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
-        previous = signal.getsignal(signal.SIGINT)
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        deadline: list[threading.Timer] = []
 
-        def handler(signum: int, frame: Any) -> None:
+        def restore() -> None:
+            for timer in deadline:
+                timer.cancel()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+        def on_sigint(signum: int, frame: Any) -> None:
             if self.stop.is_set():  # second Ctrl-C: cancel now
-                signal.signal(signal.SIGINT, previous)
+                restore()
                 raise KeyboardInterrupt
             self.job.reporter.message("stopping at the next epoch boundary "
                                       "(press Ctrl-C again to cancel now)")
             self.stop.set()
 
-        signal.signal(signal.SIGINT, handler)
-        return lambda: signal.signal(signal.SIGINT, previous)
+        def on_sigterm(signum: int, frame: Any) -> None:
+            if deadline:  # a second SIGTERM, or the first one's deadline passed
+                restore()
+                raise JobTerminatedError(self.terminating or "a second termination signal")
+            timeout_s = self.job.spec.job.shutdown_timeout_ms / 1000
+            self.job.reporter.message(
+                f"terminated: stopping at the next epoch boundary; cancelling if that takes "
+                f"over {timeout_s:g} s (job.shutdown_timeout) or on another SIGTERM")
+            self.stop.set()
+            timer = threading.Timer(timeout_s, self._shutdown_expired, args=(timeout_s,))
+            timer.daemon = True
+            deadline.append(timer)
+            timer.start()
+
+        signal.signal(signal.SIGINT, on_sigint)
+        signal.signal(signal.SIGTERM, on_sigterm)
+        return restore
+
+    def _shutdown_expired(self, timeout_s: float) -> None:
+        """The graceful stop after SIGTERM took too long: signal the main thread again, whose
+        handler cancels the run (a signal interrupts what the main thread waits on)."""
+        self.terminating = (f"the stop after SIGTERM took over {timeout_s:g} s "
+                            "(job.shutdown_timeout)")
+        os.kill(os.getpid(), signal.SIGTERM)
 
     def poll(self) -> str | None:
         """At an epoch boundary: beat, and take the control channel's requests. Returns the
