@@ -6,6 +6,7 @@ pyspark is imported inside the functions so that `streamer --help` stays instant
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -13,7 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,8 +30,12 @@ _LOG4J = Path(__file__).with_name("log4j2.properties")
 DEFAULT_CONF: dict[str, str] = {
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.session.timeZone": "UTC",
+    # The driver listens on loopback only (its RPC and block manager, and the UI: see
+    # `ui_bind_address`); a `spark:` block or `--conf` that sets another address opts in.
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
+    # No "kill" links in the UI: whoever reaches it could otherwise cancel the job's stages.
+    "spark.ui.killEnabled": "false",
     # Size shuffles to the job, not to Spark's batch default of 200 (ARCHITECTURE.md §10).
     "spark.sql.shuffle.partitions": "4",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
@@ -139,7 +144,7 @@ def create_session(app_name: str = "streamer", master: str | None = None,
         settings["spark.pyspark.python"] = os.environ["PYSPARK_PYTHON"]
     if not ui:
         settings["spark.ui.enabled"] = "false"
-    settings.update(conf or {})
+    settings.update(merged_conf(settings, conf or {}))
     spark_conf = SparkConf().setAppName(app_name)
     if master or not submitted:
         spark_conf.setMaster(master or "local[*]")
@@ -152,12 +157,52 @@ def create_session(app_name: str = "streamer", master: str | None = None,
             # user's terminal; errors that matter reach the user through streamer's messages.
             log = spark_log_path()
             log.parent.mkdir(parents=True, exist_ok=True)
-            with open(log, "ab") as sink:
+            with open(log, "ab") as sink, _jvm_environment(ui_bind_address(settings)):
                 gateway = launch_gateway(spark_conf, popen_kwargs={"stderr": sink})
         SparkContext(conf=spark_conf, gateway=gateway)
     spark = SparkSession.builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+#: Settings whose value is a comma-separated list to which streamer's defaults add entries
+#: the engine needs: a user's value is merged with the default instead of replacing it.
+MERGED_LISTS = ("spark.sql.adaptive.optimizer.excludedRules",)
+
+
+def merged_conf(defaults: Mapping[str, str], conf: Mapping[str, str]) -> dict[str, str]:
+    """`conf` with each `MERGED_LISTS` value extended by the default's entries it lacks (the
+    rule exclusion the watermark needs stays however the user sets the list)."""
+    out = dict(conf)
+    for key in MERGED_LISTS:
+        if key in conf and defaults.get(key):
+            given = [item.strip() for item in conf[key].split(",") if item.strip()]
+            missing = [item for item in defaults[key].split(",") if item not in given]
+            out[key] = ",".join(given + missing)
+    return out
+
+
+def ui_bind_address(settings: Mapping[str, str]) -> str | None:
+    """The address Spark's UI listens on: where the driver binds. Spark has no setting for
+    it; its UI binds to the JVM's `SPARK_LOCAL_IP`, else to every address (`0.0.0.0`). None
+    when the user set `SPARK_LOCAL_IP` themselves (Spark's own variable: theirs wins)."""
+    if os.environ.get("SPARK_LOCAL_IP"):
+        return None
+    return settings.get("spark.driver.bindAddress") or settings.get("spark.driver.host")
+
+
+@contextlib.contextmanager
+def _jvm_environment(local_ip: str | None) -> Iterator[None]:
+    """`SPARK_LOCAL_IP` for the JVM launched inside the block only (PySpark passes the
+    process environment to it), so the Python process's own environment is left as it was."""
+    if local_ip is None:
+        yield
+        return
+    os.environ["SPARK_LOCAL_IP"] = local_ip
+    try:
+        yield
+    finally:
+        os.environ.pop("SPARK_LOCAL_IP", None)
 
 
 def spark_log_path() -> Path:

@@ -4,16 +4,21 @@ stop with a final checkpoint, or a cancel past `job.shutdown_timeout`)."""
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import json
 import os
 import signal
 import subprocess
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from streamer_process import SCRUBBED, STREAMER, FilesOutput, crash, quick_jvm
+
+from streamer.runtime.standalone import session_members
 
 PIPELINE = """
 name: lifecycle
@@ -36,10 +41,11 @@ sinks:
 """ + quick_jvm().replace("{", "{{").replace("}", "}}")
 
 
-def write_job(root: Path, shutdown_timeout: str = "60s", interval: str = "1ms") -> Path:
+def write_job(root: Path, shutdown_timeout: str = "60s", interval: str = "1ms",
+              spark: str = "") -> Path:
     path = root / "job.yaml"
     path.write_text(PIPELINE.format(root=root, shutdown_timeout=shutdown_timeout,
-                                    interval=interval))
+                                    interval=interval) + spark)
     return path
 
 
@@ -159,3 +165,76 @@ def test_two_runs_started_at_once_one_runs(tmp_path: Path) -> None:
         for run in runs:
             crash(run.proc.pid)
             run.proc.wait()
+
+
+def _address(hex_address: str) -> str:
+    """An address of /proc/net/tcp{,6} as text (4-byte words in host byte order)."""
+    raw = bytes.fromhex(hex_address)
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    return str(ipaddress.ip_address(words))
+
+
+def listening(pids: set[int]) -> list[tuple[str, int]]:
+    """The (address, port) every TCP socket of `pids` listens on."""
+    inodes = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    if target.startswith("socket:["):
+                        inodes.add(target[8:-1])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and inode in inodes:  # LISTEN
+                address, port = local.split(":")
+                found.append((_address(address), int(port, 16)))
+    return found
+
+
+def loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or bool(mapped and mapped.is_loopback)
+
+
+AQE_RULE = "org.apache.spark.sql.execution.adaptive.DynamicJoinSelection"
+
+
+def test_the_driver_listens_on_loopback_only(tmp_path: Path) -> None:
+    """The UI (on, as by default), the RPC and block manager, the Py4J gateway, the Python
+    workers: every listening socket of the run is on loopback, and the UI has no kill links.
+    A `spark:` block's AQE rule exclusions are merged with the one the engine needs."""
+    storage = tmp_path / "storage"
+    run = Proc(write_job(tmp_path, spark=f"  spark.sql.adaptive.optimizer.excludedRules: "
+                                        f"{AQE_RULE}\n"), storage, "run")
+    try:
+        run.wait_for(lambda events: sum(e.get("event") == "epoch" for e in events) >= 2)
+        (started,) = (e for e in run.events() if e.get("event") == "started")
+        sockets = listening(session_members(run.proc.pid))
+        ui_port = int(started["ui"].rsplit(":", 1)[1].strip("/"))
+        base = f"http://127.0.0.1:{ui_port}/api/v1/applications"
+        with urllib.request.urlopen(base, timeout=30) as response:
+            app = json.load(response)[0]["id"]
+        with urllib.request.urlopen(f"{base}/{app}/environment", timeout=30) as response:
+            properties = dict(json.load(response)["sparkProperties"])
+    finally:
+        crash(run.proc.pid)
+        run.proc.wait()
+    assert ui_port in {port for _, port in sockets}, sockets
+    assert len(sockets) >= 3, sockets  # the UI, the driver's RPC, its block manager at least
+    assert all(loopback(address) for address, _ in sockets), sockets
+    assert properties["spark.ui.killEnabled"] == "false"
+    rules = properties["spark.sql.adaptive.optimizer.excludedRules"].split(",")
+    assert AQE_RULE in rules
+    assert "org.apache.spark.sql.execution.adaptive.AQEPropagateEmptyRelation" in rules
+
+
+def test_listing_a_non_loopback_ui_is_seen(tmp_path: Path) -> None:
+    """The check above can fail: a socket on every address is not loopback."""
+    assert not loopback(_address("00000000"))
+    assert loopback(_address("0100007F"))
+    assert loopback(_address("00000000000000000000000001000000"))  # ::1
