@@ -159,6 +159,22 @@ class _Changes:
 
 
 _PROCESS_CACHE: dict[str, _Committed] = {}
+#: Subtask copies a process keeps at most; the least recently closed go first. A Python
+#: worker outlives the runs whose subtasks it ran, and only the driver is told when one ends.
+MAX_CACHED = 64
+
+
+def cache_committed(path: str, data: _Committed) -> None:
+    """Keep `data`, the committed state of the subtask directory `path`, for the next task of
+    that subtask in this process. Copies of directories that are gone (their run ended and
+    removed its working state) are freed, and the least recently used beyond `MAX_CACHED`:
+    a stat per cached subtask when a task ends, nothing on the epoch's path."""
+    _PROCESS_CACHE.pop(path, None)
+    _PROCESS_CACHE[path] = data  # last: the most recently used
+    for key in [key for key in _PROCESS_CACHE if key != path and not os.path.isdir(key)]:
+        del _PROCESS_CACHE[key]
+    while len(_PROCESS_CACHE) > MAX_CACHED:
+        del _PROCESS_CACHE[next(iter(_PROCESS_CACHE))]
 
 
 def drop_process_cache(path: str | os.PathLike[str] | None = None) -> None:

@@ -60,6 +60,7 @@ from streamer.state.memory import (
     _unwrap,
     _wrap,
     _write_atomic,
+    cache_committed,
 )
 
 
@@ -558,6 +559,6 @@ class MemoryBackend(KeyedStateBackend):
         self.status = BackendStatus.CLOSED
         self._changes = _Changes()
         if healthy and self.options.process_cache:
-            _PROCESS_CACHE[self._cache_key] = self._data
+            cache_committed(self._cache_key, self._data)
         self._data = _Committed(version=self._data.version)  # do not pin a stale copy
         self._release()

@@ -146,3 +146,33 @@ def test_the_process_cache_can_be_turned_off(open_memory: Any, reads: list[str])
         with open_memory(process_cache=False) as backend:
             assert backend.version() == 2
     assert len(reads) == 4
+
+
+def test_the_process_cache_frees_subtasks_of_ended_runs(tmp_path: Path) -> None:
+    """A Python worker outlives runs: copies of subtasks whose working state was removed (the
+    run ended) are freed when the next task closes, and at most MAX_CACHED are kept."""
+    import shutil
+
+    memory.drop_process_cache()
+
+    def run_task(root: Path, subtask: int) -> str:
+        backend = open_backend("memory", str(root), "job", "op", subtask, range(4),
+                               states=STATES)
+        backend.put_many("acc", [(0, K, b"", 1)])
+        backend.commit(1)
+        path = os.path.abspath(backend.path)
+        backend.close()
+        return path
+
+    try:
+        ended = run_task(tmp_path / "run-1", 0)
+        assert ended in memory._PROCESS_CACHE
+        shutil.rmtree(tmp_path / "run-1")  # the run ended
+        live = run_task(tmp_path / "run-2", 0)
+        assert set(memory._PROCESS_CACHE) == {live}
+        paths = [run_task(tmp_path / "run-2", i) for i in range(1, memory.MAX_CACHED + 2)]
+        assert len(memory._PROCESS_CACHE) == memory.MAX_CACHED
+        assert live not in memory._PROCESS_CACHE and paths[0] not in memory._PROCESS_CACHE
+        assert paths[-1] in memory._PROCESS_CACHE
+    finally:
+        memory.drop_process_cache()
