@@ -23,14 +23,17 @@ them.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
 import importlib
 import os
 import posixpath
+import re
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Any
 
 import fsspec
 from fsspec.core import url_to_fs
@@ -99,6 +102,25 @@ def _temp_name(path: str) -> str:
     """
     head, tail = os.path.split(path)
     return os.path.join(head, f".{tail}.{uuid.uuid4().hex[:12]}.tmp")
+
+
+#: The names `_temp_name` gives.
+_TEMP_NAME = re.compile(r"\..+\.[0-9a-f]{12}\.tmp")
+
+
+def _modified_at(info: dict[str, Any]) -> float | None:
+    """When a file listed by fsspec was last written (seconds since the epoch), or None: each
+    file system names it differently (`mtime` local, `LastModified` s3, `updated` gcs...)."""
+    for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
+        value = info.get(key)
+        if isinstance(value, int | float):
+            return float(value)
+        if isinstance(value, datetime.datetime):
+            return value.timestamp()
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    return None
 
 
 def _copy_hashing(source: IO[bytes], target: IO[bytes]) -> tuple[int, str]:
@@ -280,6 +302,28 @@ class Storage:
         if len(entries) == 1 and str(entries[0]).rstrip("/") == path.rstrip("/"):
             return []  # `rel` is a file, not a directory
         return sorted(names)
+
+    def remove_stale_temporaries(self, rel: str, older_than_s: float) -> list[str]:
+        """Delete the temporary files (`_temp_name`: `.<name>.<hex>.tmp`) under `rel` last
+        modified more than `older_than_s` seconds ago: what writes and uploads killed midway
+        left behind (a live one is younger). Files without a known time are kept. Returns
+        the deleted paths (relative to the root)."""
+        base = self.path("").rstrip("/") + "/"
+        with self._errors("list", rel):
+            try:
+                found = self.fs.find(self.path(rel), detail=True)
+            except FileNotFoundError:
+                return []
+        cutoff = time.time() - older_than_s
+        deleted = []
+        for full, info in found.items():
+            name = posixpath.basename(full)
+            changed = _modified_at(info)
+            if _TEMP_NAME.fullmatch(name) and changed is not None and changed < cutoff:
+                rel_path = full[len(base):] if full.startswith(base) else full
+                self.rm(rel_path)
+                deleted.append(rel_path)
+        return deleted
 
     def rm(self, rel: str, recursive: bool = False) -> None:
         """Delete the file (or, with `recursive`, the directory) `rel`; missing is fine."""

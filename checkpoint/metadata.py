@@ -287,10 +287,14 @@ class CheckpointStore:
         return meta
 
     # ------------------------------------------------------------------ cleanup
-    def prune(self, retain: int, *, keep: Iterable[int] = ()) -> builtins.list[int]:
+    def prune(self, retain: int, *, keep: Iterable[int] = (),
+              temporaries_after_s: float | None = None) -> builtins.list[int]:
         """Keep the newest `retain` complete checkpoints (and `keep`); delete older ones,
-        failed ones older than the newest complete one, and shared files nothing retained
-        references. Returns the deleted checkpoint ids."""
+        failed ones older than the newest complete one, shared files nothing retained
+        references, and (with `temporaries_after_s`) temporary files of writes and uploads
+        that were killed midway, once they are that old. Returns the deleted checkpoint ids."""
+        if temporaries_after_s is not None:
+            self.storage.remove_stale_temporaries("", temporaries_after_s)
         listed = self.list(check_files=False)
         complete = [item for item in listed if item.meta is not None]
         kept = {item.checkpoint_id for item in complete[:retain]} | set(keep)

@@ -229,7 +229,11 @@ class CheckpointCoordinator:
         deleted: list[int] = []
         try:
             keep = [self.restored_from] if self.restored_from is not None else []
-            deleted = self.store.prune(self.job.spec.job.checkpoint.retain, keep=keep)
+            # No upload of a live checkpoint takes longer than its timeout: a temporary file
+            # older than that was left by a killed one.
+            checkpoint = self.job.spec.job.checkpoint
+            deleted = self.store.prune(checkpoint.retain, keep=keep,
+                                       temporaries_after_s=checkpoint.timeout_ms / 1000)
         except Exception as exc:  # the checkpoint stands; old files wait for the next prune
             self.job.reporter.message(f"checkpoint {meta.checkpoint_id}: cleaning up older "
                                       f"checkpoints failed: {exc}")

@@ -343,3 +343,27 @@ def test_at_least_once_commits_every_epoch(spark, tmp_path: Path,
     assert seen[1] > 0  # committed before any checkpoint
     assert job.store.read(job.store.ids()[-1]).sinks == {}
     assert committed(job.out) == expected
+
+
+def test_a_checkpoint_removes_temporary_files_of_killed_uploads(spark, tmp_path: Path) -> None:
+    """An upload killed midway leaves its hidden temporary file: the next checkpoint's prune
+    deletes those older than the checkpoint timeout (a younger one may be a live upload)."""
+    import os
+    import time
+
+    job = Job(tmp_path)
+    root = job.storage / "chk-test" / "checkpoints"
+    stale = root / "shared" / "per_window" / "subtask-0" / ".000012.sst.0123456789ab.tmp"
+    young = root / "shared" / "per_window" / "subtask-1" / ".000013.sst.ba9876543210.tmp"
+    other = root / "shared" / "per_window" / "subtask-0" / ".keep-me"  # not a temporary name
+    for path in (stale, young, other):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"partial")
+    hour_ago = time.time() - 3600
+    os.utime(stale, (hour_ago, hour_ago))
+    os.utime(other, (hour_ago, hour_ago))
+    text = job.text().replace("retain: 2}", "retain: 2, timeout: 10m}")
+    _, events = job.run(spark, text=text)
+    assert [e["status"] for e in events if e["event"] == "checkpoint"][-1] == "completed"
+    assert not stale.exists()
+    assert young.exists() and other.exists()
