@@ -23,6 +23,7 @@ are then uploaded to the staging directory.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -308,6 +309,15 @@ class FilesSink(Sink):
                 raise ConnectorError(msg)
         if self.fs.exists(staging):
             self.fs.rm(staging, recursive=True)
+        self._drop_empty_staging()
+
+    def _drop_empty_staging(self) -> None:
+        """Remove `_staging/` once nothing is staged, so a committed sink holds only its
+        output. Local only: elsewhere directories are prefixes that vanish with their files.
+        `rmdir` fails on a directory that is not empty, so a staged epoch is never lost."""
+        if self.local:
+            with contextlib.suppress(OSError):
+                os.rmdir(f"{self.root.rstrip('/')}/{STAGING}")
 
     def recover(self, committed_epoch: int) -> None:
         """Remove what a dead run staged: every epoch up to `committed_epoch` is committed, so
@@ -321,6 +331,7 @@ class FilesSink(Sink):
         staging = self.staging_dir(epoch)
         if self.fs.exists(staging):
             self.fs.rm(staging, recursive=True)
+        self._drop_empty_staging()
 
     def committed_files(self) -> list[str]:
         """The files readers see now: `part-*.<ext>` directly under `path`, in name order."""

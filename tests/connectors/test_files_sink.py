@@ -68,7 +68,7 @@ def test_files_appear_only_on_commit(make: Any, rows: Any, tmp_path: Path) -> No
     assert names == sink.committed_files()
     assert names == [f"part-00000007-{i:05d}.jsonl" for i in range(len(names))]
     assert 1 <= len(names) <= 2
-    assert not (tmp_path / "_staging" / "epoch-00000007").exists()
+    assert not (tmp_path / "_staging").exists()  # nothing staged: no empty directory left
     lines = [json.loads(line) for n in names for line in (tmp_path / n).read_text().splitlines()]
     assert sorted(lines, key=lambda r: r["user"]) == [
         {"user": "a", "n": 1, "ts": "2026-01-01T00:01:00Z", "day": "2026-01-02",
@@ -200,3 +200,14 @@ def test_iso_timestamps_strip_only_trailing_fraction_zeros(spark: Any) -> None:
     assert json_value(datetime.datetime(2026, 1, 1, 0, 0, 10)) == "2026-01-01T00:00:10Z"
     assert json_value(datetime.datetime(2026, 1, 1, 10, 0, 0, 100000,
                                         tzinfo=datetime.UTC)) == "2026-01-01T10:00:00.1Z"
+
+
+def test_staging_is_removed_only_when_nothing_is_staged(make: Any, rows: Any,
+                                                        tmp_path: Path) -> None:
+    sink = make(tmp_path, "jsonl")
+    first, second = sink.write(1, rows), sink.write(2, rows)
+    sink.commit(1, first)
+    assert [p.name for p in (tmp_path / "_staging").iterdir()] == ["epoch-00000002"]
+    sink.commit(2, second)
+    assert not (tmp_path / "_staging").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == visible(tmp_path)
