@@ -25,8 +25,20 @@ from pathlib import Path
 from typing import Any
 
 from streamer.columns import META, ROW_KIND, ROW_META
+from streamer.exceptions import StreamerError
 
 STATE_BEHIND = "STREAMER_STATE_BEHIND"
+#: Starts the message of a subtask's failed restore. Keyed tasks run inside the Spark job of
+#: whatever consumes them (often a sink's write); the driver finds this text in Spark's error
+#: and reports the epoch as failed restoring the operator's subtask instead.
+RESTORE_ERROR_MARKER = "streamer-restore-error: "
+
+
+class SubtaskRestoreError(StreamerError):
+    """Raised in a keyed task when its subtask's state cannot be restored from a checkpoint
+    or savepoint (a file missing or corrupt, storage unreachable). The message names the
+    operator uid and subtask and the cause; a corrupt checkpoint makes the job fall back to
+    the previous one, otherwise check the storage and run the job again."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +81,16 @@ def prepare(cfg: Any, subtask: int, *, replace: bool = False) -> dict[str, Any]:
     location = SubtaskLocation(cfg.state_root, cfg.job, cfg.uid, subtask)
     if not replace and location.path.exists() and any(location.path.iterdir()):
         return {}
+    try:
+        return _restore(cfg, chk, subtask, location)
+    except Exception as exc:
+        msg = (f"{RESTORE_ERROR_MARKER}operator {cfg.uid!r} subtask {subtask}: "
+               f"{type(exc).__name__}: {exc}")
+        raise SubtaskRestoreError(msg) from exc
+
+
+def _restore(cfg: Any, chk: TaskCheckpointing, subtask: int, location: Any) -> dict[str, Any]:
+    """Restore from the subtask's handle in the latest checkpoint, or from a savepoint."""
     handle = chk.last.get(subtask)
     if handle is None and chk.savepoint_restore is not None:
         return _restore_savepoint(cfg, chk, subtask)

@@ -42,12 +42,15 @@ def guarded(epoch: int, what: str, action: Callable[[], Any]) -> Any:
     try:
         return action()
     except (ReadFailed, SubtaskFailed) as exc:  # on the driver, as a failed task would
-        msg = f"epoch {epoch} failed in {what}: {exc}"
+        msg = _restore_failure(epoch, str(exc)) or f"epoch {epoch} failed in {what}: {exc}"
         raise JobFailedError(msg) from exc
     except StreamerError:
         raise
     except (PySparkException, Py4JJavaError) as exc:
         text = str(exc)
+        restoring = _restore_failure(epoch, text)
+        if restoring:
+            raise JobFailedError(restoring) from exc
         at = text.find(DECODE_ERROR_MARKER)
         if at >= 0:
             detail = text[at + len(DECODE_ERROR_MARKER):].splitlines()[0]
@@ -59,6 +62,19 @@ def guarded(epoch: int, what: str, action: Callable[[], Any]) -> Any:
     except OSError as exc:  # a sink's or the storage's file system failed
         msg = f"epoch {epoch} failed in {what}: {type(exc).__name__}: {exc}"
         raise JobFailedError(msg) from exc
+
+
+def _restore_failure(epoch: int, text: str) -> str | None:
+    """The message of a keyed subtask's failed restore found in an error's text (its task
+    ran in the Spark job of another stage, whose name the failure would otherwise carry)."""
+    from streamer.checkpoint.task import RESTORE_ERROR_MARKER
+
+    at = text.find(RESTORE_ERROR_MARKER)
+    if at < 0:
+        return None
+    detail = text[at + len(RESTORE_ERROR_MARKER):].splitlines()[0]
+    detail = detail.split(" SQLSTATE:")[0].rstrip(". ")
+    return f"epoch {epoch} failed in restoring {detail}"
 
 
 class EpochRunner:
