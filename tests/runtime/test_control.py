@@ -64,6 +64,7 @@ def test_a_fresh_run_whose_process_cannot_be_checked_here_is_alive(
 def _race(storage: str, contenders: int, round_: int) -> tuple[list[str], list[str]]:
     """`contenders` threads claim the job at once; the run ids that won and the refusals."""
     barrier = threading.Barrier(contenders)
+    done = threading.Barrier(contenders)
     won: list[str] = []
     refused: list[str] = []
 
@@ -75,8 +76,10 @@ def _race(storage: str, contenders: int, round_: int) -> tuple[list[str], list[s
             registry.claim(run_id, {})
         except JobAlreadyRunningError as exc:
             refused.append(str(exc))
+            done.wait()
         else:
             won.append(run_id)
+            done.wait()  # still running while the others claim
             registry.close("finished")  # the next round may claim it again
 
     threads = [threading.Thread(target=contend, args=(i,)) for i in range(contenders)]
