@@ -96,6 +96,14 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def _write_synced(path: str, data: bytes) -> None:
+    """Write `data` to the new local file `path` and flush it to disk."""
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
 def _temp_name(path: str) -> str:
     """A temporary name in the directory of `path`, never equal to a final name (dot-prefixed,
     `.tmp`-suffixed).
@@ -202,10 +210,7 @@ class Storage:
                 os.makedirs(parent, exist_ok=True)
                 tmp = _temp_name(path)
                 try:
-                    with open(tmp, "wb") as fh:
-                        fh.write(data)
-                        fh.flush()
-                        os.fsync(fh.fileno())
+                    _write_synced(tmp, data)
                     os.replace(tmp, path)
                 except BaseException:
                     with contextlib.suppress(OSError):
@@ -249,10 +254,7 @@ class Storage:
         os.makedirs(parent, exist_ok=True)
         tmp = _temp_name(path)
         try:
-            with open(tmp, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
+            _write_synced(tmp, data)
             try:
                 os.link(tmp, path)
             except FileExistsError:
