@@ -48,8 +48,8 @@ def iso(ms: int) -> str:
 
 
 def write_lines(directory: Path, seed: int = 7) -> tuple[list[dict], dict[str, str]]:
-    """20,000 jsonl lines in 4 files, 200 of them bad (50 of each of `KINDS`). Returns the
-    good records and, per bad line's text, its kind."""
+    """20,000 jsonl lines in 4 files, 200 of them bad (50 of each of `KINDS`); some good
+    ones have a null key. Returns the good records and, per bad line's text, its kind."""
     rng = random.Random(seed)
     bad_at = rng.sample(range(LINES), 200)
     kind_of = {i: KINDS[j % 4] for j, i in enumerate(bad_at)}
@@ -59,7 +59,10 @@ def write_lines(directory: Path, seed: int = 7) -> tuple[list[dict], dict[str, s
     for f in range(FILES):
         lines = []
         for i in range(f * per_file, (f + 1) * per_file):
-            record = {"user": f"u{rng.randrange(30)}", "n": i, "ts": iso(BASE_MS + i * 100)}
+            user = f"u{rng.randrange(30)}"
+            # A null key is a key (SQL's rule), for every keyed operator.
+            record = {"user": None if i % 499 == 0 else user, "n": i,
+                      "ts": iso(BASE_MS + i * 100)}
             kind = kind_of.get(i)
             if kind is None:
                 good.append(record)
@@ -140,7 +143,7 @@ def test_windows_over_good_records_are_exact_and_every_bad_record_is_a_dead_lett
             aggregate: {{n: count()}}{sinks(out, dlq, "per_minute")}
         """)
     expected = Counter((r["user"], (BASE_MS + r["n"] * 100) // 60_000 * 60_000) for r in good)
-    got = {(r["user"], int(datetime.datetime.fromisoformat(r["window_start"]).timestamp()
+    got = {(r.get("user"), int(datetime.datetime.fromisoformat(r["window_start"]).timestamp()
                            * 1000)): r["n"] for r in committed(out)}
     assert got == dict(expected)
     check_dead_letters(dlq, bad, data)
@@ -191,7 +194,7 @@ def test_dedupe_sends_null_event_times_to_dead_letters(spark, tmp_path: Path) ->
     first: dict[str, int] = {}
     for r in good:
         first[r["user"]] = min(first.get(r["user"], r["n"]), r["n"])
-    assert {r["user"]: r["n"] for r in committed(out)} == first
+    assert {r.get("user"): r["n"] for r in committed(out)} == first
     check_dead_letters(dlq, bad, data)
     assert result.dead_letters == 200
 
@@ -212,7 +215,7 @@ def test_process_function_gets_only_records_with_event_time(spark, tmp_path: Pat
     assert len(rows) == len(good) and all(r["at"] is not None for r in rows)
     most: dict[str, int] = {}
     for r in rows:
-        most[r["user"]] = max(most.get(r["user"], 0), r["seen"])
+        most[r.get("user")] = max(most.get(r.get("user"), 0), r["seen"])
     assert most == dict(Counter(r["user"] for r in good))
     check_dead_letters(dlq, bad, data)
     assert result.dead_letters == 200
@@ -268,7 +271,7 @@ def test_parquet_read_by_the_keyed_subtasks_with_null_event_times(spark, tmp_pat
             aggregate: {{n: count()}}{sinks(out, dlq, "per_minute")}
         """)
     expected = Counter((r["user"], r["ms"] // 60_000 * 60_000) for r in good)
-    got = {(r["user"], int(datetime.datetime.fromisoformat(r["window_start"]).timestamp()
+    got = {(r.get("user"), int(datetime.datetime.fromisoformat(r["window_start"]).timestamp()
                            * 1000)): r["n"] for r in committed(out)}
     assert got == dict(expected)
     dead = committed(dlq)
@@ -316,3 +319,29 @@ def test_without_on_error_a_null_event_time_fails_the_run_naming_source_and_reco
 
     with pytest.raises(DecodeError, match="source 'events' read a record whose event time"):
         run(spark, pipeline.read_text())
+
+
+def test_a_key_column_that_cannot_be_hashed_is_refused_before_the_run(spark, tmp_path) -> None:
+    from streamer.exceptions import StreamerError
+
+    with pytest.raises(StreamerError, match=r"key_by column 'tags' of operator 'per_tags' is "
+                       r"array<string>, which cannot be a key"):
+        run(spark, f"""
+            name: array-key
+            sources:
+              - id: gen
+                type: datagen
+                limit: 10
+                fields: {{tags: "array(cast(offset as string))"}}
+            operators:
+              - id: per_tags
+                input: gen
+                key_by: [tags]
+                aggregate: {{n: count()}}
+            sinks:
+              - id: out
+                type: files
+                input: per_tags
+                path: {tmp_path / 'out'}
+                format: jsonl
+            """)
