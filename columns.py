@@ -30,6 +30,11 @@ ROUTE = "__route"
 #: True on the one empty row per subtask that makes every subtask's task run, input or not.
 DUMMY = "__dummy"
 
+# --------------------------------------------------------------------------- metrics
+#: What a sink's row counts as in the epoch's metrics (`out`, `dead_letters`, `late`), while
+#: a sink's inputs of several kinds are unioned and counted (dropped before it writes).
+COUNT_AS = "__count_as"
+
 # --------------------------------------------------------------------------- partials
 #: The prefix of a pre-aggregated partial's column: `partial(i)` is the i-th (`__p<i>`).
 PARTIAL_PREFIX = "__p"

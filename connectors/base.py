@@ -95,6 +95,10 @@ class SourceRead:
     #: With `local`, the exact number of `records` when the source knows it without
     #: evaluating them (else the driver counts them).
     local_rows: int | None = None
+    #: Columns of `records` giving each record's `split` and `offset` for a dead letter of a
+    #: record that fails after decoding (its event time is null); the runtime drops them.
+    #: None: the source gives no position (the dead letter's split and offset are null).
+    position: tuple[str, str] | None = None
 
 
 class Source(ABC):

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 DEFAULT_MAX_RECORDS_PER_EPOCH = 1_000_000
 #: The column naming each record's split (`SourceRead.split_column`; the runtime drops it).
 _SPLIT_COLUMN = "__split"
+#: The column naming each record's offset (`SourceRead.position`; the runtime drops it).
+_OFFSET_COLUMN = "__offset"
 
 
 class DatagenSource(Source):
@@ -190,13 +192,14 @@ class DatagenSource(Source):
         base = (self._local_sql if local else self._base_sql)(
             payload["start"], payload["counts"], payload["generated_at"])
         columns = [f"({expr}) AS `{name}`" for name, expr in self.fields]
-        split_column = None
-        if self.spec.event_time:  # the split only matters for per-split watermarks
-            columns.append(f"CAST(split AS STRING) AS {_SPLIT_COLUMN}")
-            split_column = _SPLIT_COLUMN
+        split_column = position = None
+        if self.spec.event_time:  # per-split watermarks, and where a bad event time was
+            columns += [f"CAST(split AS STRING) AS {_SPLIT_COLUMN}",
+                        f"CAST(offset AS STRING) AS {_OFFSET_COLUMN}"]
+            split_column, position = _SPLIT_COLUMN, (_SPLIT_COLUMN, _OFFSET_COLUMN)
         return SourceRead(records=self.ctx.spark.sql(f"SELECT {', '.join(columns)} FROM ({base})"),
                           split_column=split_column, local=local,
-                          local_rows=rows if local else None)
+                          local_rows=rows if local else None, position=position)
 
     def exhausted(self, offsets: Mapping[str, Any]) -> bool:
         """True when `limit` is set and every split has produced `limit` rows."""

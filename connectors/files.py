@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 INFER_MAX_FILES = 10
 SPLIT = "files"
 _SPLIT_COLUMN = "__streamer_file"
+#: A parquet record's row index in its file (`SourceRead.position`).
+_ROW_COLUMN = "__streamer_row"
 
 
 def spark_path(local_path: str, *, for_read: bool = True) -> str:
@@ -124,6 +126,27 @@ def _arrow_compatible(found: DataType, wanted: DataType) -> bool:
                                                                    f.dataType)
                    for f in wanted.fields)
     return type(found) is type(wanted)
+
+
+def _event_times_plain(path: str, ts_column: str) -> bool:
+    """Whether the local parquet file's `ts_column` is a zoned timestamp whose statistics
+    say it has no null in any row group (one footer read)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(path).metadata
+    field = next(f for f in meta.schema.to_arrow_schema() if f.name.lower() == ts_column.lower())
+    if not (pa.types.is_timestamp(field.type) and field.type.tz):
+        return False
+    for i in range(meta.num_row_groups):
+        group = meta.row_group(i)
+        for j in range(group.num_columns):
+            chunk = group.column(j)
+            if chunk.path_in_schema == field.name:
+                stats = chunk.statistics
+                if stats is None or not stats.has_null_count or stats.null_count:
+                    return False
+    return True
 
 
 class FilesSource(Source):
@@ -286,13 +309,19 @@ class FilesSource(Source):
         reader = self.ctx.spark.read
         if self.format == "text":  # every line is a record; nothing can fail to decode
             return SourceRead(records=reader.text(paths).withColumnRenamed("value", "line"))
+        # With an event time, each record keeps its file for a dead letter of a null one.
+        position = (_SPLIT_COLUMN, _SPLIT_COLUMN) if self.spec.event_time else None
         if self.format == "jsonl":
             from pyspark.sql import functions as F
 
             text = reader.text(paths)
             split = self._split_column(local)
-            lines = text.select(F.col("value"), split.alias("split"), split.alias("offset"))
-            return decode_json_lines(self.ctx.spark, lines, schema, self.spec)
+            lines = text.select(F.col("value"), split.alias("split"), split.alias("offset"),
+                                *([split.alias(_SPLIT_COLUMN)] if position else []))
+            decoded = decode_json_lines(self.ctx.spark, lines, schema, self.spec,
+                                        extra=(_SPLIT_COLUMN,) if position else ())
+            decoded.position = position
+            return decoded
         from pyspark.sql.types import StringType, StructField, StructType
 
         with_corrupt = StructType([*schema.fields, StructField(CORRUPT_COLUMN, StringType())])
@@ -302,8 +331,11 @@ class FilesSource(Source):
         names = schema.fieldNames()
         df = raw.select(*[column(n) for n in names], column(CORRUPT_COLUMN),
                         self._split_column(local).alias(_SPLIT_COLUMN))
-        return guard_or_split(df, self.spec, CORRUPT_COLUMN, _SPLIT_COLUMN, _SPLIT_COLUMN,
-                              CORRUPT_COLUMN, columns=names, raw_file_scan=True)
+        decoded = guard_or_split(df, self.spec, CORRUPT_COLUMN, _SPLIT_COLUMN, _SPLIT_COLUMN,
+                                 CORRUPT_COLUMN, raw_file_scan=True,
+                                 columns=[*names, _SPLIT_COLUMN] if position else names)
+        decoded.position = position
+        return decoded
 
     def parquet_problem(self, name: str, schema: StructType) -> str | None:
         """Why the parquet file `name` cannot be read with `schema`, or None if it can."""
@@ -357,19 +389,15 @@ class FilesSource(Source):
         """For a keyed stage that reads the slice itself (`operators/direct.py`): (the local
         parquet files it can read, the dead letters of the others), or None when it cannot,
         so Spark reads the slice: a file's event-time column is a timestamp without a time
-        zone (whose instant Spark derives from its session time zone)."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
+        zone (whose instant Spark derives from its session time zone), or its footer does
+        not say that the column has no nulls (a record without event time is a bad record,
+        which the Spark path sends to `on_error` or reports: `runtime.stages.event_time`)."""
         if self.format != "parquet" or not self.local:
             return None
         good, dead = self._sort_parquet(list(piece.payload["files"]))
-        if ts_column is not None:
-            for name in good:
-                found = pq.read_schema(name)
-                field = next(f for f in found if f.name.lower() == ts_column.lower())
-                if not (pa.types.is_timestamp(field.type) and field.type.tz):
-                    return None
+        if ts_column is not None and not all(_event_times_plain(name, ts_column)
+                                             for name in good):
+            return None
         return good, self._dead_frame(dead) if dead else None
 
     def _read_parquet(self, files: list[str]) -> SourceRead:
@@ -380,7 +408,18 @@ class FilesSource(Source):
         if good:
             paths = [spark_path(p) for p in self._spark_paths(good).values()]
             records: DataFrame = spark.read.schema(schema).parquet(*paths)
-            records = records.select(*[column(n) for n in schema.fieldNames()])
+            where: list[Column] = []
+            if self.spec.event_time:  # a null event time's dead letter: file and row index
+                from pyspark.sql import functions as F
+
+                where = [self._split_column(self._spark_paths(good)).alias(_SPLIT_COLUMN),
+                         F.col("_metadata.row_index").cast("string").alias(_ROW_COLUMN)]
+            records = records.select(*[column(n) for n in schema.fieldNames()], *where)
         else:
             records = spark.createDataFrame([], schema)
-        return SourceRead(records=records, dead_letters=self._dead_frame(dead))
+            if self.spec.event_time:
+                records = records.selectExpr("*", f"CAST(NULL AS STRING) AS {_SPLIT_COLUMN}",
+                                             f"CAST(NULL AS STRING) AS {_ROW_COLUMN}")
+        return SourceRead(records=records, dead_letters=self._dead_frame(dead),
+                          position=((_SPLIT_COLUMN, _ROW_COLUMN) if self.spec.event_time
+                                    else None))

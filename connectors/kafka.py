@@ -54,6 +54,7 @@ READ_TIMEOUT_S = 60.0
 RAW_DDL = ("key binary, value binary, topic string, partition int, offset bigint, "
            "timestamp timestamp")
 _SPLIT = "__streamer_kafka_split"
+_OFFSET = "__streamer_kafka_offset"
 _TS = "__streamer_kafka_timestamp"
 CLIENTS = ("confluent", "spark")
 
@@ -361,20 +362,26 @@ class KafkaSource(Source):
                                        "timestamp")]
             if self.record_timestamp:
                 cols.append(F.col("timestamp").alias(self.record_timestamp))
-            return SourceRead(records=raw.select(*cols, split.alias(_SPLIT)),
-                              split_column=_SPLIT, local=local is not None)
+            return SourceRead(records=raw.select(*cols, split.alias(_SPLIT),
+                                                 F.col("offset").cast("string").alias(_OFFSET)),
+                              split_column=_SPLIT, local=local is not None,
+                              position=(_SPLIT, _OFFSET))
+        carried = [split.alias(_SPLIT), F.col("timestamp").alias(_TS)]
+        if self.spec.event_time:  # where a record whose event time is null was
+            carried.append(F.col("offset").cast("string").alias(_OFFSET))
         lines = raw.select(F.col("value").cast("string").alias("value"),
-                           split.alias("split"), F.col("offset").alias("offset"),
-                           split.alias(_SPLIT), F.col("timestamp").alias(_TS))
+                           split.alias("split"), F.col("offset").alias("offset"), *carried)
+        extra = (_SPLIT, _TS, _OFFSET) if self.spec.event_time else (_SPLIT, _TS)
         decoded = decode_json_lines(self.ctx.spark, lines, self.schema_without_timestamp(),
-                                    self.spec, extra=(_SPLIT, _TS), local=local is not None)
+                                    self.spec, extra=extra, local=local is not None)
         records = decoded.records
         if self.record_timestamp:
             records = records.withColumnRenamed(_TS, self.record_timestamp)
         else:
             records = records.drop(_TS)
         return SourceRead(records=records, dead_letters=decoded.dead_letters,
-                          split_column=_SPLIT, local=local is not None)
+                          split_column=_SPLIT, local=local is not None,
+                          position=(_SPLIT, _OFFSET) if self.spec.event_time else None)
 
     def schema_without_timestamp(self) -> StructType:
         """The decoded value's columns (the schema less `record_timestamp`)."""

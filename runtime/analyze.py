@@ -152,6 +152,17 @@ class Analyzer:
                     path = (*o.path, "key_by")
                 self.report(path, f"key_by column {key!r} of {owner} is not in its input"
                             f"{did_you_mean(key, columns, listing='columns')}")
+        types = {f.name: f.dataType for f in df.schema.fields}
+        for i, key in enumerate(o.key_by):
+            kind = type(types[key]).__name__ if key in types else None
+            if kind in ("ArrayType", "MapType", "StructType", "VariantType"):
+                path = (*o.path, "key_by", i)
+                if path not in self.spec.positions.values:
+                    path = (*o.path, "key_by")
+                self.report(path, f"key_by column {key!r} of {owner} is "
+                            f"{types[key].simpleString()}, which cannot be a key (no value of "
+                            "it can be hashed into a key group); key by atomic columns, e.g. "
+                            f"with_columns: {{{key}_key: \"to_json({key})\"}}")
         ok = all(key in columns for key in o.key_by)
         if o.process is not None:
             from streamer.operators.process import ProcessFunctionError, load_function_class

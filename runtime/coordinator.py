@@ -55,6 +55,9 @@ class JobResult:
     records_out: int
     dead_letters: int
     reason: str
+    #: Records sent to `late:` outputs, and records removed by filters (see EpochMetrics).
+    late: int = 0
+    filtered: int = 0
     offsets: dict[str, Any] = field(default_factory=dict)
     metrics: list[EpochMetrics] = field(default_factory=list)
     #: Checkpoints completed by this run, the one it resumed from, restarts it made.
@@ -67,7 +70,8 @@ class JobResult:
         """A JSON-able summary."""
         return {"status": self.status, "epochs": self.epochs, "records_in": self.records_in,
                 "records_out": self.records_out, "dead_letters": self.dead_letters,
-                "reason": self.reason, "checkpoints": len(self.checkpoints),
+                "late": self.late, "filtered": self.filtered, "reason": self.reason,
+                "checkpoints": len(self.checkpoints),
                 "restored_from": self.restored_from, "restarts": self.restarts,
                 "savepoints": self.savepoints}
 
@@ -429,6 +433,7 @@ class JobRunner:
             records_in=sum(m.total_in for m in history),
             records_out=sum(m.total_out for m in history),
             dead_letters=sum(m.dead_letters for m in history),
+            late=sum(m.late for m in history), filtered=sum(m.filtered for m in history),
             reason=reason, offsets={k: dict(v) for k, v in self.job.offsets.items()},
             metrics=history, checkpoints=list(self.checkpoints.completed),
             restored_from=self.checkpoints.result_restored_from)

@@ -23,7 +23,7 @@ from streamer.runtime.jobcontrol import JobControl
 from streamer.runtime.metrics import EpochMetrics
 from streamer.runtime.plan import decide
 from streamer.runtime.savepoints import complete_savepoint
-from streamer.runtime.stages.base import EpochContext, Stage
+from streamer.runtime.stages.base import DEAD, LATE, EpochContext, Stage
 
 if TYPE_CHECKING:
     from streamer.connectors.base import SourceSlice
@@ -237,8 +237,8 @@ class EpochRunner:
             duration_ms=(time.monotonic() - t0) * 1000 + plan_ms,
             records_in={k: int(o.get.get("n") or 0) for k, o in ctx.seen_in.items()},
             records_out=records_out,
-            dead_letters=sum(n for k, n in records_out.items()
-                             if k in job.spec.dead_letter_sinks),
+            dead_letters=ctx.count_of(DEAD), late=ctx.count_of(LATE),
+            filtered=sum(int(seen.get.get("filtered") or 0) for seen in ctx.seen_filtered),
             lag={sid: src.lag(job.offsets[sid], now) for sid, src in job.sources.items()},
             plan_ms=plan_ms, run_ms=run_ms, commit_ms=(time.monotonic() - t1) * 1000,
             watermark=(job.tracker.current if any(s.event_time for s in job.spec.sources)

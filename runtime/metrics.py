@@ -21,9 +21,16 @@ class EpochMetrics:
     epoch: int
     started_at: float
     duration_ms: float
+    #: Per source, the records it read that entered the dataflow (decoded, with an event
+    #: time when it has one); per sink, the rows it received (of every kind below).
     records_in: dict[str, int] = field(default_factory=dict)
     records_out: dict[str, int] = field(default_factory=dict)
+    #: Bad records sent to an `on_error` sink (undecodable, or without event time).
     dead_letters: int = 0
+    #: Records sent to a window's `late:` output.
+    late: int = 0
+    #: Records that filter operators removed.
+    filtered: int = 0
     lag: dict[str, int | None] = field(default_factory=dict)
     plan_ms: float = 0.0
     run_ms: float = 0.0
@@ -64,6 +71,11 @@ class EpochMetrics:
         return sum(self.records_out.values())
 
     @property
+    def total_read(self) -> int:
+        """Records the sources read, good or bad: records in plus dead letters."""
+        return self.total_in + self.dead_letters
+
+    @property
     def rate(self) -> float:
         """Records in per second of epoch time."""
         return self.total_in / (self.duration_ms / 1000) if self.duration_ms > 0 else 0.0
@@ -72,7 +84,8 @@ class EpochMetrics:
         """A JSON-able record (one line of `--json` output)."""
         out = asdict(self)
         out.update(event="epoch", records_in_total=self.total_in,
-                   records_out_total=self.total_out, rate=round(self.rate, 1))
+                   records_out_total=self.total_out, records_read_total=self.total_read,
+                   rate=round(self.rate, 1))
         return out
 
 

@@ -28,6 +28,11 @@ if TYPE_CHECKING:
     from streamer.connectors.base import SourceSlice
 
 
+#: What the rows a sink receives count as in the epoch's metrics: output, dead letters (bad
+#: records, from a source's `on_error`) or late records (a window's `late:` output).
+OUT, DEAD, LATE = "out", "dead_letters", "late"
+
+
 @dataclass(frozen=True)
 class EpochDecision:
     """What the one per-epoch decision point (`runtime.plan.decide`) chose for an epoch."""
@@ -63,12 +68,16 @@ class EpochContext:
     guard: Callable[[str, Callable[[], Any]], Any]
     #: Per node id, its output this epoch (None: no rows this epoch).
     frames: dict[str, DataFrame | None] = field(default_factory=dict)
-    #: Sink id -> further inputs: dead letters, late records, side outputs.
-    extra: dict[str, list[DataFrame]] = field(default_factory=dict)
+    #: Sink id -> further inputs (dead letters, late records, side outputs), each with what
+    #: its rows count as (`OUT`, `DEAD`, `LATE`).
+    extra: dict[str, list[tuple[DataFrame, str]]] = field(default_factory=dict)
     #: Source id -> what an `Observation` of its read gives (`.get`: `n`, `ts<i>`).
     seen_in: dict[str, Any] = field(default_factory=dict)
-    #: Sink id -> the same for its input (`n`).
+    #: Sink id -> the same for its input (`n`, and per kind of row `n_<kind>`).
     seen_out: dict[str, Any] = field(default_factory=dict)
+    #: Per stateless chain with filters, what its observation gives: `filtered`, the records
+    #: its filters removed.
+    seen_filtered: list[Any] = field(default_factory=list)
     #: Keyed node id -> per-subtask metadata (complete once the epoch's jobs ran).
     keyed_metas: dict[str, Any] = field(default_factory=dict)
     #: What ran as a local epoch (Spark evaluated it on the driver, no job).
@@ -91,9 +100,14 @@ class EpochContext:
         """The frames of `node_ids` that have rows this epoch."""
         return [f for i in node_ids if (f := self.frames.get(i)) is not None]
 
-    def route(self, sink_id: str, df: DataFrame) -> None:
-        """Send `df` to sink `sink_id` as a further input (dead letters, late, sides)."""
-        self.extra.setdefault(sink_id, []).append(df)
+    def route(self, sink_id: str, df: DataFrame, kind: str = OUT) -> None:
+        """Send `df` to sink `sink_id` as a further input (dead letters, late, sides), its
+        rows counted as `kind`."""
+        self.extra.setdefault(sink_id, []).append((df, kind))
+
+    def count_of(self, kind: str) -> int:
+        """The rows of `kind` the sinks received this epoch (after their jobs ran)."""
+        return sum(int(seen.get.get(f"n_{kind}") or 0) for seen in self.seen_out.values())
 
 
 class Stage(ABC):

@@ -27,7 +27,7 @@ from streamer.operators.direct import DIRECT_AGGREGATES, ipc_bytes
 from streamer.operators.stateless import union
 from streamer.runtime.keyed import DirectShape, KeyedResult, KeyedStage
 from streamer.runtime.local import local_table
-from streamer.runtime.stages.base import EpochContext, Stage
+from streamer.runtime.stages.base import LATE, EpochContext, Stage
 from streamer.runtime.stages.sources import DirectSeen
 
 if TYPE_CHECKING:
@@ -181,7 +181,7 @@ class KeyedOperatorStage(Stage):
         ctx.frames[node_id] = result.output
         late_sink = stage.op.window.late if stage.op.window else None
         if result.late is not None and late_sink:
-            ctx.route(late_sink, result.late)
+            ctx.route(late_sink, result.late, LATE)
         for name, sink_id in stage.op.side_outputs:
             if name in result.sides:
                 ctx.route(sink_id, result.sides[name])

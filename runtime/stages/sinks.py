@@ -13,12 +13,15 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from streamer.columns import COUNT_AS
 from streamer.operators.stateless import union
 from streamer.runtime.keyed import visible
 from streamer.runtime.local import LocalSeen, local_table
-from streamer.runtime.stages.base import EpochContext, Stage
+from streamer.runtime.stages.base import OUT, EpochContext, Stage
 
 if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
     from streamer.connectors.base import Sink
 
 
@@ -34,29 +37,46 @@ class SparkWriterSink(Stage):
         self.inputs = inputs
 
     def run(self, ctx: EpochContext) -> None:
-        """Pre-commit the epoch's rows, if any, and observe how many there were."""
+        """Pre-commit the epoch's rows, if any, and observe how many there were of each
+        kind (`OUT`, `DEAD`, `LATE`: a column tags each input's rows when they are mixed)."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
         sink_id, sink = self.node_id, self.sink
-        present = [*ctx.inputs(self.inputs), *ctx.extra.get(sink_id, [])]
+        present = [*((f, OUT) for f in ctx.inputs(self.inputs)), *ctx.extra.get(sink_id, [])]
         if not present:
             return
+        kinds = sorted({kind for _, kind in present})
+        frames = [visible(f) for f, _ in present]
+        if len(kinds) > 1:
+            frames = [f.withColumn(COUNT_AS, F.lit(kind))
+                      for f, (_, kind) in zip(frames, present, strict=True)]
+        rows = union(frames)
         what = f"writing sink {sink_id!r}"
         if ctx.ran_local and sink.takes_tables:
-            table = ctx.guard(what, partial(local_table, sink.table_of(visible(union(
-                [visible(f) for f in present])))))
+            table = ctx.guard(what, partial(local_table, sink.table_of(visible(rows))))
             if table is not None:  # the rows, collected on the driver without a job
-                ctx.seen_out[sink_id] = LocalSeen({"n": table.num_rows})
+                ctx.seen_out[sink_id] = LocalSeen(self._local_counts(rows, kinds,
+                                                                     table.num_rows))
                 ctx.ran_local.append(sink_id)
                 ctx.handles[sink_id] = ctx.guard(what, partial(sink.write_table, ctx.epoch,
                                                                table))
                 return
         obs = Observation(f"out_{sink_id}_{ctx.epoch}")
         ctx.seen_out[sink_id] = obs
-        df = visible(union([visible(f) for f in present])).observe(
-            obs, F.count(F.lit(1)).alias("n"))
+        counts = ([F.count(F.lit(1)).alias(f"n_{kinds[0]}")] if len(kinds) == 1 else
+                  [F.count_if(F.col(COUNT_AS) == F.lit(k)).alias(f"n_{k}") for k in kinds])
+        df = visible(rows.observe(obs, F.count(F.lit(1)).alias("n"), *counts))
         ctx.handles[sink_id] = ctx.guard(what, partial(sink.write, ctx.epoch, df))
+
+    @staticmethod
+    def _local_counts(rows: DataFrame, kinds: list[str], n: int) -> dict[str, int]:
+        """`n` and the rows of each kind of a local epoch's rows, counted on the driver."""
+        if len(kinds) == 1:
+            return {"n": n, f"n_{kinds[0]}": n}
+        tags = local_table(rows.select(COUNT_AS))
+        values = tags.column(0).to_pylist() if tags is not None else []
+        return {"n": n, **{f"n_{k}": values.count(k) for k in kinds}}
 
 
 class SubtaskWrittenSink(SparkWriterSink):
@@ -86,4 +106,5 @@ class TaskRows:
     @property
     def get(self) -> dict[str, Any]:
         """`n`: the rows the subtasks wrote."""
-        return {"n": sum(int(m.get("sink_rows", 0)) for m in self.metas)}
+        n = sum(int(m.get("sink_rows", 0)) for m in self.metas)
+        return {"n": n, f"n_{OUT}": n}

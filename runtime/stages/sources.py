@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from streamer.columns import EVENT_TIME
 from streamer.runtime.local import LocalSeen, local_table
-from streamer.runtime.stages.base import EpochContext, Stage
+from streamer.runtime.stages.base import DEAD, EpochContext, Stage
+from streamer.runtime.stages.event_time import with_event_time
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -50,8 +51,10 @@ class ScanSource(Stage):
         records = read.records
         stats = [F.count(F.lit(1)).alias("n")]
         event_time = self.spec.event_time
-        if event_time:
-            records = records.withColumn(EVENT_TIME, F.expr(event_time))
+        if event_time:  # a record without event time is a bad record (`stages.event_time`)
+            records, null_times = with_event_time(records, read, self.spec)
+            if null_times is not None and self.spec.on_error:
+                ctx.route(self.spec.on_error, null_times, DEAD)
             ms = F.expr(f"unix_millis({EVENT_TIME})")
             if read.split_column:
                 split_col = F.col(read.split_column)
@@ -71,11 +74,12 @@ class ScanSource(Stage):
             obs = Observation(f"in_{self.node_id}_{ctx.epoch}")
             ctx.seen_in[self.node_id] = obs
             records = records.observe(obs, *stats)
-        if read.split_column:
-            records = records.drop(read.split_column)
+        dropped = {read.split_column, *(read.position or ())} - {None, EVENT_TIME}
+        if dropped:
+            records = records.drop(*dropped)
         ctx.frames[self.node_id] = records
         if read.dead_letters is not None and self.spec.on_error:
-            ctx.route(self.spec.on_error, read.dead_letters)
+            ctx.route(self.spec.on_error, read.dead_letters, DEAD)
 
 
 class SubtaskReadSource(ScanSource):
@@ -92,7 +96,7 @@ class SubtaskReadSource(ScanSource):
         ctx.frames[self.node_id] = None
         dead_letters = found[2]
         if dead_letters is not None and self.spec.on_error:
-            ctx.route(self.spec.on_error, dead_letters)
+            ctx.route(self.spec.on_error, dead_letters, DEAD)
 
 
 class DirectSeen:

@@ -64,9 +64,10 @@ def test_one_partition_per_split_and_columns_in_field_order(make: Any, event_tim
                   **({"event_time": event_time} if event_time else {}))
     read = source.read(source.plan(source.initial_offsets(), 0))
     df = read.records
-    if source.spec.event_time:  # per-split watermarks; the runtime drops the column
-        assert read.split_column == "__split"
-        assert df.columns == ["user", "ts", "s", "o", "__split"]
+    if source.spec.event_time:  # per-split watermarks and where a bad event time was;
+        assert read.split_column == "__split"  # the runtime drops the columns
+        assert read.position == ("__split", "__offset")
+        assert df.columns == ["user", "ts", "s", "o", "__split", "__offset"]
         assert {r["__split"]: r["s"] for r in df.collect()} == {"0": 0, "1": 1, "2": 2}
     else:
         assert read.split_column is None
