@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -271,3 +271,66 @@ def test_ten_thousand_operators(tmp_path: Path) -> None:
             "sinks:", "  - {id: out, type: console, input: [w1, nope]}"]
     path.write_text("\n".join(wide) + "\n")
     check_validate(path)
+
+
+# ------------------------------------------------------------------- through `streamer run`
+LEAF_OPS = st.sampled_from(["drop", "retype", "swap", "rename"])
+RUN_VALUES = st.one_of(
+    st.none(), st.integers(-3, 5), st.sampled_from(
+        ["", "0", "1s", "x", "offset", "count()", "n > 1", "string", "cast(x as int)",
+         "memory", "jsonl", "csv", "parquet", "1m", "-1", "[", "user"]),
+    st.lists(st.sampled_from(["user", "n", "offset"]), max_size=2))
+RUN_MUTATION = st.tuples(LEAF_OPS, st.integers(0, 10_000), st.integers(0, 10_000), RUN_VALUES,
+                         st.sampled_from(["", "limit", "id", "uid"]))
+#: Same-type changes of a leaf, which mostly still validate and so reach Spark.
+LEAF_STRINGS = st.sampled_from(
+    ["offset", "n > 1", "cast(offset as string)", "nope_column", "1/0", "null", "user",
+     "concat(user, 1)", "timestamp_millis(offset)", "x'ff'", "", "1s", "0s", "999d"])
+LEAF_CHANGE = st.tuples(st.integers(0, 10_000), LEAF_STRINGS, st.integers(-1, 7))
+
+
+def change_leaves(data: Any, changes: list[tuple[int, str, int]]) -> Any:
+    """Replace string leaves by other strings and int leaves by other ints."""
+    data = copy.deepcopy(data)
+    for where, text, number in changes:
+        leaves = [p for p in _paths(data) if p and isinstance(_get(data, p), str | int)]
+        path = leaves[where % len(leaves)]
+        parent, old = _get(data, path[:-1]), _get(data, path)
+        parent[path[-1]] = number if isinstance(old, int) and not isinstance(old, bool) else text
+    return data
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A working directory with the examples' data and modules, so relative paths resolve
+    and their sinks write under the test's temp directory, not the repository."""
+    work = tmp_path_factory.mktemp("fuzz-run")
+    (work / "pipelines").mkdir()
+    (work / "pipelines" / "data").symlink_to(REPO / "pipelines" / "data")
+    for module in (REPO / "pipelines").glob("*.py"):
+        (work / module.name).write_text(module.read_text())
+    return work
+
+
+@pytest.mark.spark
+@settings(max_examples=12, deadline=None, database=None,
+          # no shrinking: each example is a Spark run; the failing example is printed as is
+          phases=[Phase.explicit, Phase.generate],
+          suppress_health_check=list(HealthCheck))
+@given(name=st.sampled_from(PIPELINE_NAMES),
+       mutations=st.lists(RUN_MUTATION, max_size=1),
+       changes=st.lists(LEAF_CHANGE, min_size=1, max_size=2))
+@example(name="wordcount.yaml", mutations=[("retype", 0, 0, None, "")], changes=[])
+def test_mutated_pipelines_run_or_fail_cleanly(spark, run_dir: Path, name: str,
+                                               mutations: list[Any], changes: list[Any],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(run_dir)
+    data = change_leaves(mutate(_load(REPO / "pipelines" / name), mutations), changes)
+    path = run_dir / name
+    path.write_text(dump(data))
+    result = runner.invoke(app, ["run", str(path), "--max-epochs", "1", "--no-checkpoints",
+                                 "--no-ui", "--quiet"])
+    assert not isinstance(result.exception, Exception) or isinstance(
+        result.exception, SystemExit), (result.exception, result.output[-3000:])
+    assert "Traceback" not in result.output, result.output[-3000:]
+    assert result.exit_code in (0, 1), (result.exit_code, result.output[-3000:], dump(data))
