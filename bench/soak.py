@@ -326,6 +326,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     g = growth(samples)
     print("# growth after warm-up: " + ", ".join(f"{k} {v:+.1f}" for k, v in g.items()))
+    # a plateau (a JVM heap filling up to -Xmx) grows early; a leak grows in both halves
+    half = samples[len(samples) // 2]
+    late = {name: getattr(samples[-1], name) - getattr(half, name) for name, _ in COLUMNS[2:]}
+    print("# growth over the last half: " + ", ".join(f"{k} {v:+.1f}" for k, v in late.items()))
     rss = g["driver_mb"] + g["jvm_mb"] + g["workers_mb"]
     fds = g["driver_fds"] + g["jvm_fds"] + g["workers_fds"]
     failures = []
