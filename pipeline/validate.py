@@ -80,7 +80,8 @@ def check_references(data: Mapping[str, Any], ck: Checker) -> None:
             if section == "operators" and "key_by" not in raw:
                 continue  # stateless operators have no state, so no uid
             uid = raw.get("uid", raw.get("id"))
-            if not isinstance(uid, str) or raw.get("id") in duplicated:
+            node_id = raw.get("id")
+            if not isinstance(uid, str) or (isinstance(node_id, str) and node_id in duplicated):
                 continue
             owner = f"{kind} {raw.get('id')!r}"
             if uid in uids:
@@ -195,7 +196,7 @@ def check_references(data: Mapping[str, Any], ck: Checker) -> None:
         sink_id = raw.get("id")
         owner = f"sink {sink_id!r}"
         refs = refs_of(raw, ("sinks", i), owner)
-        if sink_id in dead_letter and refs:
+        if isinstance(sink_id, str) and sink_id in dead_letter and refs:
             ck.report(("sinks", i, "input"), f"{owner} receives {dead_letter[sink_id]} and "
                       "cannot also have input; use a separate sink")
         if "input" not in raw and isinstance(sink_id, str) and sink_id not in dead_letter \

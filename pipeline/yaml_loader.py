@@ -75,7 +75,15 @@ def load_text(text: str, file: str, env: Mapping[str, str] | None = None) -> tup
     env = os.environ if env is None else env
     positions = Positions(file)
     problems = positions.problems
-    loader = _Loader(text)
+    try:
+        loader = _Loader(text)
+    except yaml.reader.ReaderError as exc:  # a NUL or other control character
+        line = text.count("\n", 0, exc.position) + 1
+        col = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        raise PipelineError([Problem(Location(file, line, col), f"the file contains the "
+                                     f"control character {exc.character!r}, which YAML does "
+                                     "not allow; delete it (pipeline files are UTF-8 text)")]
+                            ) from None
     try:
         node = loader.get_single_node()
     except RecursionError:
@@ -159,6 +167,11 @@ def load_text(text: str, file: str, env: Mapping[str, str] | None = None) -> tup
             problems.append(Problem(_loc(file, n), f"unsupported YAML tag {n.tag!r}; "
                                     "pipeline files hold plain strings, numbers, booleans, "
                                     "lists and mappings"))
+            positions.broken.add(path)
+            return None
+        except ValueError as exc:  # e.g. an int of more than 4300 digits, a bad !!timestamp
+            problems.append(Problem(_loc(file, n), f"cannot read this value ({exc}); "
+                                    "quote it if it is meant as a string"))
             positions.broken.add(path)
             return None
         if isinstance(value, str) and "${" in value:

@@ -59,6 +59,8 @@ class JobResult:
     late: int = 0
     filtered: int = 0
     offsets: dict[str, Any] = field(default_factory=dict)
+    #: The metrics of the last epochs (at least `runtime.job.HISTORY_KEEP`); the counts
+    #: above cover every epoch.
     metrics: list[EpochMetrics] = field(default_factory=list)
     #: Checkpoints completed by this run, the one it resumed from, restarts it made.
     checkpoints: list[int] = field(default_factory=list)
@@ -386,7 +388,7 @@ class JobRunner:
         self.job.epoch += 1
         metrics = self.epochs.run(self.job.epoch, slices, plan_ms, flush=flush,
                                   checkpoint=checkpoint, savepoint_url=savepoint_url)
-        self.job.history.append(metrics)
+        self.job.record(metrics)
         self.reporter.epoch(metrics)
 
     def _wait(self, slices: Mapping[str, SourceSlice], tick: float) -> None:
@@ -430,10 +432,10 @@ class JobRunner:
         history = self.job.history
         return JobResult(
             status=status, epochs=self.job.epoch,
-            records_in=sum(m.total_in for m in history),
-            records_out=sum(m.total_out for m in history),
-            dead_letters=sum(m.dead_letters for m in history),
-            late=sum(m.late for m in history), filtered=sum(m.filtered for m in history),
+            records_in=self.job.totals["records_in"],
+            records_out=self.job.totals["records_out"],
+            dead_letters=self.job.totals["dead_letters"],
+            late=self.job.totals["late"], filtered=self.job.totals["filtered"],
             reason=reason, offsets={k: dict(v) for k, v in self.job.offsets.items()},
             metrics=history, checkpoints=list(self.checkpoints.completed),
             restored_from=self.checkpoints.result_restored_from)

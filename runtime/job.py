@@ -59,6 +59,10 @@ def new_run_id() -> str:
     return f"{now_ms():x}-{os.getpid()}"
 
 
+#: How many epochs' metrics a run keeps (for `JobResult.metrics` and the reporters).
+HISTORY_KEEP = 1000
+
+
 @dataclass
 class JobState:
     """One run of a job: what it runs and how far it got."""
@@ -84,7 +88,12 @@ class JobState:
     first_epoch: int = 1
     #: Keyed node id -> its subtasks' earliest `event` and `processing` timers.
     next_timers: dict[str, dict[str, int | None]] = field(default_factory=dict)
+    #: The last `HISTORY_KEEP` epochs' metrics (an unbounded job must not keep them all:
+    #: bench/soak.py saw the driver grow ~4 KB per epoch); `totals` counts every epoch.
     history: list[EpochMetrics] = field(default_factory=list)
+    #: records_in, records_out, dead_letters, late and filtered over every epoch run.
+    totals: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("records_in", "records_out", "dead_letters", "late", "filtered"), 0))
     state_root: str = ""
     state_roots: list[str] = field(default_factory=list)
     #: Per restore: operator, subtasks restored locally / remotely, slowest (ms).
@@ -111,6 +120,17 @@ class JobState:
         watermark["finished"] = [uid_of[s] for s in watermark["finished"]]
         watermark["splits"] = [[uid_of[s], *rest] for s, *rest in watermark["splits"]]
         return {uid_of[sid]: dict(o) for sid, o in self.offsets.items()}, watermark
+
+    def record(self, metrics: EpochMetrics) -> None:
+        """Count an epoch in the totals and keep its metrics among the last few."""
+        self.totals["records_in"] += metrics.total_in
+        self.totals["records_out"] += metrics.total_out
+        self.totals["dead_letters"] += metrics.dead_letters
+        self.totals["late"] += metrics.late
+        self.totals["filtered"] += metrics.filtered
+        self.history.append(metrics)
+        if len(self.history) > 2 * HISTORY_KEEP:
+            del self.history[:-HISTORY_KEEP]
 
     def resume_sources(self, offsets: dict[str, Any], saved: dict[str, Any]) -> None:
         """Continue each source at its saved offsets (by uid; a new source starts at its

@@ -119,7 +119,7 @@ class JobControl:
         from streamer.storage import StorageError
 
         job = self.job
-        self.registry.update(epoch=job.epoch, records_in=sum(m.total_in for m in job.history))
+        self.registry.update(epoch=job.epoch, records_in=job.totals["records_in"])
         try:
             requests = self.channel.pending()
         except StorageError as exc:
