@@ -21,13 +21,15 @@ from streamer.cli.main import app
 
 runner = CliRunner()
 pytestmark = pytest.mark.spark
-SETTINGS = settings(max_examples=4, deadline=None, database=None,
+SETTINGS = settings(max_examples=4, deadline=None, database=None, derandomize=True,
                     phases=[Phase.explicit, Phase.generate],  # each example is a Spark run
                     suppress_health_check=list(HealthCheck))
 #: Damage to one line: random bytes (never a line break, nor only blanks, which readers
-#: skip), or the line cut short.
+#: skip: Spark's CSV reader counts every byte up to the space as blank, so a line of only
+#: control characters is an empty line to it, not a record), or the line cut short.
 JUNK = st.binary(min_size=1, max_size=30).map(
-    lambda b: b.replace(b"\n", b"?").replace(b"\r", b"?")).filter(lambda b: b.strip())
+    lambda b: b.replace(b"\n", b"?").replace(b"\r", b"?")).filter(
+        lambda b: any(c > 0x20 for c in b))
 DAMAGE = st.lists(st.tuples(st.integers(0, 10_000), st.one_of(JUNK, st.integers(0, 40))),
                   max_size=8)
 
@@ -81,6 +83,8 @@ def good_lines(fmt: str, count: int) -> list[bytes]:
 @given(damage=DAMAGE)
 @example(damage=[(3, b"\xff\xfe\x00garbage"), (5, 4), (7, b'{"n": "x"')])
 @example(damage=[(2, b"a\xc2\x85b\xe2\x80\xa8c,\""), (4, b"n,s")])
+@example(damage=[(26, b"\x96"), (39, b"\t\xf5\xba\x9f\xcfx\xf73\x86_@i\x82"), (9, 12),
+                 (10, 22), (21, 0)])
 def test_damaged_lines_are_output_or_dead_letters(spark: Any, fmt: str, damage: Any,
                                                   tmp_path_factory: pytest.TempPathFactory
                                                   ) -> None:

@@ -160,7 +160,7 @@ PIPELINE_NAMES = [p.name for p in PIPELINES]
 
 
 @pytest.mark.parametrize("name", PIPELINE_NAMES)
-@settings(max_examples=25, deadline=None,
+@settings(max_examples=25, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(mutations=st.lists(MUTATION, min_size=1, max_size=4))
 @example(mutations=[("retype", 0, 0, None, "")])
@@ -173,7 +173,7 @@ def test_mutated_data_validates_or_is_reported(name: str, mutations: list[Any],
 
 
 @pytest.mark.parametrize("name", PIPELINE_NAMES)
-@settings(max_examples=25, deadline=None,
+@settings(max_examples=25, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(ops=TEXT_OPS)
 @example(ops=[("bytes", 0, 1, b"\xff\xfe")])
@@ -313,7 +313,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.spark
-@settings(max_examples=12, deadline=None, database=None,
+@settings(max_examples=12, deadline=None, database=None, derandomize=True,
           # no shrinking: each example is a Spark run; the failing example is printed as is
           phases=[Phase.explicit, Phase.generate],
           suppress_health_check=list(HealthCheck))
