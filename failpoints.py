@@ -12,6 +12,9 @@ epoch number >= the given one (any number when it is left out). Points:
 - `after-metadata:<chk>`   driver, `_metadata` written, sinks not yet committed
 - `mid-commit:<chk>`       driver, the first sink committed, others not
 
+A third part, `sleep=<seconds>`, makes the point stall instead of kill (`after-snapshot:0:sleep=30`
+holds the driver in a checkpoint): a stop that takes long, deterministically.
+
 Unset (always, outside tests), `reached` is one dictionary lookup.
 """
 
@@ -19,26 +22,34 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 ENV = "STREAMER_FAILPOINTS"
 DRIVER_PID_ENV = "STREAMER_DRIVER_PID"
 
 
-def _armed() -> dict[str, int]:
+def _armed() -> dict[str, tuple[int, float | None]]:
+    """Each armed point: (the first number it acts at, seconds to sleep or None to kill)."""
     spec = os.environ.get(ENV, "")
-    points: dict[str, int] = {}
+    points: dict[str, tuple[int, float | None]] = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
-        name, _, number = part.partition(":")
-        points[name] = int(number) if number else 0
+        name, _, rest = part.partition(":")
+        number, _, action = rest.partition(":")
+        sleep = float(action.removeprefix("sleep=")) if action else None
+        points[name] = (int(number) if number else 0, sleep)
     return points
 
 
 def reached(name: str, number: int = 0) -> None:
-    """Kill the driver (SIGKILL: no cleanup) if fail point `name` is armed for `number`."""
+    """Kill the driver (SIGKILL: no cleanup), or stall, if fail point `name` is armed for
+    `number`."""
     if ENV not in os.environ:
         return
-    at = _armed().get(name)
+    at, sleep = _armed().get(name, (None, None))
     if at is None or number < at:
+        return
+    if sleep is not None:
+        time.sleep(sleep)  # a signal's handler that raises ends it early
         return
     pid = int(os.environ.get(DRIVER_PID_ENV) or os.getpid())
     os.kill(pid, signal.SIGKILL)

@@ -348,6 +348,7 @@ class JobRunner:
             return "cancelled", f"cancelled after epoch {self.job.epoch}"
         if not control.stop.is_set():
             return None
+        control.check_deadline()
         if self.checkpoints.unsaved() or control.stop_savepoint is not None:
             from streamer.runtime.watermarks import MAX_WATERMARK
 

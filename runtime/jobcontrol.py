@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +28,8 @@ class JobControl:
         self.cancelled = False
         #: Why a SIGTERM stop is being cancelled (its deadline passed), else "".
         self.terminating = ""
+        #: When (time.monotonic) a SIGTERM stop turns into a cancel.
+        self.deadline: float | None = None
         #: The savepoint a stop-with-savepoint writes, and whether it drains first.
         self.stop_savepoint: str | None = None
         self.stop_drain = False
@@ -95,6 +98,7 @@ class JobControl:
                 f"terminated: stopping at the next epoch boundary; cancelling if that takes "
                 f"over {timeout_s:g} s (job.shutdown_timeout) or on another SIGTERM")
             self.stop.set()
+            self.deadline = time.monotonic() + timeout_s
             timer = threading.Timer(timeout_s, self._shutdown_expired, args=(timeout_s,))
             timer.daemon = True
             deadline.append(timer)
@@ -103,6 +107,14 @@ class JobControl:
         signal.signal(signal.SIGINT, on_sigint)
         signal.signal(signal.SIGTERM, on_sigterm)
         return restore
+
+    def check_deadline(self) -> None:
+        """Before the work of a SIGTERM stop: past `job.shutdown_timeout` already, cancel (the
+        timer's own signal may not have reached the main thread yet)."""
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            timeout_s = self.job.spec.job.shutdown_timeout_ms / 1000
+            raise JobTerminatedError(self.terminating or (
+                f"the stop after SIGTERM took over {timeout_s:g} s (job.shutdown_timeout)"))
 
     def _shutdown_expired(self, timeout_s: float) -> None:
         """The graceful stop after SIGTERM took too long: signal the main thread again, whose

@@ -52,8 +52,9 @@ def write_job(root: Path, shutdown_timeout: str = "60s", interval: str = "1ms",
 class Proc:
     """A `streamer run --json` in a session of its own; its events read from a file."""
 
-    def __init__(self, pipeline: Path, storage: Path, name: str, *args: str) -> None:
-        env = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
+    def __init__(self, pipeline: Path, storage: Path, name: str, *args: str,
+                 **extra_env: str) -> None:
+        env = {k: v for k, v in os.environ.items() if k not in SCRUBBED} | extra_env
         self.out = pipeline.parent / f"{name}.jsonl"
         self.err = pipeline.parent / f"{name}.stderr"
         with open(self.out, "w") as out, open(self.err, "w") as err:
@@ -130,9 +131,11 @@ def test_sigterm_stops_at_the_boundary_with_a_final_checkpoint(tmp_path: Path) -
 
 def test_sigterm_cancels_past_the_shutdown_timeout(tmp_path: Path) -> None:
     storage = tmp_path / "storage"
-    run = Proc(write_job(tmp_path, shutdown_timeout="1ms"), storage, "run")
+    # The stop's final checkpoint (the only one: an hour apart) stalls far past the timeout.
+    run = Proc(write_job(tmp_path, shutdown_timeout="2s", interval="1h"), storage, "run",
+               STREAMER_FAILPOINTS="after-snapshot:0:sleep=600")
     try:
-        run.wait_for(completed(1))
+        run.wait_for(lambda events: sum(e.get("event") == "epoch" for e in events) >= 2)
         run.proc.send_signal(signal.SIGTERM)
         code = run.end()
     finally:
