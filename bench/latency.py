@@ -54,7 +54,7 @@ from rich.table import Table
 from streamer.connectors.base import ConnectorContext, Sink
 
 USERS = 10_000
-#: Epoch settings of the curve (README: "Latency and the epoch").
+#: Epoch settings of the curve (docs/latency.md, "The knob, with local epochs").
 CURVE = ("100ms", "250ms", "500ms", "1s", "2s", "5s")
 #: Offered rate when measuring maximum throughput: above what 2 cores can take.
 OFFERED = 2_000_000

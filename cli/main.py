@@ -291,8 +291,8 @@ def test_cmd(
 
         what = f"named {', '.join(map(repr, case))} " if case else ""
         msg = (
-            f"{file} has no tests {what}to run; add a tests: block (see the "
-                          "README) or check --case"
+            f"{file} has no tests {what}to run; add a tests: block (see "
+                          "docs/guide/testing.md) or check --case"
         )
         raise ConfigError(msg)
     spark = shared_session(spec)

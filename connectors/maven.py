@@ -1,6 +1,6 @@
 """Jars from Maven Central, resolved with Maven's dependency plugin into a cache directory
 (`~/.cache/streamer`, or `$STREAMER_CACHE`): Spark's own Kafka connector for `client: spark`,
-and the Kafka broker that the tests and the README example run.
+and the Kafka broker that the tests and the docs example (docs/operations/kafka.md) run.
 """
 
 from __future__ import annotations

@@ -100,7 +100,8 @@ SPARK_TYPE = Str(description="A Spark SQL type name: string, bigint, double, tim
 WATERMARK = Obj(
     {
         "max_out_of_orderness": Field(Duration("How late an event may arrive behind the "
-                                               "newest one seen on its split.", allow_zero=True)),
+                                               "newest one seen on its split (default 0s).",
+                                               allow_zero=True)),
         "idle_timeout": Field(Duration("A split with no records for this long is left out "
                                        "of the watermark.")),
     },
@@ -191,19 +192,22 @@ KAFKA_SOURCE = _source(
         "bootstrap_servers": Field(Str("host:port[,host:port]"), required=True),
         "topic": Field(Str("Topic to read.")),
         "topics": Field(ListOf(Str(), "Topics to read.", min_items=1)),
-        "start": Field(Str("Where a new job starts reading.", enum=("earliest", "latest"))),
-        "format": Field(Str("Value format.", enum=("json", "raw"))),
+        "start": Field(Str("Where a job without a checkpoint starts reading (default "
+                           "earliest).", enum=("earliest", "latest"))),
+        "format": Field(Str("Value format: `json` decodes by `schema`; `raw` gives the "
+                            "columns key, value, topic, partition, offset, timestamp (default "
+                            "json).", enum=("json", "raw"))),
         "properties": Field(MapOf(Scalar(), "Passed to the Kafka client as-is.")),
         "bounded": Field(Bool("Stop at the partitions' end offsets read when the job starts "
                               "(smoke runs); default false.")),
-        "client": Field(Str("How partitions are read: confluent-kafka in the Spark tasks "
-                            "(default) or Spark's own Kafka connector.",
+        "client": Field(Str("How partitions are read: confluent-kafka in the Spark tasks or "
+                            "Spark's own Kafka connector (default confluent).",
                             enum=("confluent", "spark"))),
         "record_timestamp": Field(Str("Add the Kafka record timestamp as this column (use it "
                                       "as event_time).", pattern=COLUMN_PATTERN,
                                       pattern_hint=COLUMN_HINT)),
         "max_records_per_epoch": Field(Int("At most this many records per partition per "
-                                           "epoch.", minimum=1)),
+                                           "epoch (default 1000000).", minimum=1)),
     },
     "Kafka topic partitions; offsets are the source's state.",
     [_watermark_needs_event_time, _exactly_one(("topic", "topics"), "a kafka source")],
@@ -228,19 +232,24 @@ SOURCE = Tagged({"datagen": DATAGEN, "files": FILES_SOURCE, "kafka": KAFKA_SOURC
 WINDOW = Obj(
     {
         "tumbling": Field(Duration("Fixed, non-overlapping windows of this size.")),
-        "sliding": Field(Obj({"size": Field(Duration(), required=True),
-                              "slide": Field(Duration(), required=True)},
+        "sliding": Field(Obj({"size": Field(Duration("How long each window is."),
+                                            required=True),
+                              "slide": Field(Duration("How often a window starts."),
+                                             required=True)},
                              "Overlapping windows of `size`, one starting every `slide`.")),
-        "session": Field(Obj({"gap": Field(Duration(), required=True)},
+        "session": Field(Obj({"gap": Field(Duration("A key's session closes after this long "
+                                                    "without a record."), required=True)},
                              "Per-key windows closed by a gap of inactivity.")),
         "count": Field(Int("A window per key of this many records.", minimum=1)),
-        "time": Field(Str("Event time (default when the input has one) or processing time.",
+        "time": Field(Str("Event time or processing time (default event when the input has "
+                          "an event time).",
                           enum=("event", "processing"))),
         "allowed_lateness": Field(Duration("Keep windows open this long after the "
-                                           "watermark passes their end.", allow_zero=True)),
+                                           "watermark passes their end (default 0s).",
+                                           allow_zero=True)),
         "late": Field(Str("The id of a sink for records later than watermark + lateness.")),
-        "emit": Field(Str("`final`: once per window (default); `updates`: also after every "
-                          "epoch in which it changed.", enum=("final", "updates"))),
+        "emit": Field(Str("`final`: once per window; `updates`: also after every epoch in "
+                          "which it changed (default final).", enum=("final", "updates"))),
     },
     "A keyed window; exactly one of tumbling, sliding, session, count.",
     rules=[_exactly_one(("tumbling", "sliding", "session", "count"), "window")],
@@ -372,9 +381,11 @@ SINK = Tagged(
                         "format": Field(Str("File format.", enum=("jsonl", "csv", "parquet")),
                                         required=True)},
                        "Files that become visible only when their epoch commits."),
-        "kafka": _sink({"bootstrap_servers": Field(Str(), required=True),
-                        "topic": Field(Str(), required=True),
-                        "format": Field(Str(enum=("json",))),
+        "kafka": _sink({"bootstrap_servers": Field(Str("host:port[,host:port]"),
+                                                   required=True),
+                        "topic": Field(Str("Topic to write."), required=True),
+                        "format": Field(Str("Value format: one JSON object per row "
+                                            "(default json).", enum=("json",))),
                         "key": Field(Str("Column used as the record key.")),
                         "properties": Field(MapOf(Scalar(), "Passed to the Kafka producer "
                                                   "as-is."))},
@@ -426,18 +437,22 @@ JOB = Obj(
         "epoch": Field(Duration("Epoch length for unbounded sources (default 1s).")),
         "checkpoint": Field(Obj({
             "interval": Field(Duration("Minimum time between checkpoints (default 10s).")),
-            "mode": Field(Str(enum=("exactly_once", "at_least_once"))),
+            "mode": Field(Str("`exactly_once`: sinks commit when a checkpoint completes; "
+                              "`at_least_once`: every epoch (default exactly_once).",
+                              enum=("exactly_once", "at_least_once"))),
             "retain": Field(Int("Completed checkpoints kept (default 3).", minimum=1)),
             "timeout": Field(Duration("A checkpoint taking longer fails (default 10m).")),
         }, "Checkpointing.")),
         "state": Field(Obj({
-            "backend": Field(Str(enum=("rocksdb", "memory"))),
+            "backend": Field(Str("Where keyed state lives (default rocksdb).",
+                                 enum=("rocksdb", "memory"))),
             "local_dir": Field(Str("Where subtasks keep working state (default: a "
                                    "directory under the system temp dir).")),
         }, "Keyed state.")),
         "restart": Field(Obj({
-            "attempts": Field(Int("Automatic restarts from the last checkpoint.", minimum=0)),
-            "delay": Field(Duration("Wait between restarts.", allow_zero=True)),
+            "attempts": Field(Int("Automatic restarts from the last checkpoint (default 0).",
+                                  minimum=0)),
+            "delay": Field(Duration("Wait between restarts (default 5s).", allow_zero=True)),
         }, "Restart strategy.")),
         "shutdown_timeout": Field(Duration(
             "After SIGTERM, how long the job may take to stop at its next epoch boundary "
@@ -476,9 +491,10 @@ PIPELINE = Obj(
         "name": Field(Str("Job name.", pattern=r"[a-z0-9][a-z0-9-]*",
                           pattern_hint="lowercase letters, digits and dashes, e.g. "
                           "'clicks-per-user'"), required=True),
-        "description": Field(Str(non_empty=False)),
+        "description": Field(Str("What the job does, for people reading the file.",
+                                 non_empty=False)),
         "storage": Field(Str("fsspec URL for the job registry, checkpoints and savepoints "
-                             "(default ./.streamer).")),
+                             "(default $STREAMER_STORAGE, else ./.streamer).")),
         "job": Field(JOB),
         "spark": Field(MapOf(Scalar(), "Spark configuration, passed through as-is.")),
         "sources": Field(ListOf(SOURCE, "Where records come from.", min_items=1),

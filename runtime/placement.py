@@ -7,7 +7,7 @@ host never open the same RocksDB directory. A subtask that lands where its state
 or older than the epoch before restores it: from that executor's local recovery copy when the
 copy is of the latest checkpoint, else from checkpoint storage. On a cluster the coordinator
 checkpoints every epoch (incremental), so storage always holds the version a moved subtask
-needs and a move never rewinds the job (see README, "Running on a Spark cluster").
+needs and a move never rewinds the job (see docs/operations/clusters.md).
 
 Task side (it runs in the keyed operator's task): `operators.executor` (`executor_identity`,
 `scoped`). Driver side, here: `on_cluster`, and `Placement` counts moves per epoch.

@@ -1,7 +1,8 @@
 """A Spark standalone cluster on 127.0.0.1, started from the Spark distribution that ships
 inside pyspark (`bin/spark-class`): one master and N workers, each worker its own process
 session so that one can be killed with its executor and Python workers as a crashed machine
-would be. The tests and `bench/cluster.py` use it; the README shows the same two commands.
+would be. The tests and `bench/cluster.py` use it; docs/operations/clusters.md shows the same
+commands.
 
     with StandaloneCluster(workers=2, root=tmp) as cluster:
         cluster.master_url   # spark://127.0.0.1:<port>

@@ -1,7 +1,8 @@
 """A real single-node Apache Kafka 4 broker (KRaft, combined broker + controller) on 127.0.0.1,
-for the Kafka tests, the benchmark and the README example. No docker: the broker's jars are
-resolved from Maven Central with Maven's dependency plugin into a cache directory, the storage
-is formatted with `kafka.tools.StorageTool`, and `kafka.Kafka` runs in a child JVM.
+for the Kafka tests, the benchmark and the docs example (docs/operations/kafka.md). No docker:
+the broker's jars are resolved from Maven Central with Maven's dependency plugin into a cache
+directory, the storage is formatted with `kafka.tools.StorageTool`, and `kafka.Kafka` runs in
+a child JVM.
 
     .venv/bin/python tests/kafka_broker.py fetch            # resolve the jars (CI does this)
     .venv/bin/python tests/kafka_broker.py run [--port 9092] [--dir DIR] [--topic NAME:N]

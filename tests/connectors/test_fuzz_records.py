@@ -113,7 +113,7 @@ def parquet_bytes(first: int, count: int) -> bytes:
 
 
 #: (A data page damaged behind a sound footer is not among them: Spark finds it when it
-#: decodes the page and the epoch fails; see README, "Bad records".)
+#: decodes the page and the epoch fails; see docs/guide/dead-letters.md.)
 PARQUET_DAMAGE = st.sampled_from(["none", "truncate", "random", "empty", "head"])
 
 
