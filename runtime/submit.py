@@ -191,7 +191,19 @@ def submit_job(spec: object, pipeline: Path, run_args: Sequence[str], options: S
                *, debug: bool = False) -> int:
     """Submit the loaded pipeline `spec` (from `pipeline`) with `streamer run` options
     `run_args`; the driver's exit code."""
-    conf = dict(getattr(spec, "spark", {}) or {})
     name = str(getattr(spec, "name", "job"))
     args = [*(["--debug"] if debug else []), "run", str(pipeline.resolve()), *run_args]
-    return submit(pipeline, args, options, conf, app_name=f"streamer:{name}")
+    return submit(pipeline, args, options, submit_conf(spec), app_name=f"streamer:{name}")
+
+
+def submit_conf(spec: object) -> dict[str, str]:
+    """The pipeline's `spark:` block plus what its connectors need at the session's start (the
+    Kafka connector's jars on `spark.jars`): under spark-submit the session exists before the
+    driver's code runs, so they go on the command line."""
+    from streamer.connectors.kafka import session_conf
+    from streamer.pipeline.spec import PipelineSpec
+
+    conf = {str(k): str(v) for k, v in (getattr(spec, "spark", {}) or {}).items()}
+    if isinstance(spec, PipelineSpec):
+        conf.update(session_conf(spec, conf))
+    return conf

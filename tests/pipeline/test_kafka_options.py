@@ -104,3 +104,19 @@ def test_spark_client_puts_the_connector_jars_after_the_users_jars() -> None:
     assert all(Path(j).exists() for j in jars[1:])
     confluent = load_pipeline_text(SPARK_CLIENT.replace("CLIENT", "confluent"), env={})
     assert session_conf(confluent, {"spark.jars": "/my/udfs.jar"}) == {}
+
+
+@pytest.mark.kafka
+def test_spark_submit_gets_the_connector_jars_on_its_command_line() -> None:
+    """Under spark-submit the session exists before the driver runs: the jars a local run adds
+    to the session must be in the submitted conf."""
+    from streamer.runtime.submit import submit_conf
+
+    text = SPARK_CLIENT.replace("CLIENT", "spark")
+    spec = load_pipeline_text(text.replace("sources:", 'spark: {spark.jars: "/my/udfs.jar"}\n'
+                                           "sources:", 1), env={})
+    jars = submit_conf(spec)["spark.jars"].split(",")
+    assert jars[0] == "/my/udfs.jar"
+    assert any(Path(j).name.startswith("spark-sql-kafka-0-10_2.13-") for j in jars[1:])
+    confluent = load_pipeline_text(SPARK_CLIENT.replace("CLIENT", "confluent"), env={})
+    assert "spark.jars" not in submit_conf(confluent)
