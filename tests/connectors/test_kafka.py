@@ -1,4 +1,4 @@
-"""The Kafka source and sink against a real broker (tests/kafka_broker.py) and real Spark."""
+"""The Kafka source and sink against a real broker (scripts/kafka_broker.py) and real Spark."""
 
 from __future__ import annotations
 
