@@ -317,6 +317,29 @@ def test_cmd(
 
 @app.command()
 @boundary
+def init(
+    name: Annotated[str, typer.Argument(help="The job's name (lowercase letters, digits, "
+                                        "dashes), also the new folder's.", show_default=False)],
+    directory: Annotated[Path, typer.Option(
+        "--dir", help="Where to create the folder NAME (default: here).")] = Path("."),
+) -> None:
+    """Start a pipeline project: NAME/pipeline.yaml (a filter and a window over generated
+    events, with a tests: block), a README, a CI workflow running `streamer validate` and
+    `streamer test`, requirements.txt and .gitignore. Existing files are never overwritten.
+    """
+    from streamer.pipeline.scaffold import scaffold
+
+    created = scaffold(name, directory, __version__)
+    out = Console(highlight=False)
+    for path in created:
+        out.print(f"[green]created[/green] {path}")
+    root = directory / name
+    out.print(f"next: cd {root} && streamer validate pipeline.yaml && streamer test "
+              "pipeline.yaml", soft_wrap=True)
+
+
+@app.command()
+@boundary
 def schema(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to this file "
                                                 "instead of stdout.")] = None,
