@@ -191,3 +191,27 @@ def test_the_metrics_keys_are_validated() -> None:
         """), file="p.yaml", env={})
     assert (spec.job.metrics.prometheus_port, spec.job.metrics.prometheus_host) == (
         9249, "0.0.0.0")
+
+
+def test_files_lag_is_in_files_and_the_watermark_ends_are_infinite() -> None:
+    """The exporter's own arithmetic, fed the reports a run would give (no Spark)."""
+    from streamer.runtime.metrics import EpochMetrics
+    from streamer.runtime.prometheus import JobCollector, PrometheusExporter
+    from streamer.runtime.watermarks import MAX_WATERMARK, MIN_WATERMARK
+
+    exporter = PrometheusExporter("metered", free_port())
+    exporter.started({"lag_units": {"logs": "files", "ticks": "records"}})
+    collector: JobCollector = exporter.collector
+    for epoch, watermark in ((1, MIN_WATERMARK), (2, 1767225600500), (3, MAX_WATERMARK)):
+        exporter.epoch(EpochMetrics(epoch=epoch, started_at=0, duration_ms=10,
+                                    lag={"logs": 4 - epoch, "ticks": 7},
+                                    watermark=watermark))
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for f in collector.collect() for s in f.samples}
+        assert value(samples, "streamer_source_lag_files", source="logs") == 4 - epoch
+        # A source that gives no per-split lag is one series with an empty split.
+        assert value(samples, "streamer_source_lag_records", source="ticks", split="") == 7
+        assert ("streamer_source_lag_records", (("job_name", "metered"), ("source", "logs"),
+                                                ("split", ""))) not in samples
+        assert value(samples, "streamer_watermark_seconds") == {
+            1: float("-inf"), 2: 1767225600.5, 3: float("inf")}[epoch]
