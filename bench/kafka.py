@@ -4,7 +4,7 @@ windows -> Kafka job against the same query in Spark Structured Streaming, in on
     .venv/bin/python -m bench.kafka [--rows 1000000] [--keys 1000] [--partitions 2]
         [--per-epoch 250000] [--repeat 2]
 
-A broker (tests/kafka_broker.py: Kafka 4, KRaft, one node, 512 MB heap) runs on 127.0.0.1 of
+A broker (scripts/kafka_broker.py: Kafka 4, KRaft, one node, 512 MB heap) runs on 127.0.0.1 of
 this machine. The input topic holds `--rows` JSON records `{user, amount, ts}` (`--keys`
 distinct users, ts over one hour in order per partition), produced once. Spark is `local[2]`
 with 2 shuffle partitions, one session with Spark's Kafka connector on `spark.jars`.
@@ -48,7 +48,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 from kafka_broker import KafkaBroker
 

@@ -6,7 +6,7 @@ Structured Streaming, in one run.
 `bench/latency.py` feeds each engine its own generator (datagen; Spark's rate source, which
 releases a second's rows only when that second is over), so its end-to-end figures compare
 sources as much as engines. Here one producer thread writes JSON records `{user, amount,
-created}` to a 2-partition topic of a local broker (tests/kafka_broker.py) at `--rate`
+created}` to a 2-partition topic of a local broker (scripts/kafka_broker.py) at `--rate`
 records/s, in bursts every 10 ms, with `created` = the wall clock (ms) when the record was
 handed to the producer (`linger.ms` 0). Both engines read the same topic from its end:
 
@@ -45,7 +45,7 @@ from rich.table import Table
 
 from bench.latency import ArrivalSink, Outcome, pct, run_pipeline, run_query
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 from kafka_broker import KafkaBroker
 

@@ -164,6 +164,9 @@ def register_job_commands(app: typer.Typer) -> None:
         storage: Annotated[str | None, typer.Option(
             help="Storage URL for the job's checkpoints (default: the file's storage:).")
         ] = None,
+        metrics_port: Annotated[int | None, typer.Option(
+            "--metrics-port", min=1, max=65535, help="Serve Prometheus metrics on this port, "
+            "as for run.")] = None,
     ) -> None:
         """Start a pipeline from a savepoint: state maps by operator uid (new operators start
         empty), sources resume at the savepoint's offsets, parallelism and state backend may
@@ -181,7 +184,7 @@ def register_job_commands(app: typer.Typer) -> None:
             return
         run_job(spec, quiet=quiet, json_lines=json_lines, max_epochs=max_epochs, no_ui=no_ui,
                 storage=storage, from_savepoint=savepoint,
-                allow_non_restored_state=allow_non_restored_state)
+                allow_non_restored_state=allow_non_restored_state, metrics_port=metrics_port)
 
 
 def _dry_run(savepoint: str, spec: Any, allow: bool, *, as_json: bool) -> None:

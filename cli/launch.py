@@ -28,7 +28,8 @@ def run_job(spec: object, *, quiet: bool = False, json_lines: bool = False,
             max_epochs: int | None = None, no_ui: bool = False,
             from_checkpoint: str | None = None, fresh: bool = False,
             no_checkpoints: bool = False, storage: str | None = None,
-            from_savepoint: str | None = None, allow_non_restored_state: bool = False) -> None:
+            from_savepoint: str | None = None, allow_non_restored_state: bool = False,
+            metrics_port: int | None = None) -> None:
     """Run a loaded pipeline with the CLI's reporters (shared by `run` and `restore`)."""
     from streamer.runtime.coordinator import JobRunner, RunOptions
     from streamer.runtime.metrics import JsonReporter, LiveReporter, QuietReporter, Reporter
@@ -52,5 +53,6 @@ def run_job(spec: object, *, quiet: bool = False, json_lines: bool = False,
                          console=None if json_lines or quiet else console,
                          checkpoints=not no_checkpoints, from_checkpoint=from_checkpoint,
                          fresh=fresh, storage=storage, from_savepoint=from_savepoint,
-                         allow_non_restored_state=allow_non_restored_state)
+                         allow_non_restored_state=allow_non_restored_state,
+                         metrics_port=metrics_port)
     JobRunner(spec, options, reporter=reporter).run()  # type: ignore[arg-type]

@@ -177,6 +177,10 @@ def run(
     allow_non_restored_state: Annotated[bool, typer.Option(
         "--allow-non-restored-state", help="With --from-savepoint: drop state whose operator "
         "uid is no longer in the pipeline instead of refusing.")] = False,
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", min=1, max=65535, help="Serve Prometheus metrics on this port "
+        "(127.0.0.1 unless job.metrics.prometheus.host says otherwise) while the job runs; "
+        "overrides job.metrics.prometheus.port. See docs/metrics.md.")] = None,
     submit: Annotated[bool, typer.Option(
         "--submit", help="Launch the job with spark-submit on the cluster of --master "
         "(spark://HOST:PORT): streamer, the pipeline and its modules are shipped, and this "
@@ -229,7 +233,8 @@ def run(
                          no_ui=no_ui, from_checkpoint=from_checkpoint, fresh=fresh,
                          no_checkpoints=no_checkpoints, storage=storage,
                          from_savepoint=from_savepoint,
-                         allow_non_restored_state=allow_non_restored_state)
+                         allow_non_restored_state=allow_non_restored_state,
+                         metrics_port=metrics_port)
         options = SubmitOptions(master=master or "", deploy_mode=deploy_mode,
                                 conf=parse_conf(conf), executor_memory=executor_memory,
                                 num_executors=num_executors, python_env=python_env,
@@ -241,13 +246,13 @@ def run(
     run_job(spec, quiet=quiet, json_lines=json_lines, master=master, conf=conf,
             max_epochs=max_epochs, no_ui=no_ui, from_checkpoint=from_checkpoint, fresh=fresh,
             no_checkpoints=no_checkpoints, storage=storage, from_savepoint=from_savepoint,
-            allow_non_restored_state=allow_non_restored_state)
+            allow_non_restored_state=allow_non_restored_state, metrics_port=metrics_port)
 
 
 def _run_args(*, quiet: bool, json_lines: bool, conf: list[str] | None,
               max_epochs: int | None, no_ui: bool, from_checkpoint: str | None, fresh: bool,
               no_checkpoints: bool, storage: str | None, from_savepoint: str | None,
-              allow_non_restored_state: bool) -> list[str]:
+              allow_non_restored_state: bool, metrics_port: int | None = None) -> list[str]:
     """The `streamer run` options the driver of a submitted job runs with (paths absolute:
     the driver may not share the working directory's meaning)."""
     args = [flag for flag, on in (("--quiet", quiet), ("--json", json_lines), ("--no-ui", no_ui),
@@ -258,6 +263,8 @@ def _run_args(*, quiet: bool, json_lines: bool, conf: list[str] | None,
         args += ["--conf", item]
     if max_epochs is not None:
         args += ["--max-epochs", str(max_epochs)]
+    if metrics_port is not None:
+        args += ["--metrics-port", str(metrics_port)]
     if from_checkpoint is not None:
         args += ["--from-checkpoint", from_checkpoint]
     if storage is not None:
@@ -306,6 +313,29 @@ def test_cmd(
     if failed:
         msg = f"{failed} of {len(cases)} test cases of {file} failed"
         raise PipelineTestFailedError(msg)
+
+
+@app.command()
+@boundary
+def init(
+    name: Annotated[str, typer.Argument(help="The job's name (lowercase letters, digits, "
+                                        "dashes), also the new folder's.", show_default=False)],
+    directory: Annotated[Path, typer.Option(
+        "--dir", help="Where to create the folder NAME (default: here).")] = Path("."),
+) -> None:
+    """Start a pipeline project: NAME/pipeline.yaml (a filter and a window over generated
+    events, with a tests: block), a README, a CI workflow running `streamer validate` and
+    `streamer test`, requirements.txt and .gitignore. Existing files are never overwritten.
+    """
+    from streamer.pipeline.scaffold import scaffold
+
+    created = scaffold(name, directory, __version__)
+    out = Console(highlight=False)
+    for path in created:
+        out.print(f"[green]created[/green] {path}")
+    root = directory / name
+    out.print(f"next: cd {root} && streamer validate pipeline.yaml && streamer test "
+              "pipeline.yaml", soft_wrap=True)
 
 
 @app.command()

@@ -147,6 +147,10 @@ class Source(ABC):
         """What `lag` counts: 'records' or 'files'."""
         return "records"
 
+    def split_lag(self, offsets: Mapping[str, Any], now_ms: int) -> dict[str, int] | None:
+        """`lag` per split (split -> records), when the source can tell."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the source holds on the driver (clients); the run is over."""
 

@@ -217,6 +217,14 @@ class DatagenSource(Source):
         return sum(max(0, a - off)
                    for a, off in zip(admitted, self._current(offsets), strict=True))
 
+    def split_lag(self, offsets: Mapping[str, Any], now_ms: int) -> dict[str, int] | None:
+        """`lag` per split (None without a rate)."""
+        if self.rate is None:
+            return None
+        admitted = self._admitted(now_ms) or [0] * self.splits
+        return {name: max(0, a - off) for name, a, off in
+                zip(self._split_names, admitted, self._current(offsets), strict=True)}
+
 
 def _per_split(values: Sequence[int]) -> str:
     """SQL picking the value of the row's split from a literal array."""

@@ -239,6 +239,12 @@ class KafkaSource(Source):
             return None
         return sum(max(0, hi - int(offsets.get(s, hi))) for s, hi in self._high.items())
 
+    def split_lag(self, offsets: Mapping[str, Any], now_ms: int) -> dict[str, int] | None:
+        """`lag` per `topic:partition` (as of the last plan)."""
+        if not self._high:
+            return None
+        return {s: max(0, hi - int(offsets.get(s, hi))) for s, hi in self._high.items()}
+
     # --------------------------------------------------------------------------- schema
     def schema(self) -> StructType:
         """The declared schema (json) or the raw record columns, plus `record_timestamp`."""

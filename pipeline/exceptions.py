@@ -45,3 +45,9 @@ class PipelineError(StreamerError):
 
 class PipelineFileError(StreamerError):
     """Raised when a pipeline file cannot be read at all; check the path and permissions."""
+
+
+class ScaffoldError(StreamerError):
+    """Raised when `streamer init` cannot create a project: the name is not a job name, or
+    some of its files already exist (nothing is overwritten); pick another name or
+    directory, or move the files away."""

@@ -428,6 +428,19 @@ EXECUTION = Obj(
     "way). The environment variables named here override them for one run.",
 )
 
+METRICS = Obj(
+    {
+        "prometheus": Field(Obj({
+            "port": Field(Int("The TCP port of the HTTP endpoint Prometheus scrapes "
+                              "(`/metrics`); `streamer run --metrics-port` overrides it.",
+                              minimum=1, maximum=65535), required=True),
+            "host": Field(Str("The address it binds (default 127.0.0.1, this machine only); "
+                              "0.0.0.0 opts in to every interface.")),
+        }, "Export the job's metrics for Prometheus while it runs (docs/metrics.md).")),
+    },
+    "Where the job's metrics are exported.",
+)
+
 JOB = Obj(
     {
         "parallelism": Field(Int("Keyed subtasks (default: Spark's default parallelism).",
@@ -458,6 +471,7 @@ JOB = Obj(
             "After SIGTERM, how long the job may take to stop at its next epoch boundary "
             "with a final checkpoint before it is cancelled (default 30s).")),
         "execution": Field(EXECUTION),
+        "metrics": Field(METRICS),
     },
     "How the job runs.",
 )

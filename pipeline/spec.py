@@ -228,6 +228,16 @@ class ExecutionSpec:
 
 
 @dataclass(frozen=True)
+class MetricsSpec:
+    """`job.metrics`: where the job's metrics are exported (docs/metrics.md)."""
+
+    #: Serve Prometheus metrics over HTTP on this port (None: no exporter).
+    prometheus_port: int | None = None
+    #: The address the exporter binds; loopback unless the file opts in to others.
+    prometheus_host: str = "127.0.0.1"
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """`job:` settings with their defaults filled in."""
 
@@ -242,6 +252,7 @@ class JobSpec:
     #: After SIGTERM: how long a graceful stop may take before the run is cancelled.
     shutdown_timeout_ms: int = 30_000
     execution: ExecutionSpec = field(default_factory=ExecutionSpec)
+    metrics: MetricsSpec = field(default_factory=MetricsSpec)
 
 
 @dataclass(frozen=True)
@@ -354,6 +365,7 @@ def build_spec(data: Mapping[str, Any], positions: Positions,
     state = job_raw.get("state") or {}
     restart = job_raw.get("restart") or {}
     execution = job_raw.get("execution") or {}
+    prometheus = (job_raw.get("metrics") or {}).get("prometheus") or {}
     job = JobSpec(
         parallelism=job_raw.get("parallelism"),
         max_parallelism=job_raw.get("max_parallelism", 128),
@@ -370,6 +382,8 @@ def build_spec(data: Mapping[str, Any], positions: Positions,
         execution=ExecutionSpec(
             **{key: execution[key] for key in ExecutionSpec.VARIABLES if key in execution},
             sources={key: "file" for key in ExecutionSpec.VARIABLES if key in execution}),
+        metrics=MetricsSpec(prometheus_port=prometheus.get("port"),
+                            prometheus_host=prometheus.get("host", "127.0.0.1")),
     )
     common_source = {"id", "type", "uid", "schema", "event_time", "watermark", "on_error"}
     sources = []

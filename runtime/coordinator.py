@@ -35,7 +35,7 @@ from streamer.runtime.epoch import EpochRunner, guarded
 from streamer.runtime.exceptions import JobFailedError
 from streamer.runtime.job import JobState, RunOptions, now_ms
 from streamer.runtime.jobcontrol import JobControl
-from streamer.runtime.metrics import EpochMetrics, QuietReporter, Reporter
+from streamer.runtime.metrics import EpochMetrics, QuietReporter, Reporter, TeeReporter
 from streamer.runtime.recovery import Recovery
 
 if TYPE_CHECKING:
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
     from streamer.runtime.keyed import KeyedStage
     from streamer.runtime.plan import PhysicalPlan
+    from streamer.runtime.prometheus import PrometheusExporter
 
 
 @dataclass
@@ -89,7 +90,10 @@ class JobRunner:
 
         self.spec = spec
         self.options = options or RunOptions()
+        self.exporter = _exporter(spec, self.options)
         self.reporter: Reporter = reporter or QuietReporter()
+        if self.exporter is not None:
+            self.reporter = TeeReporter(self.reporter, self.exporter)
         self._spark = spark
         self._source_factory = source_factory
         self._sink_factory = sink_factory
@@ -216,6 +220,8 @@ class JobRunner:
         def restore() -> object:
             return None
         restarts = 0
+        if self.exporter is not None:  # before anything: a port in use is a config error
+            self.exporter.start()
         try:
             self._start()
             self.spark  # noqa: B018  (PySpark installs its SIGINT handler when it starts)
@@ -230,6 +236,8 @@ class JobRunner:
         finally:
             restore()
             self._release()
+            if self.exporter is not None:
+                self.exporter.stop()
         result.restarts = restarts
         result.savepoints = list(self.control.savepoints)
         self.control.close(result.status, result.reason, records_in=result.records_in,
@@ -258,7 +266,10 @@ class JobRunner:
         ui = self.spark.sparkContext.uiWebUrl if self.options.ui else None
         self.reporter.started({"job": self.spec.name, "master": self.spark.sparkContext.master,
                                "ui": ui, "sources": list(self.job.sources),
-                               "sinks": list(self.job.sinks)})
+                               "sinks": list(self.job.sinks),
+                               "lag_units": {sid: src.lag_unit()
+                                             for sid, src in self.job.sources.items()},
+                               "metrics": self.exporter.url if self.exporter else None})
 
     def _attempts(self) -> tuple[JobResult, int]:
         """Run attempts until one ends; a failed epoch restarts from the last checkpoint
@@ -275,6 +286,8 @@ class JobRunner:
                     free += 1
                 else:
                     restarts += 1
+                if self.exporter is not None:
+                    self.exporter.restarted()
                 self.checkpoints.abort_pending()
                 if self.control.stop.is_set():
                     raise
@@ -452,6 +465,16 @@ def _failure(exc: BaseException) -> tuple[str, str]:
     if isinstance(exc, KeyboardInterrupt):
         return "cancelled", "cancelled with Ctrl-C"
     return "failed", str(exc) if isinstance(exc, StreamerError) else type(exc).__name__
+
+
+def _exporter(spec: PipelineSpec, options: RunOptions) -> PrometheusExporter | None:
+    """The job's Prometheus exporter, when the file or `--metrics-port` asks for one."""
+    port = options.metrics_port or spec.job.metrics.prometheus_port
+    if port is None or not options.metrics:
+        return None
+    from streamer.runtime.prometheus import PrometheusExporter
+
+    return PrometheusExporter(spec.name, port, spec.job.metrics.prometheus_host)
 
 
 def _make_source(spec: Any, ctx: ConnectorContext) -> Source:

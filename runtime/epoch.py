@@ -240,6 +240,8 @@ class EpochRunner:
             dead_letters=ctx.count_of(DEAD), late=ctx.count_of(LATE),
             filtered=sum(int(seen.get.get("filtered") or 0) for seen in ctx.seen_filtered),
             lag={sid: src.lag(job.offsets[sid], now) for sid, src in job.sources.items()},
+            split_lag={sid: per for sid, src in job.sources.items()
+                       if (per := src.split_lag(job.offsets[sid], now)) is not None},
             plan_ms=plan_ms, run_ms=run_ms, commit_ms=(time.monotonic() - t1) * 1000,
             watermark=(job.tracker.current if any(s.event_time for s in job.spec.sources)
                        else None),

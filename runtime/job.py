@@ -47,6 +47,10 @@ class RunOptions:
     from_savepoint: str | None = None
     #: Drop savepoint state whose operator uid is gone instead of refusing.
     allow_non_restored_state: bool = False
+    #: Serve Prometheus metrics on this port (overrides `job.metrics.prometheus.port`).
+    metrics_port: int | None = None
+    #: Serve the metrics the file asks for (off for `streamer test`'s in-process cases).
+    metrics: bool = True
 
 
 def now_ms() -> int:

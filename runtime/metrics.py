@@ -31,7 +31,10 @@ class EpochMetrics:
     late: int = 0
     #: Records that filter operators removed.
     filtered: int = 0
+    #: Per source, what is available but not read yet after the epoch (records, or files
+    #: for a files source: `Source.lag_unit`), when the source can tell; and per split.
     lag: dict[str, int | None] = field(default_factory=dict)
+    split_lag: dict[str, dict[str, int]] = field(default_factory=dict)
     plan_ms: float = 0.0
     run_ms: float = 0.0
     commit_ms: float = 0.0
@@ -158,6 +161,38 @@ class JsonReporter:
         self._emit({"event": "finished", **summary})
 
 
+class TeeReporter:
+    """Hands every report to several reporters (the display and the Prometheus exporter)."""
+
+    def __init__(self, *reporters: Reporter) -> None:
+        self.reporters = reporters
+
+    def started(self, info: dict[str, Any]) -> None:
+        """Pass it on."""
+        for r in self.reporters:
+            r.started(info)
+
+    def epoch(self, m: EpochMetrics) -> None:
+        """Pass it on."""
+        for r in self.reporters:
+            r.epoch(m)
+
+    def message(self, text: str) -> None:
+        """Pass it on."""
+        for r in self.reporters:
+            r.message(text)
+
+    def checkpoint(self, info: dict[str, Any]) -> None:
+        """Pass it on."""
+        for r in self.reporters:
+            r.checkpoint(info)
+
+    def finished(self, summary: dict[str, Any]) -> None:
+        """Pass it on."""
+        for r in self.reporters:
+            r.finished(summary)
+
+
 def _num(n: float) -> str:
     return f"{n:,.0f}"
 
@@ -209,7 +244,9 @@ class LiveReporter:
         """Show the job header and start the live display."""
         self.header = Text.assemble(("▶ ", "green"), (str(info.get("job")), "bold"),
                                     f"  master {info.get('master')}  ",
-                                    (f"Spark UI {info['ui']}" if info.get("ui") else "", "cyan"))
+                                    (f"Spark UI {info['ui']}" if info.get("ui") else "", "cyan"),
+                                    (f"  metrics {info['metrics']}" if info.get("metrics")
+                                     else "", "cyan"))
         self.live = Live(self._render(), console=self.console, refresh_per_second=4,
                          transient=False)
         self.live.start()

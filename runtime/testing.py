@@ -143,7 +143,7 @@ def run_case(spec: PipelineSpec, case: TestCase, spark: SparkSession) -> CaseRes
         memory[k.id] = MemorySink(k, ctx)
         return memory[k.id]
 
-    runner = JobRunner(spec, RunOptions(ui=False), spark=spark,
+    runner = JobRunner(spec, RunOptions(ui=False, metrics=False), spark=spark,
                        source_factory=source_factory, sink_factory=sink_factory)
     runner.run()
     result = CaseResult(case.name)

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+#: The development Kafka broker lives in scripts/ (users run it too), not in tests/.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 
 @pytest.fixture(autouse=True)
@@ -29,7 +34,7 @@ def spark() -> Iterator[object]:
 def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """A real single-node Kafka 4 broker (KRaft) on 127.0.0.1, started once per session.
 
-    Its jars come from Maven Central (`tests/kafka_broker.py fetch`; CI fetches them first).
+    Its jars come from Maven Central (`scripts/kafka_broker.py fetch`; CI fetches them first).
     A broker that cannot start fails the tests that need it; `STREAMER_SKIP_KAFKA=1` skips
     them instead (for machines without Maven or network)."""
     import os

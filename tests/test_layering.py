@@ -15,7 +15,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 #: Folders of the repository root that hold packages but are not part of `streamer`.
-NOT_PACKAGES = {"tests", "bench", "build", "dist"}
+NOT_PACKAGES = {"tests", "bench", "scripts", "build", "dist"}
 
 #: The core: `streamer`'s top-level modules (exceptions, columns, storage, failpoints, ...)
 #: and these packages. Every package may import the core; the core imports only itself.

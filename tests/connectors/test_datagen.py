@@ -127,6 +127,7 @@ def test_unbounded_without_rate_uses_the_default_cap(make: Any) -> None:
     assert piece is not None
     assert piece.expected_records == DEFAULT_MAX_RECORDS_PER_EPOCH
     assert source.lag(piece.end, 0) is None
+    assert source.split_lag(piece.end, 0) is None
     assert not source.exhausted(piece.end)
 
 
@@ -135,6 +136,7 @@ def test_rate_admits_rows_as_time_passes(make: Any) -> None:
     start = {"0": 0, "1": 0}
     assert source.plan(start, 10_000) is None  # the first plan only starts the clock
     assert source.lag(start, 10_500) == 50
+    assert source.split_lag(start, 10_500) == {"0": 25, "1": 25}
     piece = source.plan(start, 10_500)
     assert piece is not None
     assert piece.end == {"0": 25, "1": 25}
@@ -152,6 +154,7 @@ def test_rate_continues_from_restored_offsets(make: Any) -> None:
     assert piece is not None and piece.end == {"0": 502, "1": 502}
     # The limit caps what the rate admits.
     assert source.lag(piece.end, 1_010_000) == 2
+    assert source.split_lag(piece.end, 1_010_000) == {"0": 1, "1": 1}
 
 
 def test_rate_and_cap_together(make: Any) -> None:

@@ -1,4 +1,4 @@
-"""The Kafka source and sink against a real broker (tests/kafka_broker.py) and real Spark."""
+"""The Kafka source and sink against a real broker (scripts/kafka_broker.py) and real Spark."""
 
 from __future__ import annotations
 
@@ -118,6 +118,8 @@ def test_start_latest_skips_what_was_there_and_lag_counts_the_rest(
     piece = source.plan(offsets, 0)
     assert piece is not None and dict(piece.end) == {f"{name}:0": 7, f"{name}:1": 7}
     assert source.lag(offsets, 0) == 4 and source.lag(piece.end, 0) == 0
+    assert source.split_lag(offsets, 0) == {f"{name}:0": 2, f"{name}:1": 2}
+    assert source.split_lag(piece.end, 0) == {f"{name}:0": 0, f"{name}:1": 0}
     rows = sorted(r["n"] for r in source.read(piece).records.collect())
     assert rows == [100, 101, 102, 103]
     earliest = source_of(spark, kafka, topic=name, schema={"n": "int"})

@@ -5,11 +5,14 @@ exactly-once sink commits, corrupt and incomplete checkpoints, incompatible chan
 from __future__ import annotations
 
 import json
+import socket
 import textwrap
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from streamer.checkpoint.metadata import CheckpointError, CheckpointStore
 from streamer.pipeline.validate import load_pipeline_text
@@ -105,6 +108,12 @@ class Job:
     @property
     def store(self) -> CheckpointStore:
         return CheckpointStore(str(self.storage), "chk-test")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def messages(events: list[dict]) -> list[str]:
@@ -269,11 +278,25 @@ def test_a_failed_epoch_restarts_from_the_last_checkpoint(
     monkeypatch.setenv("STREAMER_FAULTS", str(rules))
     job = Job(tmp_path, interval="1ms", attempts=2)
     text = job.text(out=f"faulty://{job.out}")
-    result, events = job.run(spark, text=text)
+    port = free_port()
+    scrapes: list[dict[str, float]] = []
+
+    def scrape(event: dict) -> None:  # the Prometheus endpoint, as each epoch is reported
+        if event["event"] == "epoch":
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as response:
+                scrapes.append({s.name: s.value for f in text_string_to_metric_families(
+                    response.read().decode()) for s in f.samples})
+
+    result, events = job.run(spark, text=text, on_event=scrape, metrics_port=port)
     assert result.status == "finished" and result.restarts == 1
     assert any("restarting from the last checkpoint" in m and "attempt 1 of 2" in m
                for m in messages(events))
     assert committed(job.out) == expected
+    assert [s["streamer_restarts_total"] for s in scrapes[:2]] == [0, 0]
+    assert scrapes[-1]["streamer_restarts_total"] == 1
+    sizes = [e["state_size"] for e in events if e["event"] == "checkpoint"]
+    assert scrapes[-1]["streamer_checkpoint_size_bytes"] == sizes[-1]
+    assert max(s.get("streamer_checkpoint_size_bytes", 0) for s in scrapes) == max(sizes) > 0
 
 
 def test_without_restart_attempts_a_failed_epoch_fails_the_run(

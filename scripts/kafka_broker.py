@@ -4,9 +4,9 @@ the broker's jars are resolved from Maven Central with Maven's dependency plugin
 directory, the storage is formatted with `kafka.tools.StorageTool`, and `kafka.Kafka` runs in
 a child JVM.
 
-    .venv/bin/python tests/kafka_broker.py fetch            # resolve the jars (CI does this)
-    .venv/bin/python tests/kafka_broker.py run [--port 9092] [--dir DIR] [--topic NAME:N]
-    .venv/bin/python tests/kafka_broker.py consume TOPIC [--bootstrap 127.0.0.1:9092]
+    .venv/bin/python scripts/kafka_broker.py fetch            # resolve the jars (CI does this)
+    .venv/bin/python scripts/kafka_broker.py run [--port 9092] [--dir DIR] [--topic NAME:N]
+    .venv/bin/python scripts/kafka_broker.py consume TOPIC [--bootstrap 127.0.0.1:9092]
 
 `spark_kafka_jars()` resolves Spark's own Kafka connector (`spark-sql-kafka-0-10`, the version
 of the installed pyspark) the same way, for `client: spark` and the benchmark.
@@ -238,7 +238,8 @@ class KafkaBroker:
                     m = consumer.poll(1.0)
                     if m is None:
                         if time.monotonic() > deadline:
-                            raise TimeoutError(f"reading {topic}:{part} timed out")
+                            msg = f"reading {topic}:{part} timed out"
+                            raise TimeoutError(msg)
                         continue
                     if m.error():
                         break  # partition EOF (of what this isolation level can see)
@@ -269,6 +270,7 @@ def running_broker(directory: str | Path | None = None, port: int | None = None)
 
 
 def main() -> None:
+    """The command line: fetch, run or consume."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("fetch", help="resolve the broker's and Spark's Kafka jars into the cache")
