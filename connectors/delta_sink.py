@@ -71,13 +71,14 @@ def merge_predicate(keys: tuple[str, ...]) -> str:
 def last_per_key(table: pa.Table, keys: tuple[str, ...]) -> pa.Table:
     """The last row of `table` per distinct key, in the order of those rows: one epoch may
     emit a key twice, and a MERGE takes at most one source row per target row."""
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
     if table.num_rows < 2:
         return table
     numbered = table.select(list(keys)).append_column(
-        _ROW, pa.array(range(table.num_rows), pa.int64()))
+        _ROW, pa.array(np.arange(table.num_rows, dtype=np.int64)))
     last = numbered.group_by(list(keys), use_threads=False).aggregate([(_ROW, "max")])
     if last.num_rows == table.num_rows:
         return table
