@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from streamer.connectors.base import ConnectorContext, Sink, Source
 from streamer.connectors.console import ConsoleSink
 from streamer.connectors.datagen import DatagenSource
+from streamer.connectors.delta_sink import DeltaSink
 from streamer.connectors.exceptions import ConnectorError
 from streamer.connectors.files import FilesSource
 from streamer.connectors.files_sink import FilesSink
@@ -18,7 +19,8 @@ if TYPE_CHECKING:
 
 SOURCES: dict[str, type[Source]] = {"datagen": DatagenSource, "files": FilesSource,
                                     "kafka": KafkaSource}
-SINKS: dict[str, type[Sink]] = {"console": ConsoleSink, "files": FilesSink, "kafka": KafkaSink}
+SINKS: dict[str, type[Sink]] = {"console": ConsoleSink, "delta": DeltaSink, "files": FilesSink,
+                                 "kafka": KafkaSink}
 #: Types the pipeline file accepts that this version cannot run yet.
 NOT_YET: tuple[str, ...] = ()
 

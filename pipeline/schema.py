@@ -371,11 +371,52 @@ def _sink(fields: dict[str, Field], doc: str) -> Obj:
                extra_keys=("type",))
 
 
+COLUMNS = OneOrList(Str("A column of the sink's input.", pattern=COLUMN_PATTERN,
+                        pattern_hint=COLUMN_HINT), "One column or a list of columns.",
+                    noun="column")
+DELTA_SINK = _sink(
+    {
+        "path": Field(Str("Local path or URL (s3://, gs://, az://, abfss://, file://) of the "
+                          "Delta table; created by the first commit."), required=True),
+        "mode": Field(Str("append (default): add each epoch's rows; merge: upsert them by "
+                          "`key` (for `emit: updates` and rolling aggregates).",
+                          enum=("append", "merge"))),
+        "key": Field(COLUMNS),
+        "partition_by": Field(COLUMNS),
+        "storage_options": Field(MapOf(Scalar(), "Passed to delta-rs's object store as-is "
+                                       "(credentials, endpoint, region, ...).")),
+    },
+    "A Delta Lake table, committed by delta-rs once per epoch; exactly once with the epoch "
+    "recorded in the same commit.",
+)
+
+
+def _delta_sink_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
+    mode = value.get("mode", "append")
+    if mode == "merge" and "key" not in value:
+        ck.report((*path, "mode"), "mode: merge upserts rows by key; add key: [<columns>] "
+                  "that identify a row (e.g. the key_by columns, and window_start for "
+                  "windows)")
+    if mode != "merge" and "key" in value:
+        ck.report((*path, "key"), "'key' applies only to mode: merge; add mode: merge, or "
+                  "remove 'key'", at_key=True)
+    for name in ("key", "partition_by"):
+        columns = value.get(name)
+        if isinstance(columns, list):
+            seen = [c for i, c in enumerate(columns) if c in columns[:i]]
+            if seen:
+                ck.report((*path, name), f"{name!r} names column {seen[0]!r} twice; "
+                          "name each column once")
+
+
+DELTA_SINK.rules.append(_delta_sink_rules)
+
 SINK = Tagged(
     {
         "console": _sink({"max_rows": Field(Int("Rows printed per epoch (default 20).",
                                                 minimum=1))},
                          "Prints committed rows as a table."),
+        "delta": DELTA_SINK,
         "files": _sink({"path": Field(Str("fsspec URL of the output directory."),
                                       required=True),
                         "format": Field(Str("File format.", enum=("jsonl", "csv", "parquet")),

@@ -211,12 +211,26 @@ class Analyzer:
         df = self.inputs(k.id, k.inputs, k.path, f"sink {k.id!r}")
         if df is None:
             return
+        if k.type == "delta":
+            self.delta_columns(k, df.columns)
         if k.type == "files" and k.option("format") == "csv":
             for f in df.schema.fields:
                 if f.dataType.typeName() in _NESTED:
                     self.report((*k.path, "format"), f"sink {k.id!r} writes csv, which cannot "
                                 f"hold column {f.name!r} of type {f.dataType.simpleString()}; "
                                 "use jsonl or parquet, or turn the column into a string")
+
+
+    def delta_columns(self, k: SinkSpec, columns: list[str]) -> None:
+        """A delta sink's `key` and `partition_by` name columns of its input."""
+        for name in ("key", "partition_by"):
+            value = k.option(name)
+            for i, column in enumerate(value if isinstance(value, list) else [value]):
+                if column is None or column in columns:
+                    continue
+                at = (*k.path, name, i) if isinstance(value, list) else (*k.path, name)
+                self.report(at, f"sink {k.id!r} has {name}: {column}, but its input has no "
+                            f"such column (it has {', '.join(columns)}); use one of them")
 
 
 def analyze(spec: PipelineSpec, spark: SparkSession, sources: dict[str, Source],

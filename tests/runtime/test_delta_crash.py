@@ -1,0 +1,132 @@
+"""The crash test of test_crash.py into Delta tables: `streamer run` is SIGKILLed at random
+moments and at every fail point (between `_metadata` and the Delta commits, and between the
+commits of the job's two sinks, among them) 10 times or more, restarted each time, and the
+tables then hold exactly what one uninterrupted run writes: the appended windows each once,
+and the merged rolling totals at their last value per key.
+
+The job is test_crash.py's datagen job (10 epochs of data and the final one) with two delta
+sinks: its event-time windows appended to one table, and a rolling aggregate per user
+(`aggregate:` alone, which emits updates) merged by key into another. The tables are read
+back with delta-rs, without Spark.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+from streamer_process import diff, quick_jvm, run_streamer
+from test_crash import EPOCHS, LIMIT, PER_EPOCH, SEED, Lap, LapJob, crash_campaign
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+KILLS = int(os.environ.get("STREAMER_DELTA_CRASH_KILLS", "10"))
+JOB = "dcrash"
+SINKS = {"windows": "windows", "totals_table": "totals"}  # sink id -> table directory
+
+PIPELINE = """\
+name: {job}
+storage: {root}/storage
+job:
+  parallelism: 2
+  checkpoint: {{interval: 1ms, retain: 2}}
+  state: {{backend: rocksdb, local_dir: {root}/local}}
+  restart: {{attempts: 0, delay: 0s}}
+sources:
+  - id: clicks
+    type: datagen
+    splits: 2
+    limit: {limit}
+    max_records_per_epoch: {per_epoch}
+    fields:
+      user: "concat('u', cast((offset * 7 + split) % 13 as string))"
+      amount: "cast(offset % 10 as double)"
+      ts: "timestamp_millis(1767225600000 + offset * 100)"
+    event_time: ts
+    watermark: {{max_out_of_orderness: 1s}}
+operators:
+  - id: per_window
+    input: clicks
+    key_by: [user]
+    window: {{tumbling: 5s}}
+    aggregate: {{n: count(), spent: sum(amount), first: min(ts), last: max(ts)}}
+  - id: totals
+    input: clicks
+    key_by: [user]
+    aggregate: {{n: count(), spent: sum(amount), last: max(ts)}}
+sinks:
+  - id: windows
+    type: delta
+    input: per_window
+    path: {root}/windows
+  - id: totals_table
+    type: delta
+    input: totals
+    path: {root}/totals
+    mode: merge
+    key: [user]
+""" + quick_jvm().replace("{", "{{").replace("}", "}}")
+
+
+def write_job(root: Path) -> Path:
+    """The pipeline file of a lap (its storage, state and tables in `root`)."""
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "job.yaml"
+    path.write_text(PIPELINE.format(job=JOB, root=root, limit=LIMIT, per_epoch=PER_EPOCH))
+    return path
+
+
+def tables(root: Path) -> Counter[str]:
+    """Both tables' rows, read with delta-rs, as canonical JSON tagged with the table."""
+    rows: Counter[str] = Counter()
+    for name in SINKS.values():
+        for row in DeltaTable(str(root / name)).to_pyarrow_table().to_pylist():
+            rows[json.dumps([name, row], sort_keys=True, default=str)] += 1
+    return rows
+
+
+def reference_output(root: Path) -> Counter[str]:
+    """What one uninterrupted run without checkpoints commits (each epoch at once)."""
+    run = run_streamer(write_job(root), "--no-checkpoints")
+    assert run.returncode == 0 and run.finished, run.describe()
+    assert run.finished["epochs"] == EPOCHS, run.finished
+    rows = tables(root)
+    assert sum(rows.values()) > 100
+    assert sum(1 for row in rows if row.startswith('["totals"')) == 13  # one row per user
+    return rows
+
+
+def delta_job() -> LapJob:
+    """This module's job for test_crash.py's campaign: each lap writes tables of its own."""
+
+    def collect(root: Path, lap: Lap) -> None:
+        lap.rows = tables(root)
+        staged = root / "storage" / JOB / "sinks"
+        lap.leftovers = sorted(str(p.relative_to(staged)) for p in staged.rglob("*")
+                               if p.is_file())
+
+    return LapJob(JOB, write_job, collect)
+
+
+def test_sigkill_into_delta_tables_then_they_hold_the_uninterrupted_runs_rows(
+        tmp_path: Path) -> None:
+    print(f"delta crash test seed {SEED} (STREAMER_CRASH_SEED), {KILLS} kills in {tmp_path}")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        reference_f = pool.submit(reference_output, tmp_path / "reference")
+        campaign_f = pool.submit(crash_campaign, "delta", tmp_path / "delta", delta_job(),
+                                 KILLS)
+        reference, campaign = reference_f.result(), campaign_f.result()
+    for lap in campaign.laps:
+        assert lap.rows == reference, f"{diff(lap.rows, reference)}\n{campaign.schedule}"
+        assert lap.leftovers == [], f"{lap.root.name}: {lap.leftovers}\n{campaign.schedule}"
+        assert lap.final_epoch == EPOCHS, campaign.schedule
+    points = Counter(kill.point for kill in campaign.kills)
+    print(f"delta: {len(campaign.kills)} kills in {len(campaign.laps)} lap(s): "
+          f"{dict(sorted(points.items()))}")
+    assert len(campaign.kills) >= KILLS, campaign.schedule
+    assert {"after-metadata", "mid-commit", "random"} <= set(points), campaign.schedule
