@@ -12,13 +12,15 @@ from streamer.connectors.files import FilesSource
 from streamer.connectors.files_sink import FilesSink
 from streamer.connectors.kafka import KafkaSource
 from streamer.connectors.kafka_sink import KafkaSink
+from streamer.connectors.postgres_sink import PostgresSink
 
 if TYPE_CHECKING:
     from streamer.pipeline.spec import SinkSpec, SourceSpec
 
 SOURCES: dict[str, type[Source]] = {"datagen": DatagenSource, "files": FilesSource,
                                     "kafka": KafkaSource}
-SINKS: dict[str, type[Sink]] = {"console": ConsoleSink, "files": FilesSink, "kafka": KafkaSink}
+SINKS: dict[str, type[Sink]] = {"console": ConsoleSink, "files": FilesSink, "kafka": KafkaSink,
+                                "postgres": PostgresSink}
 #: Types the pipeline file accepts that this version cannot run yet.
 NOT_YET: tuple[str, ...] = ()
 

@@ -362,6 +362,44 @@ def _sink(fields: dict[str, Field], doc: str) -> Obj:
                extra_keys=("type",))
 
 
+PG_NAME = r"[A-Za-z_][A-Za-z0-9_$]*"
+POSTGRES_SINK = _sink(
+    {
+        "dsn": Field(Str("libpq connection string or URI, e.g. 'host=db.example port=5432 "
+                         "dbname=analytics user=streamer' or 'postgresql://streamer@db/"
+                         "analytics'; unset parts come from the PG* environment variables."),
+                     required=True),
+        "password_env": Field(Str("The environment variable holding the password (or set "
+                                  "PGPASSWORD, or use ~/.pgpass).", pattern=r"[A-Za-z_]\w*",
+                                  pattern_hint="an environment variable's name")),
+        "table": Field(Str("The table, `name` or `schema.name` (case-sensitive, as written).",
+                           pattern=rf"({PG_NAME}\.)?{PG_NAME}",
+                           pattern_hint="a table name, optionally schema-qualified, e.g. "
+                           "'clicks' or 'analytics.clicks'"), required=True),
+        "mode": Field(Str("append (default): insert every row; upsert: insert or update the "
+                          "row of each key.", enum=("append", "upsert"))),
+        "key": Field(OneOrList(Str(pattern=COLUMN_PATTERN, pattern_hint=COLUMN_HINT),
+                               "upsert only: the columns that identify a row.",
+                               noun="column")),
+        "create_table": Field(Bool("Create the table from the input's columns when it does "
+                                   "not exist (default true).")),
+    },
+    "A PostgreSQL table, appended to or upserted by key; exactly once in exactly_once mode.",
+)
+
+
+def _postgres_sink_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
+    upsert = value.get("mode") == "upsert"
+    if upsert and "key" not in value:
+        ck.report((*path, "mode"), f"{_named('sink', 'sinks')(value, path)} has mode: upsert "
+                  "but no key; add key: [columns that identify a row]", at_key=True)
+    if "key" in value and not upsert:
+        ck.report((*path, "key"), f"{_named('sink', 'sinks')(value, path)} has a key, which "
+                  "only mode: upsert uses; add mode: upsert, or remove key", at_key=True)
+
+
+POSTGRES_SINK.rules.append(_postgres_sink_rules)
+
 SINK = Tagged(
     {
         "console": _sink({"max_rows": Field(Int("Rows printed per epoch (default 20).",
@@ -379,6 +417,7 @@ SINK = Tagged(
                         "properties": Field(MapOf(Scalar(), "Passed to the Kafka producer "
                                                   "as-is."))},
                        "A Kafka topic; transactional in exactly_once mode."),
+        "postgres": POSTGRES_SINK,
     },
     what=_named("sink", "sinks"), description="Where results go.",
 )
