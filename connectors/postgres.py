@@ -108,9 +108,9 @@ def connect(s: Settings) -> Any:
         msg = f"sink {s.sink_id!r} has a dsn libpq cannot parse: {exc}; see the libpq docs"
         raise ConnectorError(msg) from exc
     except psycopg.Error as exc:
-        msg = (f"sink {s.sink_id!r} cannot connect to PostgreSQL at {s.where}: "
-               f"{' '.join(str(exc).split())}; check dsn (and password_env or the PG* variables) and "
-               "that the server is running")
+        reason = " ".join(str(exc).split())
+        msg = (f"sink {s.sink_id!r} cannot connect to PostgreSQL at {s.where}: {reason}; check "
+               "dsn (and password_env or the PG* variables) and that the server is running")
         raise ConnectorError(msg) from exc
 
 
@@ -245,6 +245,7 @@ class Tables:
         from it, keeping the last row of each key."""
         from psycopg import sql
 
+        cur.execute("SET LOCAL TimeZone = 'UTC'")  # timestamps come as UTC wall times
         cols = sql.SQL(", ").join(map(sql.Identifier, table.column_names))
         if self.s.mode != "upsert":
             _copy(cur, sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(self.target,
@@ -275,10 +276,15 @@ def _copy(cur: Any, statement: Any, table: pa.Table) -> None:
 
 def csv_chunks(table: pa.Table) -> Iterator[bytes]:
     """`table` as CSV without a header, in pieces: nulls unquoted and empty, strings quoted,
-    timestamps ISO-8601 (with `Z` when they have a time zone), which COPY ... (FORMAT csv)
-    reads into the columns' types."""
+    timestamps ISO-8601, which COPY ... (FORMAT csv) reads into the columns' types. Timestamps
+    with a time zone are written as their UTC wall time, without the zone (Arrow formats
+    those 15-20x faster), for a transaction whose `TimeZone` is UTC (`Tables.load`)."""
+    import pyarrow as pa
     import pyarrow.csv as pacsv
 
+    for i, f in enumerate(table.schema):
+        if pa.types.is_timestamp(f.type) and f.type.tz is not None:
+            table = table.set_column(i, f.name, table.column(i).cast(pa.timestamp(f.type.unit)))
     options = pacsv.WriteOptions(include_header=False)
     for batch in table.to_batches(max_chunksize=_COPY_BATCH_ROWS):
         out = io.BytesIO()

@@ -30,7 +30,9 @@ idempotent).
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from streamer.connectors.base import ConnectorContext
@@ -67,14 +69,10 @@ class PostgresSink(TableSink):
         """Connect; check the table (or that it may be created); in exactly_once mode, create
         the marker table and prepare the staging directory."""
         tables = self._connected()
-        try:
+        with self._errors("cannot prepare"):
             tables.check_open()
             if self.transactional:
                 tables.create_marker()
-        except ConnectorError:
-            raise
-        except Exception as exc:
-            raise self._failed("cannot prepare", exc) from exc
         if self.transactional:
             from fsspec.core import url_to_fs
 
@@ -89,19 +87,25 @@ class PostgresSink(TableSink):
             self._conn = self._tables = None
         if self._conn is None:
             self._conn = connect(self.settings)
-            try:
+            with self._errors("cannot use"):
                 self._tables = Tables(self.settings, self._conn)
-            except Exception as exc:
-                raise self._failed("cannot use", exc) from exc
         assert self._tables is not None
         return self._tables
 
-    def _failed(self, what: str, exc: BaseException) -> ConnectorError:
-        """A ConnectorError for a database error, naming the sink, the table and the server."""
-        s = self.settings
-        name = self._tables.name if self._tables is not None else s.table
-        text = " ".join(str(exc).split())
-        return ConnectorError(f"sink {s.sink_id!r} {what} table {name} at {s.where}: {text}")
+    @contextlib.contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        """Turn a database error into a ConnectorError naming the sink, what it was doing
+        (`what` the table), the table and the server, with the server's message."""
+        try:
+            yield
+        except ConnectorError:
+            raise
+        except Exception as exc:
+            s = self.settings
+            name = self._tables.name if self._tables is not None else s.table
+            text = " ".join(str(exc).split())
+            msg = f"sink {s.sink_id!r} {what} table {name} at {s.where}: {text}"
+            raise ConnectorError(msg) from exc
 
     # ---------------------------------------------------------------------------- write
     def table_of(self, df: DataFrame) -> DataFrame:
@@ -136,11 +140,9 @@ class PostgresSink(TableSink):
             return handle
         if not self.transactional:
             tables = self._connected()
-            try:
-                with self._conn.transaction(), self._conn.cursor() as cur:
-                    tables.load(cur, table)
-            except Exception as exc:
-                raise self._failed(f"cannot write epoch {epoch} to", exc) from exc
+            with (self._errors(f"cannot write epoch {epoch} to"), self._conn.transaction(),
+                  self._conn.cursor() as cur):
+                tables.load(cur, table)
             return handle
         import pyarrow.parquet as pq
 
@@ -157,12 +159,8 @@ class PostgresSink(TableSink):
         if key in self._ensured:
             return
         tables = self._connected()
-        try:
+        with self._errors("cannot create or check"):
             tables.ensure(columns)
-        except ConnectorError:
-            raise
-        except Exception as exc:
-            raise self._failed("cannot create or check", exc) from exc
         self._ensured.add(key)
 
     def _staged(self, epoch: int) -> str:
@@ -185,18 +183,16 @@ class PostgresSink(TableSink):
         tables = self._connected()
         self._ensure([(str(n), str(t)) for n, t in handle.get("columns", [])])
         job = self.ctx.job_name
-        try:
-            with self._conn.transaction(), self._conn.cursor() as cur:
-                tables.lock(cur, f"streamer-commit:{job}/{self.spec.id}")
-                marked, marked_lineage = tables.marker_of(cur, job)
-                done = marked_lineage == lineage and marked >= epoch
-                if not done:
-                    tables.load(cur, self._read_staged(epoch, path))
-                    tables.move_marker(cur, job, epoch, lineage)
-        except ConnectorError:
-            raise
-        except Exception as exc:
-            raise self._failed(f"cannot commit epoch {epoch} to", exc) from exc
+        with (self._errors(f"cannot commit epoch {epoch} to"), self._conn.transaction(),
+              self._conn.cursor() as cur):
+            # 1. wait for any other committer of this job and sink (a dead run's transaction)
+            tables.lock(cur, f"streamer-commit:{job}/{self.spec.id}")
+            # 2. the marker: is this epoch of this lineage in already?
+            marked, marked_lineage = tables.marker_of(cur, job)
+            if not (marked_lineage == lineage and marked >= epoch):
+                # 3. the rows and the marker, committed together when the block ends
+                tables.load(cur, self._read_staged(epoch, path))
+                tables.move_marker(cur, job, epoch, lineage)
         if self._fs.exists(path):
             self._fs.rm(path)
 
