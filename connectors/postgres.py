@@ -159,11 +159,16 @@ class Tables:
         cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (what,))
 
     def create_marker(self) -> None:
-        """The marker table, if it is not there yet (its own transaction)."""
+        """The marker table, if it is not there yet (its own transaction; a user without
+        CREATE on the schema can use one created for it)."""
         from psycopg import sql
 
         with self.conn.transaction(), self.conn.cursor() as cur:
             self.lock(cur, f"streamer-create:{self.schema}.{MARKER_TABLE}")
+            cur.execute("SELECT to_regclass(%s)", (self.marker.as_string(cur),))
+            found = cur.fetchone()
+            if found and found[0] is not None:
+                return
             cur.execute(sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {} (job text NOT NULL, sink text NOT NULL, "
                 "lineage text NOT NULL, epoch bigint NOT NULL, committed_at timestamptz NOT "

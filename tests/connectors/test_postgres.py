@@ -367,3 +367,27 @@ def test_rolling_aggregate_and_window_updates_upserted_through_a_job(
     per_window = postgres.query(f'SELECT count(*), sum(n), count(DISTINCT (window_start, '
                                 f'"user")) FROM "{windows}"')
     assert per_window == [(7 * 3, 600, 7 * 3)]  # 30 s of event time: 3 windows per user
+
+
+@pytest.mark.postgres
+@pytest.mark.spark
+def test_a_user_without_create_writes_into_tables_made_for_it(spark: Any, postgres: Any,
+                                                              tmp_path: Path) -> None:
+    """The privileges the docs list are enough: SELECT, INSERT on the table and SELECT, INSERT,
+    UPDATE on the marker table, no CREATE on the schema (PostgreSQL 15's default for public)."""
+    table, role = table_name(), f"writer_{uuid.uuid4().hex[:6]}"
+    postgres.query(f"CREATE ROLE {role} LOGIN")
+    postgres.query(f'CREATE TABLE "{table}" ("user" text, n bigint, ts timestamptz)')
+    postgres.query("CREATE TABLE IF NOT EXISTS streamer_sink_commits (job text NOT NULL, sink "
+                   "text NOT NULL, lineage text NOT NULL, epoch bigint NOT NULL, committed_at "
+                   "timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (job, sink))")
+    postgres.query(f'GRANT SELECT, INSERT ON "{table}" TO {role}')
+    postgres.query(f"GRANT SELECT, INSERT, UPDATE ON streamer_sink_commits TO {role}")
+
+    class AsRole:
+        dsn = postgres.dsn.replace("user=streamer", f"user={role}")
+
+    sink = sink_of(spark, AsRole(), table, tmp_path, job="grants")
+    sink.commit(1, sink.write(1, frame(spark, 0, 5)))
+    assert ns(postgres, table) == list(range(5))
+    sink.close()
