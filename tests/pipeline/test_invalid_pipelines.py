@@ -817,8 +817,8 @@ CASES = [
             type: consle
             input: src
         """,
-        ["p.yaml:8:11: unknown type 'consle' for sink 'out'; valid: console, files, kafka; "
-         "did you mean 'console'?"],
+        ["p.yaml:8:11: unknown type 'consle' for sink 'out'; valid: console, files, kafka, "
+         "postgres; did you mean 'console'?"],
         id="unknown-sink-type-suggested",
     ),
     # --------------------------------------------------------------- ids and references
@@ -2195,8 +2195,8 @@ CASES = [
         """,
         ["p.yaml:9:12: sink 'out' has input 'srcc', which is not a source or operator; did "
          "you mean 'src'?",
-         "p.yaml:11:11: unknown type 'consol' for sink 'log'; valid: console, files, kafka; "
-         "did you mean 'console'?"],
+         "p.yaml:11:11: unknown type 'consol' for sink 'log'; valid: console, files, kafka, "
+         "postgres; did you mean 'console'?"],
         id="structural-and-reference-problems-together",
     ),
     pytest.param(
