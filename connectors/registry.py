@@ -13,6 +13,7 @@ from streamer.connectors.files import FilesSource
 from streamer.connectors.files_sink import FilesSink
 from streamer.connectors.kafka import KafkaSource
 from streamer.connectors.kafka_sink import KafkaSink
+from streamer.connectors.postgres_sink import PostgresSink
 
 if TYPE_CHECKING:
     from streamer.pipeline.spec import SinkSpec, SourceSpec
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 SOURCES: dict[str, type[Source]] = {"datagen": DatagenSource, "files": FilesSource,
                                     "kafka": KafkaSource}
 SINKS: dict[str, type[Sink]] = {"console": ConsoleSink, "delta": DeltaSink, "files": FilesSink,
-                                 "kafka": KafkaSink}
+                                 "kafka": KafkaSink, "postgres": PostgresSink}
 #: Types the pipeline file accepts that this version cannot run yet.
 NOT_YET: tuple[str, ...] = ()
 

@@ -26,13 +26,21 @@ from streamer.pipeline.model import (
     Str,
     Tagged,
 )
+from streamer.pipeline.schema_base import (
+    COLUMN_HINT,
+    COLUMN_PATTERN,
+    EXPR,
+    ID,
+    ID_HINT,
+    ID_PATTERN,
+    REF,
+    SPARK_TYPE,
+    _exactly_one,
+    _named,
+)
+from streamer.pipeline.schema_sinks import SINK
 from streamer.pipeline.units import parse_duration_ms
 from streamer.pipeline.yaml_loader import Path
-
-ID_PATTERN = r"[a-z][a-z0-9_]*"
-ID_HINT = "lowercase letters, digits and underscores, starting with a letter"
-COLUMN_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*"
-COLUMN_HINT = "a column name (letters, digits and underscores, not starting with a digit)"
 
 AGGREGATES = {  # name -> number of arguments
     "count": 0, "sum": 1, "min": 1, "max": 1, "avg": 1, "first": 1, "last": 1,
@@ -67,35 +75,8 @@ def parse_aggregate(text: str) -> tuple[str, str | None] | None:
     return None
 
 
-def _named(kind: str, plural: str) -> Any:
-    def what(value: Any, path: Path) -> str:
-        if isinstance(value, dict) and isinstance(value.get("id"), str):
-            return f"{kind} {value['id']!r}"
-        index = path[-1] if path else 0
-        return f"{plural}[{index}]"
-    return what
-
-
-def _exactly_one(keys: tuple[str, ...], noun: str) -> Any:
-    def rule(value: dict[str, Any], path: Path, ck: Checker) -> None:
-        present = [k for k in keys if k in value]
-        if len(present) == 1:
-            return
-        what = f"{noun}"
-        if not present:
-            ck.report(path, f"{what} needs exactly one of {', '.join(keys)}")
-        else:
-            ck.report((*path, present[1]), f"{what} needs exactly one of {', '.join(keys)}; "
-                      f"it has {' and '.join(present)}", at_key=True)
-    return rule
-
 
 # ---------------------------------------------------------------------------------- sources
-ID = Str(description="Unique id in the file.", pattern=ID_PATTERN, pattern_hint=ID_HINT)
-REF = Str(description="The id of a source, operator or sink in this file.")
-EXPR = Str(description="A Spark SQL expression.")
-SPARK_TYPE = Str(description="A Spark SQL type name: string, bigint, double, timestamp, "
-                 "decimal(10,2), array<string>, ...")
 
 WATERMARK = Obj(
     {
@@ -356,83 +337,6 @@ OPERATOR = Obj(
     "One transformation; exactly one of filter, select, with_columns, key_by.",
     what=_named("operator", "operators"),
     rules=[_operator_rules],
-)
-
-# ------------------------------------------------------------------------------------ sinks
-SINK_COMMON: dict[str, Field] = {
-    "id": Field(ID, required=True),
-    "input": Field(OneOrList(REF, "One id or a list of ids. A sink used only as on_error "
-                             "or late output needs none.")),
-}
-
-
-def _sink(fields: dict[str, Field], doc: str) -> Obj:
-    return Obj({**SINK_COMMON, **fields}, description=doc, what=_named("sink", "sinks"),
-               extra_keys=("type",))
-
-
-COLUMNS = OneOrList(Str("A column of the sink's input.", pattern=COLUMN_PATTERN,
-                        pattern_hint=COLUMN_HINT), "One column or a list of columns.",
-                    noun="column")
-DELTA_SINK = _sink(
-    {
-        "path": Field(Str("Local path or URL (s3://, gs://, az://, abfss://, file://) of the "
-                          "Delta table; created by the first commit."), required=True),
-        "mode": Field(Str("append (default): add each epoch's rows; merge: upsert them by "
-                          "`key` (for `emit: updates` and rolling aggregates).",
-                          enum=("append", "merge"))),
-        "key": Field(COLUMNS),
-        "partition_by": Field(COLUMNS),
-        "storage_options": Field(MapOf(Scalar(), "Passed to delta-rs's object store as-is "
-                                       "(credentials, endpoint, region, ...).")),
-    },
-    "A Delta Lake table, committed by delta-rs once per epoch; exactly once with the epoch "
-    "recorded in the same commit.",
-)
-
-
-def _delta_sink_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
-    mode = value.get("mode", "append")
-    if mode == "merge" and "key" not in value:
-        ck.report((*path, "mode"), "mode: merge upserts rows by key; add key: [<columns>] "
-                  "that identify a row (e.g. the key_by columns, and window_start for "
-                  "windows)")
-    if mode != "merge" and "key" in value:
-        ck.report((*path, "key"), "'key' applies only to mode: merge; add mode: merge, or "
-                  "remove 'key'", at_key=True)
-    for name in ("key", "partition_by"):
-        columns = value.get(name)
-        if isinstance(columns, list):
-            seen = [c for i, c in enumerate(columns) if c in columns[:i]]
-            if seen:
-                ck.report((*path, name), f"{name!r} names column {seen[0]!r} twice; "
-                          "name each column once")
-
-
-DELTA_SINK.rules.append(_delta_sink_rules)
-
-SINK = Tagged(
-    {
-        "console": _sink({"max_rows": Field(Int("Rows printed per epoch (default 20).",
-                                                minimum=1))},
-                         "Prints committed rows as a table."),
-        "delta": DELTA_SINK,
-        "files": _sink({"path": Field(Str("fsspec URL of the output directory."),
-                                      required=True),
-                        "format": Field(Str("File format.", enum=("jsonl", "csv", "parquet")),
-                                        required=True)},
-                       "Files that become visible only when their epoch commits."),
-        "kafka": _sink({"bootstrap_servers": Field(Str("host:port[,host:port]"),
-                                                   required=True),
-                        "topic": Field(Str("Topic to write."), required=True),
-                        "format": Field(Str("Value format: one JSON object per row "
-                                            "(default json).", enum=("json",))),
-                        "key": Field(Str("Column used as the record key.")),
-                        "properties": Field(MapOf(Scalar(), "Passed to the Kafka producer "
-                                                  "as-is."))},
-                       "A Kafka topic; transactional in exactly_once mode."),
-    },
-    what=_named("sink", "sinks"), description="Where results go.",
 )
 
 # -------------------------------------------------------------------------------- top level

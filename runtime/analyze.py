@@ -219,6 +219,26 @@ class Analyzer:
                     self.report((*k.path, "format"), f"sink {k.id!r} writes csv, which cannot "
                                 f"hold column {f.name!r} of type {f.dataType.simpleString()}; "
                                 "use jsonl or parquet, or turn the column into a string")
+        if k.type == "postgres":
+            self._postgres_sink(k, df.schema)
+
+    def _postgres_sink(self, k: SinkSpec, schema: Any) -> None:
+        """The key columns are input columns; every column has a PostgreSQL type."""
+        from streamer.connectors.postgres import unwritable
+
+        key = k.option("key") or []
+        for i, name in enumerate([key] if isinstance(key, str) else key):
+            if name not in schema.fieldNames():
+                where = (*k.path, "key") if isinstance(key, str) else (*k.path, "key", i)
+                self.report(where, f"sink {k.id!r} has key column {name!r}, but its input "
+                            f"has no such column (it has {', '.join(schema.fieldNames())}); "
+                            "use one of them")
+        bad = unwritable(schema)
+        if bad:
+            self.report((*k.path, "type"), f"sink {k.id!r} cannot write column "
+                        f"{', '.join(bad)} to PostgreSQL; cast it to a supported type "
+                        "(string, numbers, boolean, date, timestamp, binary, arrays, maps, "
+                        "structs) before the sink")
 
 
     def delta_columns(self, k: SinkSpec, columns: list[str]) -> None:

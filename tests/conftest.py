@@ -46,3 +46,21 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     broker = KafkaBroker(tmp_path_factory.mktemp("kafka")).start()
     yield broker
     broker.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[object]:
+    """A real PostgreSQL server (Debian's `postgresql` package) on 127.0.0.1, started once per
+    session in a temporary directory (tests/postgres_server.py).
+
+    A server that cannot start fails the tests that need it; `STREAMER_SKIP_POSTGRES=1` skips
+    them instead (for machines without the package)."""
+    import os
+
+    if os.environ.get("STREAMER_SKIP_POSTGRES") == "1":
+        pytest.skip("STREAMER_SKIP_POSTGRES=1")
+    from postgres_server import PostgresServer
+
+    server = PostgresServer().start()
+    yield server
+    server.stop()

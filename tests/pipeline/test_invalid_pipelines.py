@@ -817,7 +817,8 @@ CASES = [
             type: consle
             input: src
         """,
-        ["p.yaml:8:11: unknown type 'consle' for sink 'out'; valid: console, delta, files, kafka; "
+        ["p.yaml:8:11: unknown type 'consle' for sink 'out'; valid: console, delta, files, kafka, "
+         "postgres; "
          "did you mean 'console'?"],
         id="unknown-sink-type-suggested",
     ),
@@ -2195,7 +2196,8 @@ CASES = [
         """,
         ["p.yaml:9:12: sink 'out' has input 'srcc', which is not a source or operator; did "
          "you mean 'src'?",
-         "p.yaml:11:11: unknown type 'consol' for sink 'log'; valid: console, delta, files, kafka; "
+         "p.yaml:11:11: unknown type 'consol' for sink 'log'; valid: console, delta, files, kafka, "
+         "postgres; "
          "did you mean 'console'?"],
         id="structural-and-reference-problems-together",
     ),

@@ -75,7 +75,8 @@ def test_a_new_key_appears_without_touching_the_generator(schema: dict[str, Any]
     execution = changed["properties"]["job"]["properties"]["execution"]["properties"]
     execution["new_knob"] = {"type": "integer", "minimum": 2,
                              "description": "A knob (default 7)."}
-    kafka = changed["properties"]["sinks"]["items"]["oneOf"][2]
+    (kafka,) = (s for s in changed["properties"]["sinks"]["items"]["oneOf"]
+                if "bootstrap_servers" in s["properties"])
     kafka["properties"]["linger"] = {"type": "string",
                                      "pattern": r"^\s*\d+(\.\d+)?\s*(ms|s|m|h|d)\s*$",
                                      "description": "Wait before sending."}

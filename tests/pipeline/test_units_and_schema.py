@@ -171,7 +171,7 @@ def test_every_object_with_properties_forbids_unknown_keys(schema: dict[str, Any
 
 @pytest.mark.parametrize(("section", "kinds"), [
     ("sources", ["datagen", "files", "kafka"]),
-    ("sinks", ["console", "delta", "files", "kafka"]),
+    ("sinks", ["console", "delta", "files", "kafka", "postgres"]),
 ])
 def test_sources_and_sinks_are_one_of_their_types(schema: dict[str, Any], section: str,
                                                   kinds: list[str]) -> None:

@@ -1,0 +1,148 @@
+"""The crash test of test_crash.py into PostgreSQL: `streamer run` is SIGKILLed at random
+moments and at every fail point (between `_metadata` and the sinks' transactions, and between
+the first sink's transaction and the second's, among them) 10 times or more, restarted each
+time, and the database then holds exactly the rows of one uninterrupted run.
+
+The job is test_crash.py's (datagen, 2 splits x 600 rows at 120 per epoch: 10 epochs of data
+and the final one; 5-second tumbling windows per user at parallelism 2, RocksDB state, a
+checkpoint every epoch) with two PostgreSQL sinks: `final` appends each window once it
+closes, `updates` upserts every window by (user, window_start) after each epoch in which it
+changed (`emit: updates`). An epoch appended twice would show as a duplicate row of `final`;
+an epoch lost, as a missing one, or a stale value of `updates`. Every lap writes tables of its
+own; the marker rows (job, sink) are the job's, shared by the laps one after another (a new
+lap is a new lineage, as a `--fresh` run would be).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from streamer_process import diff, quick_jvm, run_streamer
+from test_crash import EPOCHS, LIMIT, PER_EPOCH, SEED, Lap, LapJob, crash_campaign
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.postgres]
+
+KILLS = int(os.environ.get("STREAMER_PG_CRASH_KILLS", "10"))
+JOB = "pgcrash"
+SINKS = ("final", "updates")
+
+PIPELINE = """\
+name: {job}
+storage: {root}/storage
+job:
+  parallelism: 2
+  checkpoint: {{interval: 1ms, retain: 2}}
+  state: {{backend: rocksdb, local_dir: {root}/local}}
+  restart: {{attempts: 0, delay: 0s}}
+sources:
+  - id: clicks
+    type: datagen
+    splits: 2
+    limit: {limit}
+    max_records_per_epoch: {per_epoch}
+    fields:
+      user: "concat('u', cast((offset * 7 + split) % 13 as string))"
+      amount: "cast(offset % 10 as double)"
+      ts: "timestamp_millis(1767225600000 + offset * 100)"
+    event_time: ts
+    watermark: {{max_out_of_orderness: 1s}}
+operators:
+  - id: per_window
+    input: clicks
+    key_by: [user]
+    window: {{tumbling: 5s}}
+    aggregate: {{n: count(), spent: sum(amount), first: min(ts), last: max(ts)}}
+  - id: per_window_updates
+    input: clicks
+    key_by: [user]
+    window: {{tumbling: 5s, emit: updates}}
+    aggregate: {{n: count(), spent: sum(amount)}}
+sinks:
+  - id: final
+    type: postgres
+    input: per_window
+    dsn: {dsn}
+    table: {prefix}_final
+  - id: updates
+    type: postgres
+    input: per_window_updates
+    dsn: {dsn}
+    table: {prefix}_updates
+    mode: upsert
+    key: [user, window_start]
+""" + quick_jvm().replace("{", "{{").replace("}", "}}")
+
+
+def write_job(root: Path, postgres: Any) -> tuple[Path, str]:
+    """The pipeline file of a lap and the prefix of its tables."""
+    root.mkdir(parents=True, exist_ok=True)
+    prefix = f"pgcrash_{uuid.uuid4().hex[:8]}"
+    path = root / "job.yaml"
+    path.write_text(PIPELINE.format(job=JOB, root=root, dsn=postgres.dsn, prefix=prefix,
+                                    limit=LIMIT, per_epoch=PER_EPOCH))
+    return path, prefix
+
+
+def committed(postgres: Any, prefix: str) -> Counter[str]:
+    """Every row of both tables as canonical JSON, tagged with its sink."""
+    rows: Counter[str] = Counter()
+    for sink in SINKS:
+        rows.update(f"{sink} {text}" for (text,) in postgres.query(
+            f"SELECT row_to_json(t)::text FROM {prefix}_{sink} t"))
+    return rows
+
+
+def reference_output(root: Path, postgres: Any) -> Counter[str]:
+    """What one uninterrupted run (no checkpoints: rows written at each epoch) leaves."""
+    path, prefix = write_job(root, postgres)
+    run = run_streamer(path, "--no-checkpoints")
+    assert run.returncode == 0 and run.finished, run.describe()
+    assert run.finished["epochs"] == EPOCHS, run.finished
+    rows = committed(postgres, prefix)
+    assert sum(rows.values()) > 200
+    return rows
+
+
+def postgres_job(postgres: Any) -> LapJob:
+    """This module's job for test_crash.py's campaign: each lap writes tables of its own."""
+    prefixes: dict[Path, str] = {}
+
+    def write(root: Path) -> Path:
+        path, prefixes[root] = write_job(root, postgres)
+        return path
+
+    def collect(root: Path, lap: Lap) -> None:
+        lap.rows = committed(postgres, prefixes[root])
+        lap.leftovers = []
+        for sink in SINKS:
+            staged = root / "storage" / JOB / "sinks" / sink
+            lap.leftovers += sorted(p.name for p in staged.iterdir()) if staged.exists() else []
+
+    return LapJob(JOB, write, collect)
+
+
+def test_sigkill_into_postgres_then_the_tables_hold_exactly_the_reference_rows(
+        postgres: Any, tmp_path: Path) -> None:
+    print(f"postgres crash test seed {SEED} (STREAMER_CRASH_SEED), {KILLS} kills in {tmp_path}")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        reference_f = pool.submit(reference_output, tmp_path / "reference", postgres)
+        campaign_f = pool.submit(crash_campaign, "postgres", tmp_path / "postgres",
+                                 postgres_job(postgres), KILLS)
+        reference, campaign = reference_f.result(), campaign_f.result()
+    assert sum(1 for r in reference if r.startswith("updates ")) == sum(
+        1 for r in reference if r.startswith("final "))  # every window, once, in both
+    for lap in campaign.laps:
+        assert lap.rows == reference, f"{diff(lap.rows, reference)}\n{campaign.schedule}"
+        assert lap.leftovers == [], f"{lap.root.name}: {lap.leftovers}\n{campaign.schedule}"
+        assert lap.final_epoch == EPOCHS, campaign.schedule
+    points = Counter(kill.point for kill in campaign.kills)
+    print(f"postgres: {len(campaign.kills)} kills in {len(campaign.laps)} lap(s): "
+          f"{dict(sorted(points.items()))}")
+    assert len(campaign.kills) >= KILLS, campaign.schedule
+    assert {"after-metadata", "mid-commit", "random"} <= set(points), campaign.schedule
