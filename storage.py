@@ -26,12 +26,13 @@ import contextlib
 import datetime
 import hashlib
 import importlib
+import json
 import os
 import posixpath
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -46,6 +47,44 @@ CHUNK = 1 << 20
 #: Files up to this size are uploaded to non-local stores as one PUT from memory (hashed while
 #: read once); larger ones are hashed, then handed to the store's `put_file`.
 SINGLE_PUT_LIMIT = 64 << 20
+
+
+#: The keys of a pipeline's `storage_options:` block (for `s3://` URLs).
+S3_OPTIONS = ("endpoint_url", "key", "secret", "token", "region", "anon")
+#: The environment variable fsspec reads the default options of every `s3://` file system
+#: from (JSON), in this process and in the processes it starts (Spark's Python workers).
+S3_OPTIONS_ENV = "FSSPEC_S3"
+
+
+def s3fs_arguments(options: Mapping[str, Any]) -> dict[str, Any]:
+    """A `storage_options:` block as s3fs's `S3FileSystem` arguments (`region` becomes the
+    client's `region_name`)."""
+    out: dict[str, Any] = {k: options[k] for k in S3_OPTIONS
+                           if k != "region" and options.get(k) is not None}
+    if options.get("region"):
+        out["client_kwargs"] = {"region_name": str(options["region"])}
+    return out
+
+
+def use_s3_options(options: Mapping[str, Any]) -> dict[str, str]:
+    """Make a pipeline's `storage_options:` the defaults of every `s3://` file system this
+    process opens (storage, files sources and sinks) and of the processes it starts: fsspec's
+    config and `FSSPEC_S3` in the environment, which Spark's local Python workers inherit.
+    Returns the variable for executors elsewhere (`spark.executorEnv.FSSPEC_S3`); {} when
+    there are no options. Explicit options win over the `AWS_*` variables botocore reads."""
+    if not options:
+        return {}
+    arguments = s3fs_arguments(options)
+    fsspec.config.conf.setdefault("s3", {}).update(arguments)
+    with contextlib.suppress(ValueError):
+        current = json.loads(os.environ.get(S3_OPTIONS_ENV) or "{}")
+        arguments = {**(current if isinstance(current, dict) else {}), **arguments}
+    os.environ[S3_OPTIONS_ENV] = json.dumps(arguments)
+    with contextlib.suppress(ImportError):  # instances made before use the old options
+        import s3fs
+
+        s3fs.S3FileSystem.clear_instance_cache()
+    return {S3_OPTIONS_ENV: os.environ[S3_OPTIONS_ENV]}
 
 
 class StorageError(StreamerError):
