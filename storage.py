@@ -170,6 +170,52 @@ def _modified_at(info: dict[str, Any]) -> float | None:
     return None
 
 
+def _precondition_failed(exc: BaseException) -> bool:
+    """Whether `exc` is an S3 server's 412 Precondition Failed (of `If-None-Match: *`): s3fs
+    makes it `FileExistsError` only when the answer names its condition, as AWS's does."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if "PreconditionFailed" in str(seen) or "412" in str(getattr(seen, "response", "")):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _multipart_uploads(fs: Any, bucket: str) -> Iterator[dict[str, Any]]:
+    """Every unfinished multipart upload of `bucket`, page by page: listed without a prefix,
+    since MinIO matches `Prefix` only against whole keys."""
+    markers: dict[str, str] = {}
+    while True:
+        page = fs.call_s3("list_multipart_uploads", Bucket=bucket, **markers)
+        yield from page.get("Uploads", []) or []
+        if not page.get("IsTruncated"):
+            return
+        markers = {"KeyMarker": page.get("NextKeyMarker", ""),
+                   "UploadIdMarker": page.get("NextUploadIdMarker", "")}
+
+
+def abort_stale_uploads(fs: Any, path: str, older_than_s: float) -> list[str]:
+    """Abort the unfinished multipart uploads under `path` (an `s3://` file system's path)
+    started more than `older_than_s` seconds ago: what uploads killed midway left behind (the
+    store keeps their parts, invisible but billed, until aborted). Other file systems have
+    none: []. Returns the keys of the aborted uploads."""
+    if not hasattr(fs, "list_multipart_uploads"):
+        return []
+    bucket, _, prefix = fs._strip_protocol(path).partition("/")
+    prefix = prefix.strip("/")
+    prefix = f"{prefix}/" if prefix else ""
+    cutoff = time.time() - older_than_s
+    aborted = []
+    for upload in _multipart_uploads(fs, bucket):
+        key, started = str(upload.get("Key", "")), upload.get("Initiated")
+        when = started.timestamp() if isinstance(started, datetime.datetime) else None
+        if key.startswith(prefix) and (when is None or when < cutoff):
+            fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key,
+                       UploadId=upload["UploadId"])
+            aborted.append(key)
+    return aborted
+
+
 def _copy_hashing(source: IO[bytes], target: IO[bytes]) -> tuple[int, str]:
     digest = hashlib.sha256()
     size = 0
@@ -280,6 +326,10 @@ class Storage:
                     fh.write(data)
             except FileExistsError:
                 return False
+            except OSError as exc:
+                if not _precondition_failed(exc):
+                    raise
+                return False  # a conditional PUT refused without naming its condition
             except (ValueError, NotImplementedError):  # no exclusive mode: check, then write
                 if self.fs.exists(path):
                     return False
@@ -347,8 +397,9 @@ class Storage:
     def remove_stale_temporaries(self, rel: str, older_than_s: float) -> list[str]:
         """Delete the temporary files (`_temp_name`: `.<name>.<hex>.tmp`) under `rel` last
         modified more than `older_than_s` seconds ago: what writes and uploads killed midway
-        left behind (a live one is younger). Files without a known time are kept. Returns
-        the deleted paths (relative to the root)."""
+        left behind (a live one is younger), and abort an object store's multipart uploads
+        as old (`abort_stale_uploads`). Files without a known time are kept. Returns the
+        deleted paths (relative to the root; an aborted upload as `(upload) <key>`)."""
         base = self.path("").rstrip("/") + "/"
         with self._errors("list", rel):
             try:
@@ -356,7 +407,9 @@ class Storage:
             except FileNotFoundError:
                 return []
         cutoff = time.time() - older_than_s
-        deleted = []
+        with self._errors("abort the unfinished uploads under", rel):
+            deleted = [f"(upload) {key}" for key in
+                       abort_stale_uploads(self.fs, self.path(rel), older_than_s)]
         for full, info in found.items():
             name = posixpath.basename(full)
             changed = _modified_at(info)
