@@ -164,6 +164,8 @@ def main() -> None:
         return
     directory = Path(args.dir or tempfile.mkdtemp(prefix="streamer-minio-"))
     server = S3Server(directory, args.port).start()
+    # sigwait needs the signals blocked (after the start: a child would inherit the mask).
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     server.create_bucket(args.bucket)
     print(f"MinIO on {server.endpoint}, bucket s3://{args.bucket}, data in {directory}")
     for key, value in server.env().items():
