@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from streamer_process import STREAMER, Run, diff, run_streamer
+from streamer_process import STREAMER, FilesOutput, Run, diff, quick_jvm, run_streamer
 from test_crash import (
     EPOCHS,
     JOB,
@@ -236,3 +236,44 @@ def test_a_job_on_s3_is_controlled_from_other_processes_and_restored_from_a_loca
     assert out["rows"] == reference, diff(out["rows"], reference)
     assert out["leftovers"] == [], out["leftovers"]
 
+
+
+SOURCE_PIPELINE = """\
+name: from-s3
+storage: {root}/storage
+storage_options:
+{options}sources:
+  - id: orders
+    type: files
+    path: s3://streamer/{prefix}/in/*.jsonl
+    format: jsonl
+    schema: {{order_id: bigint, amount: double}}
+    on_error: bad
+operators:
+  - id: big
+    input: orders
+    filter: "amount >= 10"
+sinks:
+  - {{id: out, type: files, input: big, path: {root}/out, format: jsonl}}
+  - {{id: bad, type: files, path: {root}/bad, format: jsonl}}
+""" + quick_jvm().replace("{", "{{").replace("}", "}}")
+
+
+def test_a_files_source_reads_s3_through_storage_options(s3: Any, tmp_path: Path) -> None:
+    fs = s3.filesystem()
+    prefix = f"source-{uuid.uuid4().hex[:8]}"
+    for n in range(3):
+        lines = [json.dumps({"order_id": n * 10 + i, "amount": float(i * 5)}) for i in range(4)]
+        fs.pipe_file(f"streamer/{prefix}/in/orders-{n}.jsonl", ("\n".join(lines) + "\n").encode())
+    fs.pipe_file(f"streamer/{prefix}/in/orders-3.jsonl", b"not json\n")
+    fs.pipe_file(f"streamer/{prefix}/in/_staging.jsonl", b'{"order_id": 99, "amount": 99}\n')
+    options = "".join(f"  {k}: {v}\n" for k, v in s3.storage_options().items())
+    pipeline = tmp_path / "job.yaml"
+    pipeline.write_text(SOURCE_PIPELINE.format(root=tmp_path, prefix=prefix, options=options))
+    run = run_streamer(pipeline, "--no-checkpoints")
+    assert run.returncode == 0 and run.finished, run.describe()
+    rows = FilesOutput(tmp_path / "out").committed()
+    assert sorted(json.loads(r)["order_id"] for r in rows.elements()) == [2, 3, 12, 13, 22, 23]
+    bad = [json.loads(r) for r in FilesOutput(tmp_path / "bad").committed().elements()]
+    assert [(b["split"], b["record"]) for b in bad] == [
+        (f"s3://streamer/{prefix}/in/orders-3.jsonl", "not json")]
