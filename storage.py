@@ -26,12 +26,13 @@ import contextlib
 import datetime
 import hashlib
 import importlib
+import json
 import os
 import posixpath
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -46,6 +47,44 @@ CHUNK = 1 << 20
 #: Files up to this size are uploaded to non-local stores as one PUT from memory (hashed while
 #: read once); larger ones are hashed, then handed to the store's `put_file`.
 SINGLE_PUT_LIMIT = 64 << 20
+
+
+#: The keys of a pipeline's `storage_options:` block (for `s3://` URLs).
+S3_OPTIONS = ("endpoint_url", "key", "secret", "token", "region", "anon")
+#: The environment variable fsspec reads the default options of every `s3://` file system
+#: from (JSON), in this process and in the processes it starts (Spark's Python workers).
+S3_OPTIONS_ENV = "FSSPEC_S3"
+
+
+def s3fs_arguments(options: Mapping[str, Any]) -> dict[str, Any]:
+    """A `storage_options:` block as s3fs's `S3FileSystem` arguments (`region` becomes the
+    client's `region_name`)."""
+    out: dict[str, Any] = {k: options[k] for k in S3_OPTIONS
+                           if k != "region" and options.get(k) is not None}
+    if options.get("region"):
+        out["client_kwargs"] = {"region_name": str(options["region"])}
+    return out
+
+
+def use_s3_options(options: Mapping[str, Any]) -> dict[str, str]:
+    """Make a pipeline's `storage_options:` the defaults of every `s3://` file system this
+    process opens (storage, files sources and sinks) and of the processes it starts: fsspec's
+    config and `FSSPEC_S3` in the environment, which Spark's local Python workers inherit.
+    Returns the variable for executors elsewhere (`spark.executorEnv.FSSPEC_S3`); {} when
+    there are no options. Explicit options win over the `AWS_*` variables botocore reads."""
+    if not options:
+        return {}
+    arguments = s3fs_arguments(options)
+    fsspec.config.conf.setdefault("s3", {}).update(arguments)
+    with contextlib.suppress(ValueError):
+        current = json.loads(os.environ.get(S3_OPTIONS_ENV) or "{}")
+        arguments = {**(current if isinstance(current, dict) else {}), **arguments}
+    os.environ[S3_OPTIONS_ENV] = json.dumps(arguments)
+    with contextlib.suppress(ImportError):  # instances made before use the old options
+        import s3fs
+
+        s3fs.S3FileSystem.clear_instance_cache()
+    return {S3_OPTIONS_ENV: os.environ[S3_OPTIONS_ENV]}
 
 
 class StorageError(StreamerError):
@@ -129,6 +168,52 @@ def _modified_at(info: dict[str, Any]) -> float | None:
             with contextlib.suppress(ValueError):
                 return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
     return None
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    """Whether `exc` is an S3 server's 412 Precondition Failed (of `If-None-Match: *`): s3fs
+    makes it `FileExistsError` only when the answer names its condition, as AWS's does."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if "PreconditionFailed" in str(seen) or "412" in str(getattr(seen, "response", "")):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _multipart_uploads(fs: Any, bucket: str) -> Iterator[dict[str, Any]]:
+    """Every unfinished multipart upload of `bucket`, page by page: listed without a prefix,
+    since MinIO matches `Prefix` only against whole keys."""
+    markers: dict[str, str] = {}
+    while True:
+        page = fs.call_s3("list_multipart_uploads", Bucket=bucket, **markers)
+        yield from page.get("Uploads", []) or []
+        if not page.get("IsTruncated"):
+            return
+        markers = {"KeyMarker": page.get("NextKeyMarker", ""),
+                   "UploadIdMarker": page.get("NextUploadIdMarker", "")}
+
+
+def abort_stale_uploads(fs: Any, path: str, older_than_s: float) -> list[str]:
+    """Abort the unfinished multipart uploads under `path` (an `s3://` file system's path)
+    started more than `older_than_s` seconds ago: what uploads killed midway left behind (the
+    store keeps their parts, invisible but billed, until aborted). Other file systems have
+    none: []. Returns the keys of the aborted uploads."""
+    if not hasattr(fs, "list_multipart_uploads"):
+        return []
+    bucket, _, prefix = fs._strip_protocol(path).partition("/")
+    prefix = prefix.strip("/")
+    prefix = f"{prefix}/" if prefix else ""
+    cutoff = time.time() - older_than_s
+    aborted = []
+    for upload in _multipart_uploads(fs, bucket):
+        key, started = str(upload.get("Key", "")), upload.get("Initiated")
+        when = started.timestamp() if isinstance(started, datetime.datetime) else None
+        if key.startswith(prefix) and (when is None or when < cutoff):
+            fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key,
+                       UploadId=upload["UploadId"])
+            aborted.append(key)
+    return aborted
 
 
 def _copy_hashing(source: IO[bytes], target: IO[bytes]) -> tuple[int, str]:
@@ -241,6 +326,10 @@ class Storage:
                     fh.write(data)
             except FileExistsError:
                 return False
+            except OSError as exc:
+                if not _precondition_failed(exc):
+                    raise
+                return False  # a conditional PUT refused without naming its condition
             except (ValueError, NotImplementedError):  # no exclusive mode: check, then write
                 if self.fs.exists(path):
                     return False
@@ -308,8 +397,9 @@ class Storage:
     def remove_stale_temporaries(self, rel: str, older_than_s: float) -> list[str]:
         """Delete the temporary files (`_temp_name`: `.<name>.<hex>.tmp`) under `rel` last
         modified more than `older_than_s` seconds ago: what writes and uploads killed midway
-        left behind (a live one is younger). Files without a known time are kept. Returns
-        the deleted paths (relative to the root)."""
+        left behind (a live one is younger), and abort an object store's multipart uploads
+        as old (`abort_stale_uploads`). Files without a known time are kept. Returns the
+        deleted paths (relative to the root; an aborted upload as `(upload) <key>`)."""
         base = self.path("").rstrip("/") + "/"
         with self._errors("list", rel):
             try:
@@ -317,7 +407,9 @@ class Storage:
             except FileNotFoundError:
                 return []
         cutoff = time.time() - older_than_s
-        deleted = []
+        with self._errors("abort the unfinished uploads under", rel):
+            deleted = [f"(upload) {key}" for key in
+                       abort_stale_uploads(self.fs, self.path(rel), older_than_s)]
         for full, info in found.items():
             name = posixpath.basename(full)
             changed = _modified_at(info)

@@ -423,13 +423,15 @@ class StateCase:
 
 
 def state_case(spark: Any, root: Path, keys: int, backend: str, touch: int,
-               epoch_rows: int, console: Console) -> StateCase:
+               epoch_rows: int, console: Console, storage_url: str | None = None) -> StateCase:
     from streamer.checkpoint.metadata import CheckpointStore
+    from streamer.storage import Storage
 
     case = StateCase(keys, backend)
     name = f"state-{keys}-{backend}"
     base = root / name
     storage, local_dir, out = base / "storage", base / "local", base / "out"
+    remote = f"{storage_url.rstrip('/')}/{root.name}-{name}" if storage_url else None
     half = keys // 2
     try:
         for run, extra, wipe in (("A", 0, False), ("B", touch // 2, False),
@@ -437,9 +439,9 @@ def state_case(spark: Any, root: Path, keys: int, backend: str, touch: int,
             if wipe:
                 shutil.rmtree(local_dir / ".local-recovery", ignore_errors=True)
             text = rolling_yaml(name, keys, half + extra, epoch_rows, backend, local_dir, out)
-            outcome = run_job(spark, text, checkpoints=True, storage=url_of(storage))
+            outcome = run_job(spark, text, checkpoints=True, storage=remote or url_of(storage))
             case.runs[run] = outcome
-            store = CheckpointStore(url_of(storage), name)
+            store = CheckpointStore(remote or url_of(storage), name)
             case.checkpoints[run] = store.read(outcome.result.checkpoints[-1])
             restored = outcome.restores[0] if outcome.restores else {}
             console.print(f"  {name} run {run}: {outcome.seconds:.1f} s, "
@@ -456,6 +458,9 @@ def state_case(spark: Any, root: Path, keys: int, backend: str, touch: int,
         console.print(f"  {name}: FAILED {case.error}", markup=False, highlight=False)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+        if remote:
+            with contextlib.suppress(Exception):
+                Storage(remote).rm("", recursive=True)
     return case
 
 
@@ -493,6 +498,9 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true",
                         help="one more run off and every epoch, with the subtasks' snapshots "
                              "under cProfile; prints where checkpoint time goes")
+    parser.add_argument("--storage-url", default=None,
+                        help="state part: checkpoint storage under this fsspec URL instead of "
+                        "file:// (e.g. s3://bucket/bench, reached through the AWS_* variables)")
     parser.add_argument("--quick", action="store_true",
                         help="skip state sizes above 1 M keys and run each configuration once")
     args = parser.parse_args()
@@ -584,7 +592,7 @@ def main() -> None:
             for keys in state_keys:
                 for backend in args.backends.split(","):
                     cases.append(state_case(spark, tmp, keys, backend, args.touch,
-                                            args.state_epoch_rows, console))
+                                            args.state_epoch_rows, console, args.storage_url))
                     console.print(f"  load {load()}", markup=False, highlight=False)
             loads["after state"] = load()
     finally:

@@ -196,8 +196,15 @@ class CheckpointStore:
         return (ids[-1] + 1) if ids else 1
 
     def write(self, meta: CheckpointMetadata) -> None:
-        """Complete a checkpoint: write its `_metadata` atomically."""
-        self.storage.write_atomic(f"{self.dir_of(meta.checkpoint_id)}/{METADATA}", _encode(meta))
+        """Complete a checkpoint: create its `_metadata` atomically and exclusively (a
+        conditional PUT on an object store), so a run that lost its claim to the job cannot
+        replace a checkpoint another run completed. Writing the same bytes again is fine."""
+        rel, body = f"{self.dir_of(meta.checkpoint_id)}/{METADATA}", _encode(meta)
+        if not self.storage.create_exclusive(rel, body) and self.storage.read_bytes(rel) != body:
+            msg = (f"checkpoint {meta.checkpoint_id} of job {self.job!r} was completed by "
+                   f"another run ({self.storage.path(rel)}); is a second run of the job "
+                   "writing to the same storage? `streamer list` shows the runs")
+            raise CheckpointError(msg)
 
     def read(self, checkpoint_id: int) -> CheckpointMetadata:
         """The metadata of checkpoint `checkpoint_id` (CorruptCheckpointError if damaged,

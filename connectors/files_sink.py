@@ -5,11 +5,14 @@ Two-phase commit per epoch:
    part files (empty ones left out) with the final name each will get.
 2. `commit` renames each staged file to `<path>/part-<epoch:08d>-<n:05d>.<ext>` (n = its index
    among the epoch's staged files in name order), then removes the staging directory. A file
-   already renamed is skipped, so committing twice gives the same files.
+   already renamed is skipped, so committing twice gives the same files. An object store has
+   no rename: there each file is copied server-side to its final name, and then the epoch's
+   manifest (`connectors/manifests.py`) is published with one PUT; the epoch is committed
+   once its manifest exists (docs/object-storage.md says what readers see).
 3. `abort` removes the staging directory.
 
-Readers see only `part-*` files outside `_staging`; a rename on a local file system makes
-each file appear whole.
+Readers see only `part-*` files outside `_staging`; a rename on a local file system, a PUT
+or copy on an object store, makes each file appear whole.
 
 A local parquet sink fed by nothing but one keyed operator lets that operator's Spark tasks
 write the staging files themselves (`task_target`, `TaskFile`): each subtask writes its
@@ -33,10 +36,12 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from streamer.columns import HIDDEN_PREFIX
+from streamer.connectors import manifests
 from streamer.connectors.base import ConnectorContext, Sink
 from streamer.connectors.exceptions import ConnectorError
 from streamer.connectors.files import is_local, spark_path
 from streamer.connectors.formats import timestamps_as_iso
+from streamer.storage import abort_stale_uploads
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -288,16 +293,27 @@ class FilesSink(Sink):
         if self.local:
             os.replace(source, target)  # an atomic rename: readers never see half a file
         else:
-            self.fs.mv(source, target)
+            # An object store has no rename: a server-side copy (the final object appears
+            # whole), and the staged object is deleted with the staging directory at step 3.
+            self.fs.copy(source, target)
 
     def commit(self, epoch: int, handle: Any) -> None:
-        """Rename the staged files to their final names, then drop the staging directory.
+        """Commit the epoch's staged files, in three steps.
+
+        1. each staged file gets its final name: a rename on a local file system; on an
+           object store a server-side copy (each object appears whole, an epoch's files one
+           after another);
+        2. on an object store, the epoch's manifest `_manifests/epoch-<epoch>.json` (its
+           files and their sizes) is published with one PUT: readers that want whole epochs
+           trust it, and an epoch is committed once it is there;
+        3. the staging directory is dropped.
 
         Idempotent: a file whose staged copy is gone but whose final name exists was moved
-        by an earlier commit of the same epoch.
+        by an earlier commit of the same epoch; a manifest is rewritten with the same content.
         """
         staging = self.staging_dir(epoch)
         root = self.root.rstrip("/")
+        self.fs.invalidate_cache()  # an object store's cached listings may be stale
         for staged_name, final_name in handle["files"]:
             source, target = f"{staging}/{staged_name}", f"{root}/{final_name}"
             if self.fs.exists(source):
@@ -307,6 +323,8 @@ class FilesSink(Sink):
                        f"{source!r} is gone and {target!r} does not exist; restore the job "
                        "from an earlier checkpoint so the epoch is written again")
                 raise ConnectorError(msg)
+        if not self.local:
+            manifests.publish(self.fs, root, epoch, [final for _, final in handle["files"]])
         if self.fs.exists(staging):
             self.fs.rm(staging, recursive=True)
         self._drop_empty_staging()
@@ -321,10 +339,18 @@ class FilesSink(Sink):
 
     def recover(self, committed_epoch: int) -> None:
         """Remove what a dead run staged: every epoch up to `committed_epoch` is committed, so
-        all of `_staging/` is left over (later epochs will be written again)."""
+        all of `_staging/` is left over (later epochs will be written again). On an object
+        store also the files and manifests of later epochs (a restore from an earlier
+        checkpoint writes them again, maybe as fewer files) and the multipart uploads a
+        killed run left unfinished under the sink's path."""
         staging = f"{self.root.rstrip('/')}/{STAGING}"
+        self.fs.invalidate_cache()
         if self.fs.exists(staging):
             self.fs.rm(staging, recursive=True)
+        if not self.local:
+            manifests.drop_after(self.fs, self.root.rstrip("/"), committed_epoch,
+                                 self.extension)
+            abort_stale_uploads(self.fs, self.root, older_than_s=0.0)
 
     def abort(self, epoch: int, handle: Any) -> None:
         """Discard the epoch's staged files."""
@@ -334,7 +360,10 @@ class FilesSink(Sink):
         self._drop_empty_staging()
 
     def committed_files(self) -> list[str]:
-        """The files readers see now: `part-*.<ext>` directly under `path`, in name order."""
+        """The files readers see now: `part-*.<ext>` directly under `path`, in name order
+        (on an object store: the files the published manifests name)."""
+        if not self.local:
+            return manifests.committed(self.fs, self.root.rstrip("/"))
         if not self.fs.exists(self.root):
             return []
         names = (PurePosixPath(p).name for p in self.fs.ls(self.root, detail=False))

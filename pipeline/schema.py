@@ -445,6 +445,39 @@ TEST = Obj(
                        isinstance(v.get("name"), str) else f"tests[{p[-1]}]"),
 )
 
+def _s3_urls(value: dict[str, Any]) -> bool:
+    """Whether the pipeline's storage, or a source's or sink's path, is an `s3://` URL."""
+    urls = [value.get("storage")] + [node.get("path") for key in ("sources", "sinks")
+                                     for node in (value.get(key) or []) if isinstance(node, dict)]
+    return any(isinstance(u, str) and u.startswith(("s3://", "s3a://")) for u in urls)
+
+
+def _storage_options_need_s3(value: dict[str, Any], path: Path, ck: Checker) -> None:
+    if "storage_options" in value and not _s3_urls(value):
+        ck.report(("storage_options",), "storage_options applies to s3:// URLs, and neither "
+                  "storage: nor any source or sink path is one; remove storage_options or set "
+                  "storage: s3://bucket/prefix", at_key=True)
+
+
+STORAGE_OPTIONS = Obj(
+    {
+        "endpoint_url": Field(Str("The S3 API's URL, for S3-compatible stores (MinIO, ...); "
+                                  "default: $AWS_ENDPOINT_URL, else AWS.",
+                                  pattern=r"https?://\S+",
+                                  pattern_hint="an http:// or https:// URL")),
+        "key": Field(Str("Access key id (default: $AWS_ACCESS_KEY_ID, or botocore's "
+                         "credential chain); write ${VAR} to keep it out of the file.")),
+        "secret": Field(Str("Secret access key (default: $AWS_SECRET_ACCESS_KEY).")),
+        "token": Field(Str("Session token of temporary credentials (default: "
+                           "$AWS_SESSION_TOKEN).")),
+        "region": Field(Str("Region (default: $AWS_DEFAULT_REGION).")),
+        "anon": Field(Bool("Unsigned requests (public buckets).")),
+    },
+    "How every s3:// URL of the job (storage, files sources and sinks) is reached; keys "
+    "left out come from the AWS_* environment variables.",
+    what=lambda v, p: "storage_options",
+)
+
 PIPELINE = Obj(
     {
         "name": Field(Str("Job name.", pattern=r"[a-z0-9][a-z0-9-]*",
@@ -454,6 +487,7 @@ PIPELINE = Obj(
                                  non_empty=False)),
         "storage": Field(Str("fsspec URL for the job registry, checkpoints and savepoints "
                              "(default $STREAMER_STORAGE, else ./.streamer).")),
+        "storage_options": Field(STORAGE_OPTIONS),
         "job": Field(JOB),
         "spark": Field(MapOf(Scalar(), "Spark configuration, passed through as-is.")),
         "sources": Field(ListOf(SOURCE, "Where records come from.", min_items=1),
@@ -464,6 +498,7 @@ PIPELINE = Obj(
     },
     "A streamer pipeline, version 1.",
     what=lambda v, p: "the pipeline",
+    rules=[_storage_options_need_s3],
 )
 
 

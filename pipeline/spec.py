@@ -282,6 +282,8 @@ class PipelineSpec:
     tests: tuple[TestCase, ...]
     file: str
     positions: Positions = field(compare=False, repr=False)
+    #: `storage_options:`, how `s3://` URLs are reached (credentials: never printed).
+    storage_options: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def where(self, path: Path, *, key: bool = False) -> Location:
         """The file location of the value (or key) at `path`."""
@@ -415,4 +417,5 @@ def build_spec(data: Mapping[str, Any], positions: Positions,
         job=job, spark={str(k): str(v).lower() if isinstance(v, bool) else str(v)
                         for k, v in (data.get("spark") or {}).items()},
         sources=tuple(sources), operators=operators, sinks=sinks, tests=tests,
-        file=positions.file, positions=positions)
+        file=positions.file, positions=positions,
+        storage_options=dict(data.get("storage_options") or {}))

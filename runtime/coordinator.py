@@ -87,10 +87,13 @@ class JobRunner:
                  source_factory: Callable[[Any, ConnectorContext], Source] | None = None,
                  sink_factory: Callable[[Any, ConnectorContext], Sink] | None = None) -> None:
         from streamer.runtime.placement import Placement
+        from streamer.storage import use_s3_options
 
         self.spec = spec
         self.options = options or RunOptions()
         self.exporter = _exporter(spec, self.options)
+        #: Executors' `FSSPEC_S3` (the pipeline's `storage_options:`), for `spark.executorEnv`.
+        self._s3_env = use_s3_options(spec.storage_options)
         self.reporter: Reporter = reporter or QuietReporter()
         if self.exporter is not None:
             self.reporter = TeeReporter(self.reporter, self.exporter)
@@ -158,7 +161,8 @@ class JobRunner:
             from streamer.connectors.kafka import session_conf
             from streamer.runtime.spark import create_session
 
-            conf = {**self.spec.spark, **self.options.spark_conf}
+            conf = {**{f"spark.executorEnv.{k}": v for k, v in self._s3_env.items()},
+                    **self.spec.spark, **self.options.spark_conf}
             conf.update(session_conf(self.spec, conf))
             self._spark = create_session(f"streamer:{self.spec.name}", self.options.master,
                                          conf, ui=self.options.ui)

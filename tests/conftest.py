@@ -64,3 +64,23 @@ def postgres() -> Iterator[object]:
     server = PostgresServer().start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A real S3 API server (MinIO, `tests/s3_server.py`) on 127.0.0.1 on a free port with a
+    temporary data directory, started once per session, with the bucket `streamer` created.
+
+    MinIO is built from its Go module once and cached (CI builds it first). A server that
+    cannot start fails the tests that need it; `STREAMER_SKIP_S3=1` skips them instead (for
+    machines without Go or network)."""
+    import os
+
+    if os.environ.get("STREAMER_SKIP_S3") == "1":
+        pytest.skip("STREAMER_SKIP_S3=1")
+    from s3_server import S3Server
+
+    server = S3Server(tmp_path_factory.mktemp("minio")).start()
+    server.create_bucket("streamer")
+    yield server
+    server.stop()

@@ -33,7 +33,8 @@ def bug(reason: str) -> pytest.MarkDecorator:
 
 SYNTAX = "; check the indentation and quoting on this line or the one before it"
 DURATION = "a duration like '250ms', '10s', '5m', '2h' or '1d'"
-TOP_KEYS = "description, job, name, operators, sinks, sources, spark, storage, tests"
+TOP_KEYS = ("description, job, name, operators, sinks, sources, spark, storage, "
+            "storage_options, tests")
 UNUSED = "is not used; add a sink or operator with input: {0}, or remove the {1}"
 NO_INPUT = "has no input; add input: <source or operator id>"
 DUP_ID = ("duplicate id {0!r}; it is already the id of {1} — ids must be unique across "
@@ -2219,6 +2220,41 @@ CASES = [
          "with ${KAFKA_HOST:-value}",
          "p.yaml:7:5: unknown key 'strat' in source 'src'; did you mean 'start'?"],
         id="undefined-variable-and-unknown-key-together",
+    ),
+    # ------------------------------------------------------------------- storage_options
+    pytest.param(
+        """\
+        name: p
+        storage: s3://bucket/jobs
+        storage_options:
+          endpoint: http://127.0.0.1:9000
+          endpoint_url: 127.0.0.1:9000
+          anon: maybe
+        sources:
+          - {id: src, type: datagen, fields: {x: offset}}
+        sinks:
+          - {id: out, type: console, input: src}
+        """,
+        ["p.yaml:4:3: unknown key 'endpoint' in storage_options; did you mean 'endpoint_url'?",
+         "p.yaml:5:17: 'endpoint_url' '127.0.0.1:9000' must be an http:// or "
+         "https:// URL",
+         "p.yaml:6:9: 'anon' must be true or false, got 'maybe'"],
+        id="storage-options-unknown-key-bad-url-bad-switch",
+    ),
+    pytest.param(
+        """\
+        name: p
+        storage: ./state
+        storage_options: {key: k, secret: s}
+        sources:
+          - {id: src, type: datagen, fields: {x: offset}}
+        sinks:
+          - {id: out, type: files, input: src, path: ./out, format: jsonl}
+        """,
+        ["p.yaml:3:1: storage_options applies to s3:// URLs, and neither storage: nor any "
+         "source or sink path is one; remove storage_options or set storage: "
+         "s3://bucket/prefix"],
+        id="storage-options-without-an-s3-url",
     ),
 ]
 

@@ -283,6 +283,8 @@ class LapJob:
     name: str
     write: Callable[[Path], Path]
     collect: Callable[[Path, Lap], None]
+    #: The storage URL of the lap in a directory (test_s3_jobs.py: a prefix on S3).
+    storage: Callable[[Path], str] = lambda root: str(root / "storage")
 
 
 def files_job(backend: str, fmt: str = "jsonl") -> LapJob:
@@ -301,7 +303,7 @@ def run_lap(campaign: Campaign, root: Path, kills_wanted: int, planner: Planner,
     lap = Lap(root)
     campaign.laps.append(lap)
     pipeline = job.write(root)
-    store = CheckpointStore(str(root / "storage"), job.name)
+    store = CheckpointStore(job.storage(root), job.name)
     while True:
         latest = store.latest()
         resumed_at = latest.epoch if latest else 0
