@@ -27,8 +27,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-#: The Go module MinIO is built from (`@latest` of the module proxy when first built).
-# Pinned: the version the tests were written against (`latest` as of 2026-11-23).
+#: The Go module MinIO is built from, pinned to what the tests were written against (the
+#: module proxy's `latest` on 2026-11-23), so that CI builds the same server.
 MODULE = "github.com/minio/minio@v0.0.0-20260212201848-7aac2a2c5b7c"
 #: Where the built binary is cached (`STREAMER_MINIO` names another binary).
 CACHE = Path(os.environ.get("STREAMER_CACHE", Path.home() / ".cache" / "streamer")) / "minio"
