@@ -141,8 +141,9 @@ def test_schema_header(schema: dict[str, Any]) -> None:
 
 
 def test_schema_lists_every_top_level_key(schema: dict[str, Any]) -> None:
-    assert list(schema["properties"]) == ["name", "description", "storage", "job", "spark",
-                                          "sources", "operators", "sinks", "tests"]
+    assert list(schema["properties"]) == ["name", "description", "storage", "storage_options",
+                                          "job", "spark", "sources", "operators", "sinks",
+                                          "tests"]
     assert list(schema["properties"]) == list(PIPELINE.fields)
     assert sorted(schema["required"]) == ["name", "sinks", "sources"]
     assert schema["additionalProperties"] is False
