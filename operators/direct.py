@@ -122,7 +122,9 @@ def _key_groups(distinct: list[tuple[Any, ...]], key_types: tuple[str, ...],
 
 def read_direct(cfg: Any, d: DirectRead, subtask: int) -> tuple[Any, dict[str, Any]]:
     """The pre-aggregated rows of `subtask` in the epoch (what `operators.keyed_rows._Input`
-    wraps) and the epoch's `records_in` and `max_ts` (ms, or None)."""
+    wraps) and the epoch's `records_in`, `max_ts` (ms, or None) and, for an event-time
+    window, `late` (the late records it dropped, of all rows, so any subtask's is the
+    epoch's)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -153,7 +155,9 @@ def read_direct(cfg: Any, d: DirectRead, subtask: int) -> tuple[Any, dict[str, A
         size, slide = cfg.size_ms or 0, cfg.slide_ms or cfg.size_ms or 0
         last = ts_ms - np.mod(ts_ms, slide)
         if event:
-            keep &= last + (size - 1 + cfg.lateness_ms) > d.watermark
+            in_time = last + (size - 1 + cfg.lateness_ms) > d.watermark
+            info["late"] = int(np.count_nonzero(valid & ~in_time))  # all rows: every subtask's
+            keep &= in_time
         rows = np.flatnonzero(keep)
         back = ((size - 1) // slide) * slide
         copies = back // slide + 1

@@ -55,7 +55,8 @@ class JobResult:
     records_out: int
     dead_letters: int
     reason: str
-    #: Records sent to `late:` outputs, and records removed by filters (see EpochMetrics).
+    #: Late records of windows (sent to `late:` outputs or dropped), and records removed by
+    #: filters (see EpochMetrics).
     late: int = 0
     filtered: int = 0
     offsets: dict[str, Any] = field(default_factory=dict)
