@@ -218,13 +218,18 @@ class JobRunner:
             return None
         restarts = 0
         try:
+            restore = self.control.install_signals()  # SIGTERM during start-up stops too
             self._start()
             self.spark  # noqa: B018  (PySpark installs its SIGINT handler when it starts)
-            restore = self.control.install_signals()
+            self.control.started = True
+            self.control.install_sigint()
             self._open()
             result, restarts = self._attempts()
         except BaseException as exc:
+            from streamer import failpoints
+
             status, reason = _failure(exc)
+            failpoints.reached("cancelling")
             self.control.close(status, reason)
             self.reporter.finished({"status": status, "reason": reason})
             raise

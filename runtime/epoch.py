@@ -210,7 +210,9 @@ class EpochRunner:
         job.tracker.advance(now_ms())
 
     def _complete(self, ctx: EpochContext, started: float) -> float | None:
-        """Complete the checkpoint and savepoint the epoch ends; how long it took (ms)."""
+        """Complete the checkpoint and savepoint the epoch ends; how long it took (ms).
+        Nothing is committed by a run that another run took over meanwhile."""
+        self.control.check_claim()
         if ctx.checkpoint_id is None:
             if ctx.savepoint_url is not None:
                 complete_savepoint(self.job, self.control, ctx.savepoint_url, ctx.epoch,
