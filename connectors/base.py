@@ -147,6 +147,11 @@ class Source(ABC):
         """What `lag` counts: 'records' or 'files'."""
         return "records"
 
+    def mark_unreadable(self, path: str, reason: str) -> bool:
+        """Take the file `path`, which a read found damaged past what planning checks,
+        as one dead letter (`reason`) from now on, if it is one of this source's files."""
+        return False
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the source holds on the driver (clients); the run is over."""
 

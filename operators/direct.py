@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamer.columns import KEY_GROUP, WINDOW_START, partial
+from streamer.spark_errors import UNREADABLE_FILE
 
 #: Per worker process: (key types, max_parallelism) -> key -> key group.
 _KEY_GROUPS: dict[tuple[tuple[str, ...], int], dict[Any, int]] = {}
@@ -72,7 +73,12 @@ def _read(d: DirectRead) -> Any:
         found = pq.ParquetFile(path).schema_arrow.names
         by_lower = {n.lower(): n for n in found}
         names = [by_lower[name.lower()] for name, _ in d.columns]
-        table = pq.read_table(path, columns=names)
+        try:
+            table = pq.read_table(path, columns=names)
+        except (OSError, pa.ArrowException) as exc:  # a damaged page: name the file
+            reason = " ".join(str(exc).split())
+            msg = f"{UNREADABLE_FILE}{path!r}: {type(exc).__name__}: {reason}"
+            raise OSError(msg) from exc
         tables.append(table.rename_columns([n for n, _ in d.columns]).cast(schema))
     if not tables:
         return schema.empty_table()

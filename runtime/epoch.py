@@ -17,7 +17,7 @@ from streamer.connectors.base import DECODE_ERROR_MARKER
 from streamer.connectors.exceptions import DecodeError
 from streamer.exceptions import StreamerError
 from streamer.runtime.checkpointing import CheckpointCoordinator
-from streamer.runtime.exceptions import JobFailedError
+from streamer.runtime.exceptions import JobFailedError, UnreadableFileError
 from streamer.runtime.job import JobState, now_ms
 from streamer.runtime.jobcontrol import JobControl
 from streamer.runtime.metrics import EpochMetrics
@@ -37,7 +37,7 @@ def guarded(epoch: int, what: str, action: Callable[[], Any]) -> Any:
 
     from streamer.connectors.exceptions import ReadFailed
     from streamer.runtime.keyed import SubtaskFailed
-    from streamer.spark_errors import spark_error_message
+    from streamer.spark_errors import spark_error_message, unreadable_file
 
     try:
         return action()
@@ -57,6 +57,13 @@ def guarded(epoch: int, what: str, action: Callable[[], Any]) -> Any:
             detail = detail.split(" SQLSTATE:")[0].rstrip(". ")
             msg = f"epoch {epoch}: {detail}"
             raise DecodeError(msg) from exc
+        damaged = unreadable_file(text)
+        if damaged is not None:
+            path, reason = damaged
+            msg = (f"epoch {epoch} failed in {what}: cannot read the file {path!r}: {reason} "
+                   "(a damaged data page; nothing of the epoch was committed); with on_error "
+                   "on its source it becomes a dead letter, else move the file away")
+            raise UnreadableFileError(msg, path, reason) from exc
         msg = f"epoch {epoch} failed in {what}: {spark_error_message(exc)}"
         raise JobFailedError(msg) from exc
     except OSError as exc:  # a sink's or the storage's file system failed
