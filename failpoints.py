@@ -11,6 +11,7 @@ epoch number >= the given one (any number when it is left out). Points:
 - `after-snapshot:<chk>`   driver, snapshots uploaded, `_metadata` not yet written
 - `after-metadata:<chk>`   driver, `_metadata` written, sinks not yet committed
 - `mid-commit:<chk>`       driver, the first sink committed, others not
+- `cancelling`             driver, a run that failed or was cancelled, before it records how
 
 A third part, `sleep=<seconds>`, makes the point stall instead of kill (`after-snapshot:0:sleep=30`
 holds the driver in a checkpoint): a stop that takes long, deterministically.

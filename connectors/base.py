@@ -151,6 +151,11 @@ class Source(ABC):
         """`lag` per split (split -> records), when the source can tell."""
         return None
 
+    def mark_unreadable(self, path: str, reason: str) -> bool:
+        """Take the file `path`, which a read found damaged past what planning checks,
+        as one dead letter (`reason`) from now on, if it is one of this source's files."""
+        return False
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the source holds on the driver (clients); the run is over."""
 

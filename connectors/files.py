@@ -167,6 +167,9 @@ class FilesSource(Source):
         self.local = is_local(self.fs)
         self._schema: StructType | None = None
         self._copies: str | None = None  # local copies of non-local files, made on demand
+        #: File name -> why it cannot be read: a damaged page a failed epoch found
+        #: (`mark_unreadable`); from then on the file is a dead letter.
+        self._unreadable: dict[str, str] = {}
 
     # ------------------------------------------------------------------------- listing
     @property
@@ -239,14 +242,19 @@ class FilesSource(Source):
             weakref.finalize(self, shutil.rmtree, self._copies, True)
         out = {}
         for name in files:
-            digest = hashlib.sha256(name.encode()).hexdigest()[:16]
-            target = os.path.join(self._copies, f"{digest}-{PurePosixPath(name).name}")
+            target = self._copy_target(name)
             if not os.path.exists(target):
                 partial = target + ".partial"
                 self.fs.get(name, partial)
                 os.replace(partial, target)
             out[name] = target
         return out
+
+    def _copy_target(self, name: str) -> str:
+        """Where the local copy of the non-local file `name` goes."""
+        assert self._copies is not None
+        digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+        return os.path.join(self._copies, f"{digest}-{PurePosixPath(name).name}")
 
     def _split_column(self, local: Mapping[str, str]) -> Column:
         """The file name of each row, from Spark's input file URL."""
@@ -361,13 +369,26 @@ class FilesSource(Source):
                         f"cannot be read as {field.dataType.simpleString()}")
         return None
 
+    def mark_unreadable(self, path: str, reason: str) -> bool:
+        """Whether `path` (as Spark or a subtask named it: the file, or its local copy) is
+        one of this parquet source's files; if so it is a dead letter from now on."""
+        if self.format != "parquet":
+            return False
+        for name in self.list_files():
+            if path == name or (not self.local and self._copies is not None
+                                and path == self._copy_target(name)):
+                self._unreadable[name] = (f"cannot read a data page ({reason}); no row of "
+                                          "the file was read")
+                return True
+        return False
+
     def _sort_parquet(self, files: list[str]) -> tuple[list[str], list[tuple[Any, ...]]]:
         """(the files readable with the schema, a dead letter for each other file); without
         `on_error`, an unreadable file is an error."""
         schema = self.schema()
         good, dead = [], []
         for name in files:
-            problem = self.parquet_problem(name, schema)
+            problem = self._unreadable.get(name) or self.parquet_problem(name, schema)
             if problem is None:
                 good.append(name)
                 continue

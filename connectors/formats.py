@@ -126,15 +126,16 @@ def _split_columns(spec: SourceSpec, names: tuple[str, str, str, str], keep: lis
 
 def decode_json_lines(spark: SparkSession, df: DataFrame, schema: StructType,
                       spec: SourceSpec, extra: Sequence[str] = (),
-                      local: bool = False) -> SourceRead:
+                      local: bool = False, blank_is_record: bool = False) -> SourceRead:
     """Decode JSON objects, one per row of `df(value string, split string, offset string)`.
     Columns of `df` named in `extra` are carried through to the decoded records. `local`:
     `df` is a local relation (`runtime.local`), to be decoded by plain projections, which
     Spark folds into a local relation again (it does not fold a `Generate`).
 
-    Blank lines are skipped. A value that is not a JSON object, or whose fields do not fit
-    `schema` (e.g. "x" for an int column), is undecodable: a dead letter with `on_error`, else
-    a failure of the first Spark action (see `guard_or_split`).
+    Blank lines are skipped, unless `blank_is_record` (a Kafka value: every value is a
+    record, an empty one and a null one, a tombstone, too). A value that is not a JSON object,
+    or whose fields do not fit `schema` (e.g. "x" for an int column), is undecodable: a dead
+    letter with `on_error`, else a failure of the first Spark action (see `guard_or_split`).
     """
     if CORRUPT_COLUMN in schema.fieldNames():
         msg = (f"source {spec.id!r} has a column named {CORRUPT_COLUMN!r}, which streamer "
@@ -142,7 +143,7 @@ def decode_json_lines(spark: SparkSession, df: DataFrame, schema: StructType,
         raise ConnectorError(msg)
     nonblank, parse, flatten = _cached(("json", schema.json(), tuple(extra), local),
                                        lambda: _json_columns(schema, extra, local))
-    flat = df.where(nonblank).select(*parse).select(*flatten)
+    flat = (df if blank_is_record else df.where(nonblank)).select(*parse).select(*flatten)
     reason = None
     if extra:  # the carried columns are not part of what failed to decode
         reason = "cannot decode as {" + ", ".join(
@@ -169,9 +170,10 @@ def _json_columns(schema: StructType, extra: Sequence[str],
     # it; the few rows are parsed twice).
     parse = ([parsed.alias("r"), *carried] if local else
              [F.inline(F.array(F.struct(parsed.alias("r"), *carried)))])
-    # A JSON `null` or a bare scalar parses to a null struct: undecodable too.
+    # A JSON `null`, a bare scalar, an empty or a null value parse to a null struct:
+    # undecodable too.
     corrupt = F.coalesce(F.col("r").getField(CORRUPT_COLUMN),
-                         F.when(F.col("r").isNull(), F.col(_VALUE)))
+                         F.when(F.col("r").isNull(), F.coalesce(F.col(_VALUE), F.lit(""))))
     flatten = [*[F.col("r").getField(n).alias(n) for n in schema.fieldNames()],
                corrupt.alias(CORRUPT_COLUMN), F.col(_VALUE), F.col(_SPLIT), F.col(_OFFSET),
                *[F.col(c) for c in extra]]

@@ -375,11 +375,14 @@ class KafkaSource(Source):
         carried = [split.alias(_SPLIT), F.col("timestamp").alias(_TS)]
         if self.spec.event_time:  # where a record whose event time is null was
             carried.append(F.col("offset").cast("string").alias(_OFFSET))
-        lines = raw.select(F.col("value").cast("string").alias("value"),
+        # (Invalid UTF-8 becomes U+FFFD: Spark's cast does not check it, and a string that
+        # is not UTF-8 fails whatever converts it to Python, a console sink's print.)
+        lines = raw.select(F.make_valid_utf8(F.col("value").cast("string")).alias("value"),
                            split.alias("split"), F.col("offset").alias("offset"), *carried)
         extra = (_SPLIT, _TS, _OFFSET) if self.spec.event_time else (_SPLIT, _TS)
         decoded = decode_json_lines(self.ctx.spark, lines, self.schema_without_timestamp(),
-                                    self.spec, extra=extra, local=local is not None)
+                                    self.spec, extra=extra, local=local is not None,
+                                    blank_is_record=True)
         records = decoded.records
         if self.record_timestamp:
             records = records.withColumnRenamed(_TS, self.record_timestamp)

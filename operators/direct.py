@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamer.columns import KEY_GROUP, WINDOW_START, partial
+from streamer.spark_errors import UNREADABLE_FILE
 
 #: Per worker process: (key types, max_parallelism) -> key -> key group.
 _KEY_GROUPS: dict[tuple[tuple[str, ...], int], dict[Any, int]] = {}
@@ -72,7 +73,12 @@ def _read(d: DirectRead) -> Any:
         found = pq.ParquetFile(path).schema_arrow.names
         by_lower = {n.lower(): n for n in found}
         names = [by_lower[name.lower()] for name, _ in d.columns]
-        table = pq.read_table(path, columns=names)
+        try:
+            table = pq.read_table(path, columns=names)
+        except (OSError, pa.ArrowException) as exc:  # a damaged page: name the file
+            reason = " ".join(str(exc).split())
+            msg = f"{UNREADABLE_FILE}{path!r}: {type(exc).__name__}: {reason}"
+            raise OSError(msg) from exc
         tables.append(table.rename_columns([n for n, _ in d.columns]).cast(schema))
     if not tables:
         return schema.empty_table()
@@ -122,7 +128,9 @@ def _key_groups(distinct: list[tuple[Any, ...]], key_types: tuple[str, ...],
 
 def read_direct(cfg: Any, d: DirectRead, subtask: int) -> tuple[Any, dict[str, Any]]:
     """The pre-aggregated rows of `subtask` in the epoch (what `operators.keyed_rows._Input`
-    wraps) and the epoch's `records_in` and `max_ts` (ms, or None)."""
+    wraps) and the epoch's `records_in`, `max_ts` (ms, or None) and, for an event-time
+    window, `late` (the late records it dropped, of all rows, so any subtask's is the
+    epoch's)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -153,7 +161,9 @@ def read_direct(cfg: Any, d: DirectRead, subtask: int) -> tuple[Any, dict[str, A
         size, slide = cfg.size_ms or 0, cfg.slide_ms or cfg.size_ms or 0
         last = ts_ms - np.mod(ts_ms, slide)
         if event:
-            keep &= last + (size - 1 + cfg.lateness_ms) > d.watermark
+            in_time = last + (size - 1 + cfg.lateness_ms) > d.watermark
+            info["late"] = int(np.count_nonzero(valid & ~in_time))  # all rows: every subtask's
+            keep &= in_time
         rows = np.flatnonzero(keep)
         back = ((size - 1) // slide) * slide
         copies = back // slide + 1

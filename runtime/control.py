@@ -13,6 +13,11 @@ The running job writes `job.json` at every epoch boundary and from a heartbeat t
 heartbeat older than `STALE_AFTER_S` means the job is dead (killed, machine lost), and a new run
 takes it over. A run on this machine is dead as soon as its process is gone, so a killed run
 can be restarted at once. The job polls `control/requests/` at every epoch boundary.
+
+A run taken over while it was not dead after all (paused, or cut off from the storage for
+longer than `STALE_AFTER_S`) finds the newer claim (`claims/<its generation + 1>.json`) at its
+next heartbeat, boundary or commit: from then on it writes nothing to `job.json`, commits no
+checkpoint and ends with `ClaimLostError`.
 """
 
 from __future__ import annotations
@@ -44,6 +49,13 @@ class JobControlError(StreamerError):
 
 class JobAlreadyRunningError(JobControlError):
     """Another run of the job has a live heartbeat."""
+
+
+class ClaimLostError(JobControlError):
+    """Raised in a run that another run took over (its heartbeat looked stale: the process
+    was paused, or could not reach the storage): it stops at once, without committing, and
+    the newer run carries on from the last checkpoint. Nothing to do unless the takeover was
+    unexpected: then look for what paused the run (swap, a stopped container, the storage)."""
 
 
 def job_storage(storage_url: str, job: str) -> Storage:
@@ -120,6 +132,8 @@ class JobRegistry:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: The claim of the run that took the job over from this one, once seen.
+        self.lost: dict[str, Any] | None = None
 
     def read(self) -> dict[str, Any] | None:
         """The job's record, or None if it never ran with this storage."""
@@ -193,14 +207,42 @@ class JobRegistry:
         with self._lock:
             self.storage.write_atomic("job.json", json.dumps(self.record, default=str).encode())
 
+    def _newer_claim(self) -> dict[str, Any] | None:
+        """The claim that took the job over from this run (one generation past its own),
+        if there is one; remembered, and the heartbeat stopped, once seen."""
+        if self.lost is None and self.record.get("generation"):
+            rel = _claim_name(int(self.record["generation"]) + 1)
+            if self.storage.exists(rel):
+                self.lost = _read_json(self.storage, rel) or {"run_id": "(unknown)"}
+                self._stop.set()
+        return self.lost
+
+    def check_claim(self) -> None:
+        """Raise `ClaimLostError` when another run took the job over from this one."""
+        with contextlib.suppress(StorageError):  # unreachable storage: the commit says so
+            self._newer_claim()
+        if self.lost is None:
+            return
+        other = self.lost
+        msg = (f"run {self.record.get('run_id')} of job {self.job!r} lost its claim: run "
+               f"{other.get('run_id')} (on {other.get('host', '?')}, pid "
+               f"{other.get('pid', '?')}) took the job over, as this run's heartbeat was "
+               f"over {STALE_AFTER_S:.0f} s old (the process paused, or cut off from the "
+               "storage); this run stops without committing, and the other carries on from "
+               "the last checkpoint")
+        raise ClaimLostError(msg)
+
     def update(self, **figures: Any) -> None:
-        """Record figures (epoch, last checkpoint, records) and beat."""
+        """Record figures (epoch, last checkpoint, records) and beat, unless another run
+        took the job over (then `job.json` is its own)."""
         self.record.update(figures, heartbeat_at=time.time())
         with contextlib.suppress(StorageError):  # a missed beat does not fail the job
-            self._write()
+            if self._newer_claim() is None:
+                self._write()
 
     def start_heartbeat(self) -> None:
-        """Beat every HEARTBEAT_S seconds from a daemon thread until `close`."""
+        """Beat every HEARTBEAT_S seconds from a daemon thread until `close` (or until
+        another run took the job over)."""
         def beat() -> None:
             while not self._stop.wait(HEARTBEAT_S):
                 self.update()
@@ -214,6 +256,8 @@ class JobRegistry:
             self._thread.join(timeout=2)
         self.record.update(figures, status=status, reason=reason, ended_at=time.time(),
                            heartbeat_at=time.time())
+        if self.lost is not None:
+            return  # `job.json` is the newer run's
         with contextlib.suppress(StorageError):
             self._write()
 

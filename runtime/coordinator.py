@@ -56,7 +56,8 @@ class JobResult:
     records_out: int
     dead_letters: int
     reason: str
-    #: Records sent to `late:` outputs, and records removed by filters (see EpochMetrics).
+    #: Late records of windows (sent to `late:` outputs or dropped), and records removed by
+    #: filters (see EpochMetrics).
     late: int = 0
     filtered: int = 0
     offsets: dict[str, Any] = field(default_factory=dict)
@@ -227,13 +228,18 @@ class JobRunner:
         if self.exporter is not None:  # before anything: a port in use is a config error
             self.exporter.start()
         try:
+            restore = self.control.install_signals()  # SIGTERM during start-up stops too
             self._start()
             self.spark  # noqa: B018  (PySpark installs its SIGINT handler when it starts)
-            restore = self.control.install_signals()
+            self.control.started = True
+            self.control.install_sigint()
             self._open()
             result, restarts = self._attempts()
         except BaseException as exc:
+            from streamer import failpoints
+
             status, reason = _failure(exc)
+            failpoints.reached("cancelling")
             self.control.close(status, reason)
             self.reporter.finished({"status": status, "reason": reason})
             raise

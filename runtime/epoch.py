@@ -17,7 +17,7 @@ from streamer.connectors.base import DECODE_ERROR_MARKER
 from streamer.connectors.exceptions import DecodeError
 from streamer.exceptions import StreamerError
 from streamer.runtime.checkpointing import CheckpointCoordinator
-from streamer.runtime.exceptions import JobFailedError
+from streamer.runtime.exceptions import JobFailedError, UnreadableFileError
 from streamer.runtime.job import JobState, now_ms
 from streamer.runtime.jobcontrol import JobControl
 from streamer.runtime.metrics import EpochMetrics
@@ -37,7 +37,7 @@ def guarded(epoch: int, what: str, action: Callable[[], Any]) -> Any:
 
     from streamer.connectors.exceptions import ReadFailed
     from streamer.runtime.keyed import SubtaskFailed
-    from streamer.spark_errors import spark_error_message
+    from streamer.spark_errors import spark_error_message, unreadable_file
 
     try:
         return action()
@@ -57,6 +57,13 @@ def guarded(epoch: int, what: str, action: Callable[[], Any]) -> Any:
             detail = detail.split(" SQLSTATE:")[0].rstrip(". ")
             msg = f"epoch {epoch}: {detail}"
             raise DecodeError(msg) from exc
+        damaged = unreadable_file(text)
+        if damaged is not None:
+            path, reason = damaged
+            msg = (f"epoch {epoch} failed in {what}: cannot read the file {path!r}: {reason} "
+                   "(a damaged data page; nothing of the epoch was committed); with on_error "
+                   "on its source it becomes a dead letter, else move the file away")
+            raise UnreadableFileError(msg, path, reason) from exc
         msg = f"epoch {epoch} failed in {what}: {spark_error_message(exc)}"
         raise JobFailedError(msg) from exc
     except OSError as exc:  # a sink's or the storage's file system failed
@@ -210,7 +217,9 @@ class EpochRunner:
         job.tracker.advance(now_ms())
 
     def _complete(self, ctx: EpochContext, started: float) -> float | None:
-        """Complete the checkpoint and savepoint the epoch ends; how long it took (ms)."""
+        """Complete the checkpoint and savepoint the epoch ends; how long it took (ms).
+        Nothing is committed by a run that another run took over meanwhile."""
+        self.control.check_claim()
         if ctx.checkpoint_id is None:
             if ctx.savepoint_url is not None:
                 complete_savepoint(self.job, self.control, ctx.savepoint_url, ctx.epoch,
@@ -237,7 +246,8 @@ class EpochRunner:
             duration_ms=(time.monotonic() - t0) * 1000 + plan_ms,
             records_in={k: int(o.get.get("n") or 0) for k, o in ctx.seen_in.items()},
             records_out=records_out,
-            dead_letters=ctx.count_of(DEAD), late=ctx.count_of(LATE),
+            dead_letters=ctx.count_of(DEAD),
+            late=ctx.count_of(LATE) + sum(int(s.get.get("late") or 0) for s in ctx.seen_late),
             filtered=sum(int(seen.get.get("filtered") or 0) for seen in ctx.seen_filtered),
             lag={sid: src.lag(job.offsets[sid], now) for sid, src in job.sources.items()},
             split_lag={sid: per for sid, src in job.sources.items()

@@ -15,6 +15,18 @@ class JobFailedError(StreamerError):
     """Raised when a running job fails; the message names the epoch and the cause."""
 
 
+class UnreadableFileError(JobFailedError):
+    """Raised when an epoch fails because a source file cannot be read past its footer (a
+    damaged data page). With `on_error` on its source (and checkpoints on) the run restarts
+    from the last checkpoint with the file as one dead letter; otherwise move the file away
+    or replace it, and run again."""
+
+    def __init__(self, message: str, path: str, reason: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.reason = reason
+
+
 class PipelineTestFailedError(StreamerError):
     """Raised by `streamer test` when a sink's rows differ from the test's `expect`."""
 

@@ -6,6 +6,7 @@ local one."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -15,6 +16,11 @@ from typing import Any
 
 from streamer.runtime.exceptions import JobTerminatedError
 from streamer.runtime.job import JobState
+
+#: How long the cancel after SIGTERM (a second SIGTERM, or `job.shutdown_timeout` passed) may
+#: take before the process exits at once with 143 (`os._exit`): a cancel stuck in a call
+#: that does not return must not keep a terminated job alive.
+CANCEL_GRACE_S = 15.0
 
 
 class JobControl:
@@ -38,6 +44,10 @@ class JobControl:
         self.waiters: dict[str, list[str]] = {}
         #: Savepoints written by this run.
         self.savepoints: list[str] = []
+        #: The Spark session exists (a SIGTERM before it stops the job once it started).
+        self.started = False
+        self._previous: dict[int, Any] = {}
+        self._timers: list[threading.Timer] = []
 
     def register(self) -> None:
         """Claim the job in its registry (refused if another run is alive) and start the
@@ -60,53 +70,90 @@ class JobControl:
         if self.registry is not None:
             self.registry.update(**fields)
 
+    def check_claim(self) -> None:
+        """Before a commit and at every boundary: `ClaimLostError` if another run took
+        the job over."""
+        if self.registry is not None:
+            self.registry.check_claim()
+
     def close(self, status: str, reason: str, **fields: Any) -> None:
         """Record how the run ended."""
         if self.registry is not None:
             self.registry.close(status, reason, epoch=self.job.epoch, **fields)
 
     def install_signals(self) -> Callable[[], object]:
-        """Ctrl-C and SIGTERM: the first stops at the next epoch boundary after a final
-        checkpoint, a second cancels now. A SIGTERM stop that takes longer than
-        `job.shutdown_timeout` cancels too. Returns what restores the previous handlers.
-        Installed once the Spark session exists, as PySpark sets its own SIGINT handler."""
+        """SIGTERM, from before Spark starts: the first stops at the next epoch boundary
+        after a final checkpoint (during start-up: as soon as the job has started, before
+        any epoch), a second cancels now, and so does a stop that takes longer than
+        `job.shutdown_timeout`; a cancel that itself takes over `CANCEL_GRACE_S` ends the
+        process at once (exit 143). Ctrl-C is `install_sigint`'s. Returns what restores the
+        previous handlers and disarms the timers."""
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-        deadline: list[threading.Timer] = []
+        self._previous[signal.SIGTERM] = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, self._on_sigterm)
 
         def restore() -> None:
-            for timer in deadline:
+            for timer in self._timers:
                 timer.cancel()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            self._restore_handlers()
+        return restore
+
+    def install_sigint(self) -> None:
+        """Ctrl-C: the first stops at the next epoch boundary, a second cancels now.
+        Installed once the Spark session exists, as PySpark sets its own SIGINT handler."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        self._previous[signal.SIGINT] = signal.getsignal(signal.SIGINT)
 
         def on_sigint(signum: int, frame: Any) -> None:
             if self.stop.is_set():  # second Ctrl-C: cancel now
-                restore()
+                self._restore_handlers()
                 raise KeyboardInterrupt
             self.job.reporter.message("stopping at the next epoch boundary "
                                       "(press Ctrl-C again to cancel now)")
             self.stop.set()
 
-        def on_sigterm(signum: int, frame: Any) -> None:
-            if deadline:  # a second SIGTERM, or the first one's deadline passed
-                restore()
-                raise JobTerminatedError(self.terminating or "a second termination signal")
-            timeout_s = self.job.spec.job.shutdown_timeout_ms / 1000
-            self.job.reporter.message(
-                f"terminated: stopping at the next epoch boundary; cancelling if that takes "
-                f"over {timeout_s:g} s (job.shutdown_timeout) or on another SIGTERM")
-            self.stop.set()
-            self.deadline = time.monotonic() + timeout_s
-            timer = threading.Timer(timeout_s, self._shutdown_expired, args=(timeout_s,))
-            timer.daemon = True
-            deadline.append(timer)
-            timer.start()
-
         signal.signal(signal.SIGINT, on_sigint)
-        signal.signal(signal.SIGTERM, on_sigterm)
-        return restore
+
+    def _restore_handlers(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if self.deadline is not None:  # a second SIGTERM, or the first one's deadline passed
+            self._arm(CANCEL_GRACE_S, self._hard_exit)
+            self._restore_handlers()
+            raise JobTerminatedError(self.terminating or "a second termination signal")
+        timeout_s = self.job.spec.job.shutdown_timeout_ms / 1000
+        when = ("at the next epoch boundary" if self.started else
+                "as soon as the job has started (during start-up: no epoch runs)")
+        self.job.reporter.message(
+            f"terminated: stopping {when}; cancelling if that takes over {timeout_s:g} s "
+            "(job.shutdown_timeout) or on another SIGTERM")
+        self.stop.set()
+        self.deadline = time.monotonic() + timeout_s
+        self._arm(timeout_s, self._shutdown_expired, timeout_s)
+
+    def _arm(self, seconds: float, action: Callable[..., None], *args: Any) -> None:
+        timer = threading.Timer(seconds, action, args=args)
+        timer.daemon = True
+        self._timers.append(timer)
+        timer.start()
+
+    def _hard_exit(self) -> None:
+        """The cancel after SIGTERM did not end within `CANCEL_GRACE_S` (stuck in a call
+        that does not return): record it if the storage answers at once, then exit 143 at
+        once. The JVM ends too: its stdin, a pipe from this process, closes."""
+        reason = (f"cancelled: {self.terminating or 'terminated'}; the cancel did not end "
+                  f"within {CANCEL_GRACE_S:g} s, so the process exited at once")
+        recorder = threading.Thread(target=self.close, args=("cancelled", reason), daemon=True)
+        recorder.start()
+        recorder.join(timeout=2)
+        with contextlib.suppress(OSError):
+            os.write(2, f"cancelled ({reason})\n".encode())
+        os._exit(143)
 
     def check_deadline(self) -> None:
         """Before the work of a SIGTERM stop: past `job.shutdown_timeout` already, cancel (the
@@ -121,6 +168,7 @@ class JobControl:
         handler cancels the run (a signal interrupts what the main thread waits on)."""
         self.terminating = (f"the stop after SIGTERM took over {timeout_s:g} s "
                             "(job.shutdown_timeout)")
+        self._arm(CANCEL_GRACE_S, self._hard_exit)  # (also if the handler never gets to run)
         os.kill(os.getpid(), signal.SIGTERM)
 
     def poll(self) -> str | None:
@@ -131,6 +179,7 @@ class JobControl:
         from streamer.storage import StorageError
 
         job = self.job
+        self.registry.check_claim()
         self.registry.update(epoch=job.epoch, records_in=job.totals["records_in"])
         try:
             requests = self.channel.pending()

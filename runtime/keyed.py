@@ -27,7 +27,7 @@ from streamer.operators.keyed_config import KeyedConfig
 from streamer.pipeline.spec import JobSpec, OperatorSpec
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
 EPOCH_SEQ = 1 << 40
@@ -95,6 +95,9 @@ class KeyedResult:
     #: With a `TaskTarget`: runs the stage's job, whose tasks write the output rows to the
     #: sink's staging files themselves (`output` is then empty).
     run_job: Any = None
+    #: A window without a `late:` output: what counts the late records it dropped (`.get`:
+    #: `late`), an `Observation` of the Spark path; None when `late` has them.
+    late_seen: Any = None
 
 
 @dataclass(frozen=True)
@@ -214,11 +217,26 @@ class KeyedStage:
         """`df` with its route, in the Spark partition of its subtask."""
         return df.withColumn(C.ROUTE, self._route).repartition(self.parallelism, C.ROUTE)
 
+    def _split_late(self, df: DataFrame, is_late: Column, epoch: int
+                    ) -> tuple[DataFrame, DataFrame | None, Any]:
+        """(the records in time, the late ones for the window's `late:` output or None, the
+        observation that counts the late ones a window without that output drops)."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        assert self.op.window is not None
+        if self.op.window.late:
+            return df.filter(~is_late), df.filter(is_late), None
+        seen = Observation(f"late_{self.op.id}_{epoch}")
+        df = df.observe(seen, F.count_if(is_late).alias("late"))
+        return df.filter(~is_late), None, seen
+
     def _prepare(self, df: DataFrame, epoch: int, now_ms: int, watermark: int,
-                 prerouted: bool = False) -> tuple[DataFrame, DataFrame | None]:
-        """(pre-aggregated rows with routing columns, late records or None). `prerouted`:
-        route the records to their subtask's partition first and aggregate there, so the
-        plan has one shuffle instead of two (no map-side pre-aggregation: for small epochs)."""
+                 prerouted: bool = False) -> tuple[DataFrame, DataFrame | None, Any]:
+        """(pre-aggregated rows with routing columns, late records or None, what counts the
+        late records dropped or None: `_split_late`). `prerouted`: route the records to their
+        subtask's partition first and aggregate there, so the plan has one shuffle instead of
+        two (no map-side pre-aggregation: for small epochs)."""
         from pyspark.sql import functions as F
 
         keys = [F.col(k) for k in self.op.key_by]
@@ -231,24 +249,22 @@ class KeyedStage:
             C.KEY_GROUP: F.expr(f"pmod(xxhash64({', '.join(self.op.key_by)}), {mp})").cast("int"),
         }).withColumn(C.SUBTASK, F.expr(f"cast({C.KEY_GROUP} * {p} div {mp} as int)"))
         group = [F.col(C.SUBTASK), F.col(C.KEY_GROUP), *keys]
-        late = None
+        late = late_seen = None
         window = self.op.window
         lateness = window.allowed_lateness_ms if window else 0
         if self.kind == "process":  # every record goes to the user's function
-            return df, None
+            return df, None, None
         if self.kind == "dedupe":
-            return self._first_records(df, group, prerouted), None
+            return self._first_records(df, group, prerouted), None, None
         if window and window.kind in ("tumbling", "sliding") and self.domain == "event":
             size, slide = window.size_ms or 0, window.slide_ms or window.size_ms or 0
             last_start = F.col(C.EVENT_TIME_MS) - F.expr(f"pmod({C.EVENT_TIME_MS}, {slide})")
             is_late = last_start + F.lit(size - 1 + lateness) <= F.lit(watermark)
-            late = df.filter(is_late)
-            df = df.filter(~is_late)
+            df, late, late_seen = self._split_late(df, is_late, epoch)
         elif window and window.kind == "session" and self.domain == "event":
             is_late = F.col(C.EVENT_TIME_MS) + F.lit((window.gap_ms or 0) - 1 + lateness) <= F.lit(
                 watermark)
-            late = df.filter(is_late)
-            df = df.filter(~is_late)
+            df, late, late_seen = self._split_late(df, is_late, epoch)
         if window and window.kind in ("tumbling", "sliding"):
             size, slide = window.size_ms or 0, window.slide_ms or window.size_ms or 0
             # Window starts are multiples of the slide: the last one at or before ts, back to
@@ -289,7 +305,7 @@ class KeyedStage:
             rows = rows.withColumn(C.WINDOW_START, F.lit(0).cast("bigint"))
         if late is not None:
             late = visible(late)
-        return rows, late
+        return rows, late, late_seen
 
     def _first_records(self, df: DataFrame, group: list[Any], prerouted: bool) -> DataFrame:
         """Dedupe: each key's first record of the epoch (by event time, then arrival)."""
@@ -320,7 +336,7 @@ class KeyedStage:
         self._constants()
         assert self._dummies is not None and self._routed_dummies is not None
         prerouted = small and self.kind != "process"
-        rows, late = self._prepare(df, epoch, now_ms, watermark, prerouted)
+        rows, late, late_seen = self._prepare(df, epoch, now_ms, watermark, prerouted)
         if prerouted:
             # Both sides are hash-partitioned by route into `parallelism` partitions, so the
             # union keeps partition i = subtask i (spark.sql.unionOutputPartitioning) and
@@ -333,7 +349,7 @@ class KeyedStage:
             rows = self._routed(rows)
         cfg = replace(self.base_config, epoch=epoch, fire_up_to=fire_up_to, now_ms=now_ms,
                       checkpointing=checkpointing, park=small)
-        return self._launch(rows, cfg, late, write_to)
+        return replace(self._launch(rows, cfg, late, write_to), late_seen=late_seen)
 
     def run_direct(self, read: DirectRead, epoch: int, now_ms: int, fire_up_to: int,
                    checkpointing: Any = None, write_to: Any = None) -> KeyedResult:

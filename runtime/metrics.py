@@ -27,7 +27,7 @@ class EpochMetrics:
     records_out: dict[str, int] = field(default_factory=dict)
     #: Bad records sent to an `on_error` sink (undecodable, or without event time).
     dead_letters: int = 0
-    #: Records sent to a window's `late:` output.
+    #: Late records of windows: sent to a `late:` output, or dropped by a window without one.
     late: int = 0
     #: Records that filter operators removed.
     filtered: int = 0

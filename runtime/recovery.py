@@ -9,7 +9,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from streamer.runtime.checkpointing import CheckpointCoordinator, Guard
-from streamer.runtime.exceptions import JobFailedError
+from streamer.runtime.exceptions import JobFailedError, UnreadableFileError
 from streamer.runtime.job import JobState, new_run_id
 from streamer.runtime.workdirs import cleanup_stale_runs, default_state_root
 
@@ -182,6 +182,8 @@ class Recovery:
         job, chk = self.job, self.checkpoints
         if not job.options.checkpoints or stop.is_set():
             return False
+        if isinstance(exc, UnreadableFileError):  # it would fail the same way again
+            return self._unreadable_file(exc) and free < 10
         if self.free_restart(exc):
             if free >= 10:
                 return False
@@ -203,10 +205,24 @@ class Recovery:
                              f"(attempt {restarts + 1} of {attempts})")
         return not stop.wait(delay)
 
+    def _unreadable_file(self, exc: UnreadableFileError) -> bool:
+        """Whether a source with `on_error` takes the damaged file as a dead letter from now
+        on (`Source.mark_unreadable`), so the restart reads past it."""
+        for source in self.job.sources.values():
+            if source.spec.on_error and source.mark_unreadable(exc.path, exc.reason):
+                self.job.reporter.message(
+                    f"{exc}\nsource {source.spec.id!r}: the file becomes a dead letter; "
+                    "restarting from the last checkpoint")
+                return True
+        return False
+
     def free_restart(self, exc: JobFailedError) -> bool:
-        """A restart for lost local state or a checkpoint found corrupt while restoring."""
+        """A restart for lost local state, a checkpoint found corrupt while restoring, or a
+        damaged file that a source now takes as a dead letter."""
         from streamer.checkpoint.task import STATE_BEHIND
 
+        if isinstance(exc, UnreadableFileError):
+            return True
         text = str(exc)
         if STATE_BEHIND in text:
             return True

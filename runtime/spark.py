@@ -155,10 +155,15 @@ def create_session(app_name: str = "streamer", master: str | None = None,
         if not submitted:
             # The JVM's own stderr (start-up banners, warnings) goes to a log file, not the
             # user's terminal; errors that matter reach the user through streamer's messages.
+            # The JVM gets a process group of its own: a SIGTERM to streamer's group (what a
+            # service manager or `kill -TERM -<pgid>` sends) must reach only streamer, whose
+            # graceful stop needs the JVM alive; PySpark already keeps Ctrl-C from it. It
+            # still ends with streamer: it exits when its stdin (a pipe from here) closes.
             log = spark_log_path()
             log.parent.mkdir(parents=True, exist_ok=True)
             with open(log, "ab") as sink, _jvm_environment(ui_bind_address(settings)):
-                gateway = launch_gateway(spark_conf, popen_kwargs={"stderr": sink})
+                gateway = launch_gateway(spark_conf, popen_kwargs={"stderr": sink,
+                                                                   "process_group": 0})
         SparkContext(conf=spark_conf, gateway=gateway)
     spark = SparkSession.builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

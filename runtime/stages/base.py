@@ -78,6 +78,9 @@ class EpochContext:
     #: Per stateless chain with filters, what its observation gives: `filtered`, the records
     #: its filters removed.
     seen_filtered: list[Any] = field(default_factory=list)
+    #: Per window without a `late:` output, what counts the late records it dropped
+    #: (`.get`: `late`).
+    seen_late: list[Any] = field(default_factory=list)
     #: Keyed node id -> per-subtask metadata (complete once the epoch's jobs ran).
     keyed_metas: dict[str, Any] = field(default_factory=dict)
     #: What ran as a local epoch (Spark evaluated it on the driver, no job).

@@ -6,25 +6,59 @@ source, where the record was when the source says so (`SourceRead.position`), th
 as JSON and the reason), else the first Spark action that meets it fails the epoch with a
 message naming the source and the record (as an undecodable record does, through
 `DECODE_ERROR_MARKER`). Either way no keyed operator ever sees a null event time.
+
+An event time that cannot be computed for a record (`to_timestamp` of an unparseable string,
+a cast of garbage: errors under Spark's ANSI mode) is the same: the expression is analyzed
+with ANSI mode off, where such a value is null, so one bad record becomes a dead letter (or
+the one clear failure above) instead of failing the epoch with Spark's error.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from streamer.columns import EVENT_TIME, HIDDEN_PREFIX
 from streamer.connectors.base import DECODE_ERROR_MARKER
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame
+    from pyspark.sql import Column, DataFrame, SparkSession
 
     from streamer.connectors.base import SourceRead
     from streamer.pipeline.spec import SourceSpec
 
 
+ANSI = "spark.sql.ansi.enabled"
+
+
 def null_reason(spec: SourceSpec) -> str:
-    """The `error` of a dead letter whose event time is null."""
-    return f"event time is null: `{spec.event_time}`"
+    """The `error` of a dead letter whose event time is null (a column) or null or not
+    computable (an expression)."""
+    return f"event time {_what(spec)}: `{spec.event_time}`"
+
+
+def _what(spec: SourceSpec) -> str:
+    if re.fullmatch(r"\s*`?[A-Za-z_][A-Za-z0-9_]*`?\s*", spec.event_time or ""):
+        return "is null"
+    return "is null or cannot be computed"
+
+
+@contextmanager
+def lenient(spark: SparkSession) -> Iterator[None]:
+    """Expressions analyzed inside are in Spark's non-ANSI mode (a value that cannot be
+    cast or parsed is null, not an error), whatever the session's mode when they run: the
+    mode is fixed in the expressions when they are analyzed."""
+    before = spark.conf.get(ANSI, "true") or "true"
+    if before.strip().lower() != "true":
+        yield
+        return
+    spark.conf.set(ANSI, "false")
+    try:
+        yield
+    finally:
+        spark.conf.set(ANSI, before)
 
 
 def with_event_time(records: DataFrame, read: SourceRead, spec: SourceSpec
@@ -35,7 +69,8 @@ def with_event_time(records: DataFrame, read: SourceRead, spec: SourceSpec
     from pyspark.sql import functions as F
 
     assert spec.event_time
-    records = records.withColumn(EVENT_TIME, F.expr(spec.event_time))
+    with lenient(records.sparkSession):  # (withColumn analyzes at once)
+        records = records.withColumn(EVENT_TIME, F.expr(spec.event_time))
     hidden = {c for c in (read.split_column, *(read.position or ())) if c}
     shown = [c for c in records.columns
              if c not in hidden and not c.startswith(HIDDEN_PREFIX)]
@@ -64,8 +99,8 @@ def _message(spec: SourceSpec, split: Column, offset: Column, record: Column) ->
     from pyspark.sql import functions as F
 
     return F.concat(
-        F.lit(f"{DECODE_ERROR_MARKER}source {spec.id!r} read a record whose event time is "
-              f"null (`{spec.event_time}`) at split "), F.coalesce(split, F.lit("?")),
+        F.lit(f"{DECODE_ERROR_MARKER}source {spec.id!r} read a record whose event time "
+              f"{_what(spec)} (`{spec.event_time}`) at split "), F.coalesce(split, F.lit("?")),
         F.lit(" offset "), F.coalesce(offset, F.lit("?")), F.lit(": "),
         F.substring(record, 1, 500),
         F.lit("; add on_error: <sink id> to send such records to a dead-letter sink, or give "

@@ -182,6 +182,9 @@ class KeyedOperatorStage(Stage):
         late_sink = stage.op.window.late if stage.op.window else None
         if result.late is not None and late_sink:
             ctx.route(late_sink, result.late, LATE)
+        elif stage.op.window is not None and not late_sink:  # dropped: counted all the same
+            ctx.seen_late.append(result.late_seen if result.late_seen is not None
+                                 else LateInMetas(result.metas))
         for name, sink_id in stage.op.side_outputs:
             if name in result.sides:
                 ctx.route(sink_id, result.sides[name])
@@ -197,6 +200,23 @@ class KeyedOperatorStage(Stage):
         if self.task_sink is not None:
             out["writes_sink"] = self.task_sink[0]
         return out
+
+
+class LateInMetas:
+    """The late records a window read by its subtasks (a direct or local epoch) dropped
+    (`get`: `late`): every subtask reads all of the epoch's rows, so any one's metadata has
+    the count."""
+
+    def __init__(self, metas: Any) -> None:
+        self.metas = metas
+
+    @property
+    def get(self) -> dict[str, int]:
+        """`late`, from the first subtask that reported it (0 when none did)."""
+        for meta in self.metas:
+            if "late" in meta:
+                return {"late": int(meta["late"])}
+        return {"late": 0}
 
 
 #: Spark types whose values Arrow aggregates as Spark's partial aggregates do.

@@ -112,8 +112,9 @@ def parquet_bytes(first: int, count: int) -> bytes:
     return sink.getvalue()
 
 
-#: (A data page damaged behind a sound footer is not among them: Spark finds it when it
-#: decodes the page and the epoch fails; see docs/guide/dead-letters.md.)
+#: (A data page damaged behind a sound footer is not among them: the epoch that decodes it
+#: fails, and it becomes a dead letter through a restart from a checkpoint, which these runs
+#: do not take; tests/runtime/test_damaged_files.py.)
 PARQUET_DAMAGE = st.sampled_from(["none", "truncate", "random", "empty", "head"])
 
 

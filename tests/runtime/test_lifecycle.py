@@ -103,17 +103,29 @@ def newest_checkpoint(storage: Path) -> tuple[int, dict[str, Any]]:
     return newest, json.loads((root / f"chk-{newest}" / "_metadata").read_text())["metadata"]
 
 
+def no_process_left(sid: int, timeout: float = 90) -> bool:
+    """Whether every process of the run's session (its JVM too) ended by itself."""
+    deadline = time.monotonic() + timeout
+    while session_members(sid) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return not session_members(sid)
+
+
 def test_sigterm_stops_at_the_boundary_with_a_final_checkpoint(tmp_path: Path) -> None:
+    """SIGTERM to the whole process group, as a service manager sends it: the JVM, in a
+    group of its own, must not get it and die under the graceful stop."""
     storage = tmp_path / "storage"
     # Checkpoints an hour apart: the only one is the final one the stop takes.
     run = Proc(write_job(tmp_path, interval="1h"), storage, "run")
     try:
         run.wait_for(lambda events: sum(e.get("event") == "epoch" for e in events) >= 3)
-        run.proc.send_signal(signal.SIGTERM)
-        code = run.end()
+        os.killpg(run.proc.pid, signal.SIGTERM)
+        code = run.proc.wait(timeout=180)
+        left = no_process_left(run.proc.pid)
     finally:
         crash(run.proc.pid)
     assert code == 0, run.describe()
+    assert left, "the run's JVM outlived it"
     finished = [e for e in run.events() if e.get("event") == "finished"]
     assert finished and finished[-1]["status"] == "stopped", run.events()[-3:]
     assert listed(storage)["state"] == "stopped"
@@ -241,3 +253,83 @@ def test_listing_a_non_loopback_ui_is_seen(tmp_path: Path) -> None:
     assert not loopback(_address("00000000"))
     assert loopback(_address("0100007F"))
     assert loopback(_address("00000000000000000000000001000000"))  # ::1
+
+
+def test_a_run_taken_over_stops_without_committing(tmp_path: Path) -> None:
+    """A run paused past the stale bound (SIGSTOP) is taken over by a newer claim; resumed,
+    it must notice, write nothing more to the registry, commit no checkpoint and exit 1."""
+    from streamer.runtime.control import STALE_AFTER_S, JobRegistry
+
+    storage = tmp_path / "storage"
+    # Checkpoint every epoch; epoch 3 waits 20 s at its start, where the pause finds it.
+    run = Proc(write_job(tmp_path), storage, "run", STREAMER_FAILPOINTS="epoch-start:3:sleep=20")
+    try:
+        run.wait_for(lambda events: any(e.get("event") == "epoch" and e.get("epoch", 0) >= 2
+                                        for e in events))
+        os.kill(run.proc.pid, signal.SIGSTOP)  # its heartbeat thread stops with it
+        time.sleep(STALE_AFTER_S + 1)
+        before, _ = newest_checkpoint(storage)
+        taker = JobRegistry(str(storage), "lifecycle")
+        note = taker.claim("run-b", {"file": "elsewhere.yaml"})
+        assert note and "taking over" in note, note
+        os.kill(run.proc.pid, signal.SIGCONT)
+        code = run.end()
+    finally:
+        crash(run.proc.pid)
+    assert code == 1, run.describe()
+    message = " ".join(run.err.read_text().split())
+    assert "lost its claim" in message and "run-b" in message, message
+    assert "Traceback" not in message
+    assert newest_checkpoint(storage)[0] == before  # nothing committed after the takeover
+    record = taker.read()
+    assert record is not None and record["run_id"] == "run-b" and record["status"] == "running"
+
+
+def test_sigterm_during_start_up_stops_cleanly(tmp_path: Path) -> None:
+    """SIGTERM (to the group) once the job is claimed, while Spark starts: a clear message,
+    no epoch, the job `stopped`, no traceback and no JVM left behind."""
+    storage = tmp_path / "storage"
+    run = Proc(write_job(tmp_path, shutdown_timeout="300s"), storage, "run")
+    try:
+        deadline = time.monotonic() + 120
+        while not (storage / "lifecycle" / "job.json").exists():
+            assert run.proc.poll() is None and time.monotonic() < deadline, run.describe()
+            time.sleep(0.05)
+        os.killpg(run.proc.pid, signal.SIGTERM)
+        code = run.proc.wait(timeout=240)
+        left = no_process_left(run.proc.pid)
+    finally:
+        crash(run.proc.pid)
+    assert code == 0, run.describe()
+    texts = " ".join(e.get("text", "") for e in run.events())
+    assert "during start-up" in texts, run.events()
+    assert not [e for e in run.events() if e.get("event") == "epoch"]
+    assert "Traceback" not in run.err.read_text()
+    assert listed(storage)["state"] == "stopped"
+    assert left, "the run's JVM outlived it"
+
+
+def test_a_cancel_that_hangs_exits_143_at_once(tmp_path: Path) -> None:
+    """The stop stalls past job.shutdown_timeout, and the cancel after it stalls too: the
+    process exits 143 by itself once `CANCEL_GRACE_S` passed."""
+    from streamer.runtime.jobcontrol import CANCEL_GRACE_S
+
+    storage = tmp_path / "storage"
+    run = Proc(write_job(tmp_path, shutdown_timeout="2s", interval="1h"), storage, "run",
+               STREAMER_FAILPOINTS="after-snapshot:0:sleep=600,cancelling:0:sleep=600")
+    try:
+        run.wait_for(lambda events: sum(e.get("event") == "epoch" for e in events) >= 2)
+        began = time.monotonic()
+        run.proc.send_signal(signal.SIGTERM)
+        code = run.proc.wait(timeout=180)
+        took = time.monotonic() - began
+        left = no_process_left(run.proc.pid)
+    finally:
+        crash(run.proc.pid)
+    assert code == 143, run.describe()
+    assert 2 + CANCEL_GRACE_S <= took < 2 + CANCEL_GRACE_S + 60, took
+    message = run.err.read_text()
+    assert f"did not end within {CANCEL_GRACE_S:g} s" in message, message
+    assert "Traceback" not in message
+    assert listed(storage)["state"] == "cancelled"
+    assert left, "the run's JVM outlived it"
