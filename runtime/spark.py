@@ -53,7 +53,10 @@ DEFAULT_CONF: dict[str, str] = {
 def java_version(java: str) -> int | None:
     """The major version of the `java` executable, or None when it cannot be run."""
     try:
-        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+        # A session of its own: a SIGTERM to streamer's process group (docker stop, systemd)
+        # during start-up is streamer's to handle, not a reason to call Java broken.
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30,
+                             start_new_session=True)
     except (OSError, subprocess.SubprocessError):
         return None
     match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
