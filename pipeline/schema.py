@@ -23,10 +23,11 @@ from streamer.pipeline.model import (
     Obj,
     OneOrList,
     Scalar,
+    SignedDuration,
     Str,
     Tagged,
 )
-from streamer.pipeline.units import parse_duration_ms
+from streamer.pipeline.units import parse_duration_ms, parse_signed_duration_ms
 from streamer.pipeline.yaml_loader import Path
 
 ID_PATTERN = r"[a-z][a-z0-9_]*"
@@ -285,7 +286,94 @@ class AggregateFn(Str):
                       "distinct values")
 
 
-OPERATOR_KINDS = ("filter", "select", "with_columns", "key_by")
+JOIN_TYPES = ("inner", "left", "right", "full")
+JOIN_MODES = ("between", "window", "table")
+
+
+def _key_columns(doc: str) -> OneOrList:
+    return OneOrList(Str(pattern=COLUMN_PATTERN, pattern_hint=COLUMN_HINT), doc, noun="column")
+
+
+JOIN_WINDOW = Obj(
+    {
+        "tumbling": Field(Duration("Fixed, non-overlapping windows of this size.")),
+        "sliding": Field(Obj({"size": Field(Duration(), required=True),
+                              "slide": Field(Duration(), required=True)},
+                             "Overlapping windows of `size`, one starting every `slide`.")),
+    },
+    "The window of a window join: records of both sides in the same window and key join when "
+    "the window closes; exactly one of tumbling, sliding.",
+    rules=[_exactly_one(("tumbling", "sliding"), "a join's window"), _sliding_rule],
+)
+
+
+def _join_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
+    keys = [k for k in ("on", "left_key", "right_key") if k in value]
+    if "on" in value and len(keys) > 1:
+        ck.report((*path, keys[1]), f"a join takes either on: or left_key: + right_key:; it "
+                  f"has {' and '.join(keys)}", at_key=True)
+    elif not keys:
+        ck.report(path, "a join needs its key: on: [columns] (the same names on both sides), "
+                  "or left_key: and right_key:")
+    elif "on" not in value and len(keys) == 1:
+        other = "right_key" if keys[0] == "left_key" else "left_key"
+        ck.report((*path, keys[0]), f"{keys[0]!r} needs {other!r} too (one column per key "
+                  "column of the other side), or use on: for columns named alike", at_key=True)
+    elif "on" not in value:
+        lk, rk = value.get("left_key"), value.get("right_key")
+        n_left = len(lk) if isinstance(lk, list) else 1
+        n_right = len(rk) if isinstance(rk, list) else 1
+        if n_left != n_right:
+            ck.report((*path, "right_key"), f"right_key has {n_right} column(s) but left_key "
+                      f"has {n_left}; give one right column per left key column")
+    _exactly_one(JOIN_MODES, "a join")(value, path, ck)
+    if value.get("table") is not None and "between" not in value and "window" not in value:
+        ck.report((*path, "table"), "table joins (enrichment) are not available yet in this "
+                  "version of streamer; use between: [lower, upper] (an interval join) or "
+                  "window: (a window join)", at_key=True)
+    between = value.get("between")
+    if isinstance(between, list):
+        if len(between) != 2:
+            ck.report((*path, "between"), f"between must be [lower, upper] (two durations), "
+                      f"got {len(between)} value(s)")
+        else:
+            lower, upper = (parse_signed_duration_ms(v) for v in between)
+            if lower is not None and upper is not None and lower > upper:
+                ck.report((*path, "between"), f"between's lower bound ({between[0]}) must not "
+                          f"be after its upper bound ({between[1]})")
+
+
+JOIN = Obj(
+    {
+        "left": Field(Str("The id of the left input (a source or operator)."), required=True),
+        "right": Field(Str("The id of the right input (a source or operator)."),
+                       required=True),
+        "on": Field(_key_columns("Key columns present on both sides; they appear once in "
+                                 "the output.")),
+        "left_key": Field(_key_columns("The left side's key columns (with right_key); the "
+                                       "output's key columns take these names.")),
+        "right_key": Field(_key_columns("The right side's key columns, one per left_key "
+                                        "column.")),
+        "type": Field(Str("inner (default): matched pairs only; left, right, full: also the "
+                          "unmatched records of that side (both for full), with nulls, once "
+                          "their partner can no longer arrive.", enum=JOIN_TYPES)),
+        "between": Field(ListOf(SignedDuration(), "Interval join: [lower, upper]; a right "
+                                "record joins a left record when right event time - left "
+                                "event time is within these bounds (inclusive), e.g. [0s, 30m] "
+                                "or [-10m, 5m].")),
+        "window": Field(JOIN_WINDOW),
+        "table": Field(Bool("The right side is a table (enrichment); not available yet.")),
+        "right_prefix": Field(Str("Prepended to the right side's column names in the output "
+                                  "(resolves name clashes), e.g. 'payment_'.",
+                                  pattern=r"[A-Za-z_][A-Za-z0-9_]*",
+                                  pattern_hint=COLUMN_HINT)),
+    },
+    "Joins two keyed inputs on event time: exactly one of between (interval join), window "
+    "(window join), table.",
+    rules=[_join_rules],
+)
+
+OPERATOR_KINDS = ("filter", "select", "with_columns", "key_by", "join")
 KEYED_KINDS = ("window", "aggregate", "dedupe", "process")
 
 
@@ -295,6 +383,23 @@ def _operator_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
     if "side_outputs" in value and "process" not in value:
         ck.report((*path, "side_outputs"), f"'side_outputs' applies only to process "
                   f"operators; remove it from {what}", at_key=True)
+    if "join" in value:
+        if "input" in value:
+            ck.report((*path, "input"), f"{what} is a join, which names its two inputs in "
+                      "join.left and join.right; remove input", at_key=True)
+        for key in (*KEYED_KINDS, "side_outputs"):
+            if key in value and key != "window":
+                ck.report((*path, key), f"{key!r} does not apply to a join; remove it from "
+                          f"{what}", at_key=True)
+        if "window" in value:
+            ck.report((*path, "window"), f"a window join's window goes inside join: "
+                      f"(join: {{window: ...}}); remove it from {what}", at_key=True)
+        return
+    if "input" not in value:
+        ck.report(path, f"{what} is missing required key 'input'")
+    if "late" in value:
+        ck.report((*path, "late"), "'late' at the operator level applies only to joins; a "
+                  "window's late output goes in window: {late: <sink id>}", at_key=True)
     if "key_by" not in value:
         for key in (*KEYED_KINDS, "uid"):
             if key in value:
@@ -319,7 +424,7 @@ OPERATOR = Obj(
     {
         "id": Field(ID, required=True),
         "input": Field(OneOrList(REF, "One id, or a list of ids (a union; schemas must "
-                                 "match)."), required=True),
+                                 "match). Every operator but a join has one.")),
         "uid": Field(Str("Stable identity of this operator's state (default: the id).")),
         "filter": Field(Str("Keep rows for which this boolean expression is "
                                        "true.")),
@@ -340,11 +445,14 @@ OPERATOR = Obj(
         "side_outputs": Field(MapOf(Str("The id of a sink."), "process only: side output "
                                     "name -> the sink that receives it.",
                                     key_pattern=ID_PATTERN, key_hint=ID_HINT, min_items=1)),
+        "join": Field(JOIN),
+        "late": Field(Str("join only: the id of a sink for records that arrive behind the "
+                          "watermark (otherwise dropped and counted).")),
         "process": Field(Str("A keyed process function, `module:Class`.",
                              pattern=r"[A-Za-z_][\w.]*:[A-Za-z_]\w*",
                              pattern_hint="'module:Class', e.g. 'fraud:LargeAfterSmall'")),
     },
-    "One transformation; exactly one of filter, select, with_columns, key_by.",
+    "One transformation; exactly one of filter, select, with_columns, key_by, join.",
     what=_named("operator", "operators"),
     rules=[_operator_rules],
 )
