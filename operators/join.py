@@ -68,12 +68,12 @@ def join_columns(join: Any, left: Any, right: Any
     problems: list[tuple[str, str]] = []
     lf = {f.name: f for f in left.fields if not f.name.startswith("__")}
     rf = {f.name: f for f in right.fields if not f.name.startswith("__")}
-    for side, names, fields in (("left", join.left_key, lf), ("right", join.right_key, rf)):
+    for side, names, have in (("left", join.left_key, lf), ("right", join.right_key, rf)):
         for name in names:
-            if name not in fields:
+            if name not in have:
                 problems.append((f"{side}_key", f"key column {name!r} is not in the {side} input "
                                  f"{getattr(join, side)!r}, whose columns are "
-                                 f"{', '.join(fields) or '(none)'}"))
+                                 f"{', '.join(have) or '(none)'}"))
     for lk, rk in zip(join.left_key, join.right_key, strict=True):
         if lk in lf and rk in rf and lf[lk].dataType != rf[rk].dataType:
             problems.append(("on", f"key column {lk!r} is {lf[lk].dataType.simpleString()} on "

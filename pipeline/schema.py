@@ -295,12 +295,7 @@ def _key_columns(doc: str) -> OneOrList:
 
 
 JOIN_WINDOW = Obj(
-    {
-        "tumbling": Field(Duration("Fixed, non-overlapping windows of this size.")),
-        "sliding": Field(Obj({"size": Field(Duration(), required=True),
-                              "slide": Field(Duration(), required=True)},
-                             "Overlapping windows of `size`, one starting every `slide`.")),
-    },
+    {key: WINDOW.fields[key] for key in ("tumbling", "sliding")},
     "The window of a window join: records of both sides in the same window and key join when "
     "the window closes; exactly one of tumbling, sliding.",
     rules=[_exactly_one(("tumbling", "sliding"), "a join's window"), _sliding_rule],
@@ -313,16 +308,14 @@ def _join_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
         ck.report((*path, keys[1]), f"a join takes either on: or left_key: + right_key:; it "
                   f"has {' and '.join(keys)}", at_key=True)
     elif not keys:
-        ck.report(path, "a join needs its key: on: [columns] (the same names on both sides), "
-                  "or left_key: and right_key:")
+        ck.report(path, "a join needs its key: on: [columns], or left_key: and right_key:")
     elif "on" not in value and len(keys) == 1:
         other = "right_key" if keys[0] == "left_key" else "left_key"
         ck.report((*path, keys[0]), f"{keys[0]!r} needs {other!r} too (one column per key "
                   "column of the other side), or use on: for columns named alike", at_key=True)
     elif "on" not in value:
-        lk, rk = value.get("left_key"), value.get("right_key")
-        n_left = len(lk) if isinstance(lk, list) else 1
-        n_right = len(rk) if isinstance(rk, list) else 1
+        n_left, n_right = (len(v) if isinstance(v, list) else 1
+                           for v in (value.get("left_key"), value.get("right_key")))
         if n_left != n_right:
             ck.report((*path, "right_key"), f"right_key has {n_right} column(s) but left_key "
                       f"has {n_left}; give one right column per left key column")
@@ -332,28 +325,23 @@ def _join_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
                   "version of streamer; use between: [lower, upper] (an interval join) or "
                   "window: (a window join)", at_key=True)
     between = value.get("between")
-    if isinstance(between, list):
-        if len(between) != 2:
-            ck.report((*path, "between"), f"between must be [lower, upper] (two durations), "
-                      f"got {len(between)} value(s)")
-        else:
-            lower, upper = (parse_signed_duration_ms(v) for v in between)
-            if lower is not None and upper is not None and lower > upper:
-                ck.report((*path, "between"), f"between's lower bound ({between[0]}) must not "
-                          f"be after its upper bound ({between[1]})")
+    if isinstance(between, list) and len(between) != 2:
+        ck.report((*path, "between"), f"between must be [lower, upper] (two durations), got "
+                  f"{len(between)} value(s)")
+    elif isinstance(between, list):
+        lower, upper = (parse_signed_duration_ms(v) for v in between)
+        if lower is not None and upper is not None and lower > upper:
+            ck.report((*path, "between"), f"between's lower bound ({between[0]}) must not be "
+                      f"after its upper bound ({between[1]})")
 
 
 JOIN = Obj(
     {
         "left": Field(Str("The id of the left input (a source or operator)."), required=True),
-        "right": Field(Str("The id of the right input (a source or operator)."),
-                       required=True),
-        "on": Field(_key_columns("Key columns present on both sides; they appear once in "
-                                 "the output.")),
-        "left_key": Field(_key_columns("The left side's key columns (with right_key); the "
-                                       "output's key columns take these names.")),
-        "right_key": Field(_key_columns("The right side's key columns, one per left_key "
-                                        "column.")),
+        "right": Field(Str("The id of the right input (source or operator)."), required=True),
+        "on": Field(_key_columns("Key columns on both sides (once in the output).")),
+        "left_key": Field(_key_columns("The left's key columns (the output's), + right_key.")),
+        "right_key": Field(_key_columns("The right's key columns, one per left_key column.")),
         "type": Field(Str("inner (default): matched pairs only; left, right, full: also the "
                           "unmatched records of that side (both for full), with nulls, once "
                           "their partner can no longer arrive.", enum=JOIN_TYPES)),

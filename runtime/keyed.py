@@ -240,13 +240,8 @@ class KeyedStage:
         late = None
         window = self.op.window
         lateness = window.allowed_lateness_ms if window else 0
-        if self.kind == "process":  # every record goes to the user's function
-            return df, None
-        if self.kind == "join":  # every record is buffered by the join
-            from streamer.runtime.join import split_late
-
-            assert self.op.join is not None
-            return split_late(self.op.join, df, watermark)
+        if self.kind in ("process", "join"):  # every record goes to the function or join
+            return self._unaggregated(df, watermark)
         if self.kind == "dedupe":
             return self._first_records(df, group, prerouted), None
         if window and window.kind in ("tumbling", "sliding") and self.domain == "event":
@@ -301,6 +296,16 @@ class KeyedStage:
         if late is not None:
             late = visible(late)
         return rows, late
+
+    def _unaggregated(self, df: DataFrame, watermark: int
+                      ) -> tuple[DataFrame, DataFrame | None]:
+        """A process function's records as they are; a join's, without the late ones
+        (`runtime.join.split_late`), and those."""
+        if self.op.join is None:
+            return df, None
+        from streamer.runtime.join import split_late
+
+        return split_late(self.op.join, df, watermark)
 
     def _first_records(self, df: DataFrame, group: list[Any], prerouted: bool) -> DataFrame:
         """Dedupe: each key's first record of the epoch (by event time, then arrival)."""

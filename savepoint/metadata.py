@@ -40,9 +40,10 @@ def operator_definition(op: OperatorSpec) -> dict[str, Any]:
         w = op.window
         window = {"kind": w.kind, "size_ms": w.size_ms, "slide_ms": w.slide_ms,
                   "gap_ms": w.gap_ms, "count": w.count, "time": w.time or "event"}
-    out = {"kind": op.keyed_kind, "key_by": list(op.key_by), "window": window,
-           "aggregates": [[a.name, a.function, a.arg] for a in op.aggregates],
-           "dedupe": op.dedupe_within_ms is not None, "process": op.process}
+    out: dict[str, Any] = {"kind": op.keyed_kind, "key_by": list(op.key_by), "window": window,
+                           "aggregates": [[a.name, a.function, a.arg]
+                                          for a in op.aggregates],
+                           "dedupe": op.dedupe_within_ms is not None, "process": op.process}
     if op.join is not None:  # (absent for other operators: older savepoints still match)
         j = op.join
         jw = j.window
