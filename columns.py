@@ -30,6 +30,10 @@ ROUTE = "__route"
 #: True on the one empty row per subtask that makes every subtask's task run, input or not.
 DUMMY = "__dummy"
 
+# --------------------------------------------------------------------------- joins
+#: Which input of a join a record comes from (int): 0 left, 1 right (`operators.join`).
+JOIN_SIDE = "__join_side"
+
 # --------------------------------------------------------------------------- metrics
 #: What a sink's row counts as in the epoch's metrics (`out`, `dead_letters`, `late`), while
 #: a sink's inputs of several kinds are unioned and counted (dropped before it writes).

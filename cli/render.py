@@ -42,7 +42,9 @@ def plan_tree(flow: Dataflow) -> Tree:
             if consumer.id in path:
                 continue
             if len(consumer.inputs) > 1 and consumer.inputs[0] != node.id:
-                child.add(Text(f"→ {consumer.id} (union, shown under {consumer.inputs[0]})",
+                how = ("join right input" if consumer.kind == "keyed"
+                       and consumer.operator.join is not None else "union")
+                child.add(Text(f"→ {consumer.id} ({how}, shown under {consumer.inputs[0]})",
                                style="dim"))
                 continue
             grow(child, consumer, (*path, consumer.id))

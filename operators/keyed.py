@@ -21,6 +21,7 @@ from typing import Any
 from streamer.columns import (
     DUMMY,
     EVENT_TIME,
+    JOIN_SIDE,
     KEY_GROUP,
     ROW_KIND,
     ROW_META,
@@ -57,6 +58,9 @@ def output_schema(spark: Any, op: Any, input_schema: Any) -> Any:
         assert isinstance(declared, StructType)
         return StructType([*fields, StructField(SIDE_OUTPUT, StringType()), *declared.fields,
                            StructField(EVENT_TIME, TimestampType())])
+    if kind == "join":  # the input is the output's columns, `__ts` and `__join_side`
+        fields += [f for f in input_schema.fields if f.name != JOIN_SIDE]
+        return StructType(fields)
     if kind == "dedupe":
         fields += list(input_schema.fields)
         if EVENT_TIME not in input_schema.fieldNames():
@@ -148,6 +152,10 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
 
             out.rows.extend(run_process(cfg.fn_class, cfg.keys, cfg.record_columns, rows,
                                         backend, cfg.fire_up_to, cfg.now_ms))
+        elif cfg.kind == "join":
+            from streamer.operators.join import run_join
+
+            run_join(cfg, backend, rows, out)
         elif cfg.kind == "dedupe":
             _dedupe(cfg, backend, rows, out)
         elif cfg.kind == "aggregate":

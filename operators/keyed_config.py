@@ -15,7 +15,7 @@ class KeyedConfig:
     """Everything a task needs, as plain picklable data."""
 
     uid: str
-    kind: str  # window | aggregate | dedupe
+    kind: str  # window | aggregate | dedupe | process | join
     keys: tuple[str, ...]
     aggregates: tuple[AggregateSpec, ...]
     window_kind: str | None
@@ -51,3 +51,6 @@ class KeyedConfig:
     park: bool = False
     #: The keyed stage reads this epoch's files itself (`operators.direct.DirectRead`).
     direct: Any = None
+    #: join only: the `JoinSpec`, and its output columns (`operators.join.JoinColumns`).
+    join: Any = None
+    join_columns: Any = None

@@ -145,6 +145,8 @@ def _operator_detail(o: OperatorSpec) -> str:
         return o.filter or ""
     if o.kind in ("select", "with_columns"):
         return ", ".join(name for name, _ in o.columns)
+    if o.join:
+        return _join_detail(o)
     if o.window:
         w = o.window
         size = {"tumbling": lambda: format_duration_ms(w.size_ms or 0),
@@ -162,6 +164,24 @@ def _operator_detail(o: OperatorSpec) -> str:
     return f"process {o.process}"
 
 
+def _join_detail(o: OperatorSpec) -> str:
+    j = o.join
+    assert j is not None
+    if j.left_key == j.right_key:
+        on = ", ".join(j.left_key)
+    else:
+        on = ", ".join(f"{a} = {b}" for a, b in zip(j.left_key, j.right_key, strict=True))
+    if j.mode == "interval":
+        how = (f"between [{format_duration_ms(j.lower_ms)}, {format_duration_ms(j.upper_ms)}]")
+    else:
+        w = j.window
+        assert w is not None
+        size = format_duration_ms(w.size_ms or 0)
+        how = (f"tumbling {size}" if w.kind == "tumbling" else
+               f"sliding {size}/{format_duration_ms(w.slide_ms or 0)}")
+    return f"{j.type} {j.mode} join {j.left} x {j.right} on {on}, {how}"
+
+
 def compile_dataflow(spec: PipelineSpec) -> Dataflow:
     """Build the dataflow of a validated spec (inputs resolved, order topological)."""
     by_id: dict[str, Node] = {}
@@ -173,6 +193,7 @@ def compile_dataflow(spec: PipelineSpec) -> Dataflow:
     for o in spec.operators:
         kind = o.kind
         side = (("late", o.window.late),) if o.window and o.window.late else ()
+        side += (("late", o.join.late),) if o.join and o.join.late else ()
         side += tuple((f"side {name}", sink) for name, sink in o.side_outputs)
         shuffle = f"key group by {', '.join(o.key_by)}" if o.kind == "keyed" else None
         by_id[o.id] = Node(o.id, "operator", kind, o.inputs, o,

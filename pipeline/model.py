@@ -11,7 +11,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamer.pipeline.units import DURATION_HINT, SIZE_HINT, parse_duration_ms, parse_size_bytes
+from streamer.pipeline.units import (
+    DURATION_HINT,
+    SIZE_HINT,
+    parse_duration_ms,
+    parse_signed_duration_ms,
+    parse_size_bytes,
+)
 from streamer.pipeline.yaml_loader import Path
 
 
@@ -204,6 +210,22 @@ class Duration(Node):
     def schema(self) -> dict[str, Any]:
         return self._with_doc({"type": "string",
                                "pattern": r"^\s*\d+(\.\d+)?\s*(ms|s|m|h|d)\s*$"})
+
+
+@dataclass
+class SignedDuration(Node):
+    """A duration that may be negative or zero, such as `-10m` (a join's `between` bounds)."""
+
+    description: str = ""
+
+    def check(self, value: Any, path: Path, ck: Checker) -> None:
+        if parse_signed_duration_ms(value) is None:
+            ck.report(path, f"{label(path)} must be {DURATION_HINT}, optionally with a "
+                      f"leading '-', got {_type_name(value)}")
+
+    def schema(self) -> dict[str, Any]:
+        return self._with_doc({"type": "string",
+                               "pattern": r"^\s*-?\d+(\.\d+)?\s*(ms|s|m|h|d)\s*$"})
 
 
 @dataclass

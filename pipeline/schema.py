@@ -38,6 +38,7 @@ from streamer.pipeline.schema_base import (
     _exactly_one,
     _named,
 )
+from streamer.pipeline.schema_joins import join_schema
 from streamer.pipeline.schema_sinks import SINK
 from streamer.pipeline.units import parse_duration_ms
 from streamer.pipeline.yaml_loader import Path
@@ -275,7 +276,10 @@ class AggregateFn(Str):
                       "distinct values")
 
 
-OPERATOR_KINDS = ("filter", "select", "with_columns", "key_by")
+JOIN = join_schema(WINDOW, _sliding_rule)
+
+
+OPERATOR_KINDS = ("filter", "select", "with_columns", "key_by", "join")
 KEYED_KINDS = ("window", "aggregate", "dedupe", "process")
 
 
@@ -285,6 +289,23 @@ def _operator_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
     if "side_outputs" in value and "process" not in value:
         ck.report((*path, "side_outputs"), f"'side_outputs' applies only to process "
                   f"operators; remove it from {what}", at_key=True)
+    if "join" in value:
+        if "input" in value:
+            ck.report((*path, "input"), f"{what} is a join, which names its two inputs in "
+                      "join.left and join.right; remove input", at_key=True)
+        for key in (*KEYED_KINDS, "side_outputs"):
+            if key in value and key != "window":
+                ck.report((*path, key), f"{key!r} does not apply to a join; remove it from "
+                          f"{what}", at_key=True)
+        if "window" in value:
+            ck.report((*path, "window"), f"a window join's window goes inside join: "
+                      f"(join: {{window: ...}}); remove it from {what}", at_key=True)
+        return
+    if "input" not in value:
+        ck.report(path, f"{what} is missing required key 'input'")
+    if "late" in value:
+        ck.report((*path, "late"), "'late' at the operator level applies only to joins; a "
+                  "window's late output goes in window: {late: <sink id>}", at_key=True)
     if "key_by" not in value:
         for key in (*KEYED_KINDS, "uid"):
             if key in value:
@@ -309,7 +330,7 @@ OPERATOR = Obj(
     {
         "id": Field(ID, required=True),
         "input": Field(OneOrList(REF, "One id, or a list of ids (a union; schemas must "
-                                 "match)."), required=True),
+                                 "match). Every operator but a join has one.")),
         "uid": Field(Str("Stable identity of this operator's state (default: the id).")),
         "filter": Field(Str("Keep rows for which this boolean expression is "
                                        "true.")),
@@ -330,11 +351,14 @@ OPERATOR = Obj(
         "side_outputs": Field(MapOf(Str("The id of a sink."), "process only: side output "
                                     "name -> the sink that receives it.",
                                     key_pattern=ID_PATTERN, key_hint=ID_HINT, min_items=1)),
+        "join": Field(JOIN),
+        "late": Field(Str("join only: the id of a sink for records that arrive behind the "
+                          "watermark (otherwise dropped and counted).")),
         "process": Field(Str("A keyed process function, `module:Class`.",
                              pattern=r"[A-Za-z_][\w.]*:[A-Za-z_]\w*",
                              pattern_hint="'module:Class', e.g. 'fraud:LargeAfterSmall'")),
     },
-    "One transformation; exactly one of filter, select, with_columns, key_by.",
+    "One transformation; exactly one of filter, select, with_columns, key_by, join.",
     what=_named("operator", "operators"),
     rules=[_operator_rules],
 )

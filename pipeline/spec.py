@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from streamer.exceptions import ConfigError
 from streamer.pipeline.exceptions import Location
 from streamer.pipeline.schema import parse_aggregate
-from streamer.pipeline.units import parse_duration_ms
+from streamer.pipeline.units import parse_duration_ms, parse_signed_duration_ms
 from streamer.pipeline.yaml_loader import Path, Positions
 
 
@@ -73,6 +73,37 @@ class AggregateSpec:
 
 
 @dataclass(frozen=True)
+class JoinSpec:
+    """A `join:` of two keyed inputs: interval (`between`) or window join."""
+
+    left: str
+    right: str
+    #: Key columns of each side, in order; the output's key columns take the left names.
+    left_key: tuple[str, ...]
+    right_key: tuple[str, ...]
+    type: str = "inner"  # inner | left | right | full
+    mode: str = "interval"  # interval | window
+    #: Interval join: right event time - left event time in [lower_ms, upper_ms].
+    lower_ms: int = 0
+    upper_ms: int = 0
+    #: Window join: tumbling or sliding (`WindowSpec`, event time).
+    window: WindowSpec | None = None
+    #: The sink of records behind the watermark (the operator's `late:`).
+    late: str | None = None
+    right_prefix: str = ""
+
+    @property
+    def outer_left(self) -> bool:
+        """Unmatched left records are emitted (left and full joins)."""
+        return self.type in ("left", "full")
+
+    @property
+    def outer_right(self) -> bool:
+        """Unmatched right records are emitted (right and full joins)."""
+        return self.type in ("right", "full")
+
+
+@dataclass(frozen=True)
 class OperatorSpec:
     """An operator; `kind` says which of the spec's operator keys it has."""
 
@@ -91,6 +122,8 @@ class OperatorSpec:
     process: str | None = None
     #: process only: (side output name, sink id).
     side_outputs: tuple[tuple[str, str], ...] = ()
+    #: join only (`inputs` is then (left, right), `key_by` the left key columns).
+    join: JoinSpec | None = None
 
     @property
     def stateful(self) -> bool:
@@ -102,6 +135,8 @@ class OperatorSpec:
         """Window | aggregate | dedupe | process for keyed operators."""
         if self.kind != "keyed":
             return None
+        if self.join:
+            return "join"
         if self.window:
             return "window"
         if self.aggregates:
@@ -304,6 +339,7 @@ class PipelineSpec:
         out = {s.on_error for s in self.sources if s.on_error}
         out |= {o.window.late for o in self.operators if o.window and o.window.late}
         out |= {sink for o in self.operators for _, sink in o.side_outputs}
+        out |= {o.join.late for o in self.operators if o.join and o.join.late}
         return out
 
 
@@ -334,9 +370,29 @@ def _build_window(raw: Mapping[str, Any]) -> WindowSpec:
     return WindowSpec("count", count=raw["count"], **common)
 
 
+def _build_join(raw: Mapping[str, Any], late: str | None) -> JoinSpec:
+    left_key = _inputs(raw.get("on") or raw.get("left_key"))
+    right_key = _inputs(raw.get("on") or raw.get("right_key"))
+    lower = upper = 0
+    window = None
+    if "between" in raw:
+        lower, upper = (parse_signed_duration_ms(v) or 0 for v in raw["between"])
+    else:
+        window = _build_window(raw["window"])
+    return JoinSpec(left=raw["left"], right=raw["right"], left_key=left_key,
+                    right_key=right_key, type=raw.get("type", "inner"),
+                    mode="interval" if "between" in raw else "window", lower_ms=lower,
+                    upper_ms=upper, window=window, late=late,
+                    right_prefix=raw.get("right_prefix", ""))
+
+
 def _build_operator(raw: Mapping[str, Any], path: Path) -> OperatorSpec:
-    base: dict[str, Any] = {"id": raw["id"], "inputs": _inputs(raw["input"]), "path": path,
+    base: dict[str, Any] = {"id": raw["id"], "inputs": _inputs(raw.get("input")), "path": path,
                             "uid": raw.get("uid", raw["id"]), "uid_explicit": "uid" in raw}
+    if "join" in raw:
+        join = _build_join(raw["join"], raw.get("late"))
+        return OperatorSpec(kind="keyed", join=join, key_by=join.left_key,
+                            **{**base, "inputs": (join.left, join.right)})
     if "filter" in raw:
         return OperatorSpec(kind="filter", filter=raw["filter"], **base)
     if "select" in raw:

@@ -30,6 +30,14 @@ def parse_duration_ms(text: object, *, whole: bool = True) -> int | None:
     return int(exact)
 
 
+def parse_signed_duration_ms(text: object) -> int | None:
+    """Like `parse_duration_ms`, with an optional leading `-` (a join's `between` bounds)."""
+    if isinstance(text, str) and text.strip().startswith("-"):
+        ms = parse_duration_ms(text.strip()[1:])
+        return None if ms is None else -ms
+    return parse_duration_ms(text)
+
+
 def parse_size_bytes(text: object) -> int | None:
     """Bytes in a size string (or a plain integer), or None when it is not one."""
     if isinstance(text, int) and not isinstance(text, bool):
@@ -43,7 +51,10 @@ def parse_size_bytes(text: object) -> int | None:
 
 
 def format_duration_ms(ms: int) -> str:
-    """The shortest exact duration string for `ms` (inverse of `parse_duration_ms`)."""
+    """The shortest exact duration string for `ms` (inverse of `parse_duration_ms`, and of
+    `parse_signed_duration_ms` for a negative `ms`)."""
+    if ms < 0:
+        return "-" + format_duration_ms(-ms)
     for unit in ("d", "h", "m", "s"):
         size = _DURATION_MS[unit]
         if ms and ms % size == 0:

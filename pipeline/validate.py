@@ -77,7 +77,7 @@ def check_references(data: Mapping[str, Any], ck: Checker) -> None:
     uids: dict[str, str] = {}
     for section, kind in (("sources", "source"), ("operators", "operator")):
         for i, raw in _items(data, section):
-            if section == "operators" and "key_by" not in raw:
+            if section == "operators" and "key_by" not in raw and "join" not in raw:
                 continue  # stateless operators have no state, so no uid
             uid = raw.get("uid", raw.get("id"))
             node_id = raw.get("id")
@@ -114,6 +114,11 @@ def check_references(data: Mapping[str, Any], ck: Checker) -> None:
 
     def refs_of(raw: dict[str, Any], base: Path, owner: str) -> list[tuple[str, Path]]:
         nonlocal unresolved
+        join = raw.get("join")
+        if base[0] == "operators" and isinstance(join, dict):  # its inputs: left and right
+            sides = [(join.get(k), (*base, "join", k)) for k in ("left", "right")]
+            unresolved += sum(not isinstance(ref, str) for ref, _ in sides)
+            return [(ref, path) for ref, path in sides if isinstance(ref, str)]
         value = raw.get("input")
         if not (isinstance(value, str) or (isinstance(value, list) and value and all(
                 isinstance(v, str) for v in value))):
@@ -142,11 +147,13 @@ def check_references(data: Mapping[str, Any], ck: Checker) -> None:
 
     dead_letter: dict[str, str] = {}  # sink id -> who sends to it
     dead_letter_unresolved = 0
-    for section, key in (("sources", "on_error"), ("operators", "window")):
+    for section, key in (("sources", "on_error"), ("operators", "window"), ("operators", "late")):
         for i, raw in _items(data, section):
             target: Any
             path: Path
-            if key == "window":
+            if key == "late":
+                target, path, what = raw.get("late"), ("operators", i, "late"), "late output"
+            elif key == "window":
                 window = raw.get("window")
                 target = window.get("late") if isinstance(window, dict) else None
                 path, what = ("operators", i, "window", "late"), "late output"

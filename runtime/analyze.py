@@ -105,6 +105,9 @@ class Analyzer:
     def operator(self, o: OperatorSpec) -> None:
         """Check an operator's expressions and derive its output schema."""
         owner = f"operator {o.id!r}"
+        if o.join is not None:
+            self.join(o)
+            return
         df = self.inputs(o.id, o.inputs, o.path, owner)
         if df is None:
             return
@@ -203,6 +206,38 @@ class Analyzer:
             out = output_schema(self.spark, o, df.schema)
             self.schemas[o.id] = StructType(
                 [f for f in out.fields if not f.name.startswith(HIDDEN_PREFIX)])
+
+    def join(self, o: OperatorSpec) -> None:
+        """Check a join's key columns, their types and the output's names (clashes); its
+        output schema is the key columns, the left's others, the right's others."""
+        from pyspark.sql.types import StructType
+
+        from streamer.operators.join import join_columns
+
+        join = o.join
+        assert join is not None
+        self.event_time[o.id] = True
+        if join.left not in self.schemas or join.right not in self.schemas:
+            return  # an upstream problem is already reported
+        for side in ("left", "right"):
+            if not self.event_time.get(getattr(join, side), False):
+                self.report((*o.path, "join", side), f"the {side} input "
+                            f"{getattr(join, side)!r} of join {o.id!r} has no event time; a "
+                            "join matches records by event time: set event_time: (and a "
+                            "watermark) on its source")
+        _, problems, fields = join_columns(join, self.schemas[join.left],
+                                           self.schemas[join.right])
+        base: Path = (*o.path, "join")
+        by_on = (*base, "on") in self.spec.positions.values
+        for where, message in problems:
+            if where == "on":
+                where = "on" if by_on else "left_key"
+            elif where.endswith("_key") and by_on:
+                where = "on"
+            path: Path = (*base, where)
+            self.report(path, f"join {o.id!r}: {message}")
+        if not problems:
+            self.schemas[o.id] = StructType(fields)
 
     def sink(self, k: SinkSpec) -> None:
         """Check that a sink's inputs union and fit its format."""

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
+    from streamer.runtime.join import JoinPlan
+
 EPOCH_SEQ = 1 << 40
 
 
@@ -121,7 +123,8 @@ class KeyedStage:
     """One keyed operator's per-epoch Spark plan."""
 
     def __init__(self, spark: SparkSession, op: OperatorSpec, job: JobSpec, job_name: str,
-                 input_schema: StructType, has_event_time: bool, state_root: str) -> None:
+                 input_schema: StructType, has_event_time: bool, state_root: str,
+                 join: JoinPlan | None = None) -> None:
         self.spark = spark
         self.op = op
         self.parallelism = job.parallelism or spark.sparkContext.defaultParallelism
@@ -172,7 +175,10 @@ class KeyedStage:
             out_schema=to_arrow_schema(self.out_schema, timezone="UTC"), backend=job.state_backend,
             state_root=state_root, job=job_name, parallelism=self.parallelism,
             max_parallelism=self.max_parallelism, epoch=0, fire_up_to=0,
-            fn_class=self.fn_class)
+            fn_class=self.fn_class, join=op.join,
+            join_columns=join.columns if join is not None else None)
+        #: join only: its sides' projection and bad-record routing (`runtime.join`).
+        self.join = join
 
     # ------------------------------------------------------------------ schemas
     def _output_schema(self) -> StructType:
@@ -252,8 +258,8 @@ class KeyedStage:
         late = late_seen = None
         window = self.op.window
         lateness = window.allowed_lateness_ms if window else 0
-        if self.kind == "process":  # every record goes to the user's function
-            return df, None, None
+        if self.kind in ("process", "join"):  # every record goes to the function or join
+            return (*self._unaggregated(df, watermark), None)
         if self.kind == "dedupe":
             return self._first_records(df, group, prerouted), None, None
         if window and window.kind in ("tumbling", "sliding") and self.domain == "event":
@@ -307,6 +313,16 @@ class KeyedStage:
             late = visible(late)
         return rows, late, late_seen
 
+    def _unaggregated(self, df: DataFrame, watermark: int
+                      ) -> tuple[DataFrame, DataFrame | None]:
+        """A process function's records as they are; a join's, without the late ones
+        (`runtime.join.split_late`), and those."""
+        if self.op.join is None:
+            return df, None
+        from streamer.runtime.join import split_late
+
+        return split_late(self.op.join, df, watermark)
+
     def _first_records(self, df: DataFrame, group: list[Any], prerouted: bool) -> DataFrame:
         """Dedupe: each key's first record of the epoch (by event time, then arrival)."""
         from pyspark.sql import functions as F
@@ -335,7 +351,7 @@ class KeyedStage:
                 df = df.withColumn(C.EVENT_TIME, F.lit(None).cast("timestamp"))
         self._constants()
         assert self._dummies is not None and self._routed_dummies is not None
-        prerouted = small and self.kind != "process"
+        prerouted = small and self.kind not in ("process", "join")
         rows, late, late_seen = self._prepare(df, epoch, now_ms, watermark, prerouted)
         if prerouted:
             # Both sides are hash-partitioned by route into `parallelism` partitions, so the

@@ -94,7 +94,7 @@ def plan_stages(spec: PipelineSpec, flow: Dataflow, spark: SparkSession,
                                  has_ts=has_ts, on_cluster=on_cluster, state_root=state_root,
                                  checkpointing=checkpointing)
             keyed[node.id] = stage
-            event_time[node.id] = stage.stage.kind == "window" or (
+            event_time[node.id] = stage.stage.kind in ("window", "join") or (
                 stage.stage.kind == "dedupe" and has_ts)
     stages: list[Stage] = []
     chained: dict[str, StatelessChain] = {}
@@ -137,10 +137,17 @@ def _keyed_stage(spec: PipelineSpec, flow: Dataflow, spark: SparkSession, node: 
     from pyspark.sql.types import StructField, StructType, TimestampType
 
     op = node.operator
-    schema = schemas[op.inputs[0]]
-    if has_ts:
-        schema = StructType([*schema.fields, StructField(EVENT_TIME, TimestampType())])
-    stage = KeyedStage(spark, op, spec.job, spec.name, schema, has_ts, state_root)
+    join = None
+    if op.join is not None:  # its input: both sides projected onto its output columns
+        from streamer.runtime.join import plan_join
+
+        join = plan_join(op, flow, schemas)
+        schema = join.schema
+    else:
+        schema = schemas[op.inputs[0]]
+        if has_ts:
+            schema = StructType([*schema.fields, StructField(EVENT_TIME, TimestampType())])
+    stage = KeyedStage(spark, op, spec.job, spec.name, schema, has_ts, state_root, join)
     if on_cluster:
         stage.base_config = replace(stage.base_config, executor_scoped=True)
     skipped: list[dict[str, str]] = []
@@ -203,6 +210,8 @@ def _task_written_sink(spec: PipelineSpec, flow: Dataflow, node_id: str, stage: 
 
     if not settings.task_sink:
         return None, f"job.execution.task_sink is off{_set_by(settings, 'task_sink')}"
+    if stage.join is not None:
+        return None, "a join's output goes through Spark to its sinks"
     if stage.side_schemas:
         return None, "the operator has side outputs"
     consumers = flow.consumers(node_id)

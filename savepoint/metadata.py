@@ -40,9 +40,19 @@ def operator_definition(op: OperatorSpec) -> dict[str, Any]:
         w = op.window
         window = {"kind": w.kind, "size_ms": w.size_ms, "slide_ms": w.slide_ms,
                   "gap_ms": w.gap_ms, "count": w.count, "time": w.time or "event"}
-    return {"kind": op.keyed_kind, "key_by": list(op.key_by), "window": window,
-            "aggregates": [[a.name, a.function, a.arg] for a in op.aggregates],
-            "dedupe": op.dedupe_within_ms is not None, "process": op.process}
+    out: dict[str, Any] = {"kind": op.keyed_kind, "key_by": list(op.key_by), "window": window,
+                           "aggregates": [[a.name, a.function, a.arg]
+                                          for a in op.aggregates],
+                           "dedupe": op.dedupe_within_ms is not None, "process": op.process}
+    if op.join is not None:  # (absent for other operators: older savepoints still match)
+        j = op.join
+        jw = j.window
+        out["join"] = {"type": j.type, "left_key": list(j.left_key),
+                       "right_key": list(j.right_key), "between": (
+                           [j.lower_ms, j.upper_ms] if j.mode == "interval" else None),
+                       "window": ({"kind": jw.kind, "size_ms": jw.size_ms,
+                                   "slide_ms": jw.slide_ms} if jw is not None else None)}
+    return out
 
 
 def pipeline_fingerprint(spec: PipelineSpec) -> str:
@@ -210,7 +220,7 @@ def _changes(was: dict[str, Any], now: dict[str, Any]) -> list[str]:
     out = []
     labels = {"kind": "the operator kind", "key_by": "key_by", "window": "the window",
               "aggregates": "the aggregates", "dedupe": "dedupe", "process": "the process "
-              "function"}
+              "function", "join": "the join"}
     for name, label in labels.items():
         if was.get(name) != now.get(name):
             out.append(f"{label} changed from {_show(was.get(name))} to {_show(now.get(name))}"

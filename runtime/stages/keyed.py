@@ -27,7 +27,7 @@ from streamer.operators.direct import DIRECT_AGGREGATES, ipc_bytes
 from streamer.operators.stateless import union
 from streamer.runtime.keyed import DirectShape, KeyedResult, KeyedStage
 from streamer.runtime.local import local_table
-from streamer.runtime.stages.base import LATE, EpochContext, Stage
+from streamer.runtime.stages.base import DEAD, LATE, EpochContext, Stage
 from streamer.runtime.stages.sources import DirectSeen
 
 if TYPE_CHECKING:
@@ -162,7 +162,15 @@ class KeyedOperatorStage(Stage):
     def run(self, ctx: EpochContext) -> None:
         """Run the operator's subtasks for the epoch; route late rows and side outputs."""
         stage, node_id = self.stage, self.node_id
-        present = ctx.inputs(stage.op.inputs)
+        if stage.join is not None:  # both sides as one frame (`runtime.join`)
+            from streamer.runtime.join import project_sides
+
+            both, dead = project_sides(stage.join, *(ctx.frames.get(i) for i in stage.op.inputs))
+            for sink_id, frame in dead:
+                ctx.route(sink_id, frame, DEAD)
+            present = [both] if both is not None else []
+        else:
+            present = ctx.inputs(stage.op.inputs)
         fire = ctx.flush if ctx.flush is not None else (
             ctx.now if stage.domain == "processing" else ctx.watermark)
         tasks = self.checkpointing(node_id, ctx.checkpoint_id, ctx.savepoint_url)
@@ -179,7 +187,8 @@ class KeyedOperatorStage(Stage):
             assert self.task_sink is not None
             ctx.task_jobs[self.task_sink[0]] = (result.run_job, result.metas)
         ctx.frames[node_id] = result.output
-        late_sink = stage.op.window.late if stage.op.window else None
+        late_sink = (stage.op.window.late if stage.op.window else
+                     stage.op.join.late if stage.op.join else None)
         if result.late is not None and late_sink:
             ctx.route(late_sink, result.late, LATE)
         elif stage.op.window is not None and not late_sink:  # dropped: counted all the same

@@ -39,7 +39,7 @@ UNUSED = "is not used; add a sink or operator with input: {0}, or remove the {1}
 NO_INPUT = "has no input; add input: <source or operator id>"
 DUP_ID = ("duplicate id {0!r}; it is already the id of {1} — ids must be unique across "
           "sources, operators and sinks")
-KINDS = "needs exactly one of filter, select, with_columns, key_by"
+KINDS = "needs exactly one of filter, select, with_columns, key_by, join"
 CYCLE = "; an operator can only read outputs upstream of it"
 DUP_UID = ("uids identify state in checkpoints and savepoints and must be unique — set a "
            "distinct uid:")

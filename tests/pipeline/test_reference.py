@@ -96,7 +96,9 @@ def test_types_defaults_and_allowed_values(schema: dict[str, Any]) -> None:
     assert "| `exactly_once` · `at_least_once` |" in rows["job.checkpoint.mode"]
     assert "| ≥ 1; ≤ 32768 |" in rows["job.max_parallelism"]
     assert "| `sources[type=files].path` | string | yes |" in rows["sources[type=files].path"]
-    assert "| string or list of string | yes |" in rows["operators[].input"]
+    # required of every operator but a join, which names left and right instead (validation)
+    assert "| string or list of string |  |" in rows["operators[].input"]
+    assert "| string | yes |" in rows["operators[].join.left"]
     # a section's link and `<` escaped outside code spans
     assert "[`job.execution`](#job-execution)" in rows["job.execution"]
     assert "array&lt;string&gt;" in rows["sources[type=files].schema"]

@@ -194,8 +194,8 @@ def test_type_specific_keys(schema: dict[str, Any]) -> None:
     assert kafka["properties"]["start"]["enum"] == ["earliest", "latest"]
     operator = schema["properties"]["operators"]["items"]
     assert {"filter", "select", "with_columns", "key_by", "window", "aggregate", "dedupe",
-            "process"} <= set(operator["properties"])
-    assert sorted(operator["required"]) == ["id", "input"]
+            "process", "join", "late"} <= set(operator["properties"])
+    assert sorted(operator["required"]) == ["id"]  # (a join has no input: it has left, right)
     window = operator["properties"]["window"]["properties"]
     assert {"tumbling", "sliding", "session", "count", "time", "allowed_lateness", "late",
             "emit"} == set(window)
@@ -260,7 +260,11 @@ def test_schema_accepts_a_valid_document_and_rejects_unknown_keys(
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_example_pipelines_match_the_schema(schema: dict[str, Any], path: Path) -> None:
     jsonschema = pytest.importorskip("jsonschema")
-    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    # As editors' YAML 1.2 language servers read it (PyYAML's YAML 1.1 would turn a join's
+    # `on:` key into True); streamer's loader is YAML 1.2 too.
+    from streamer.pipeline.yaml_loader import load_file
+
+    doc, _ = load_file(str(path), {})
     errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
               for e in jsonschema.Draft202012Validator(schema).iter_errors(doc)]
     assert errors == []

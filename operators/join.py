@@ -1,0 +1,253 @@
+"""Joins of two keyed inputs, as one keyed subtask runs them (`operators.keyed.run_task`).
+
+Both sides arrive in one routed batch: the driver (`runtime.join`) projects each side onto the
+join's output columns (the key columns, the left's others, the right's others with
+`right_prefix`), tags it with `JOIN_SIDE` and unions them, so the keyed stage routes them by key
+group like any keyed operator's rows. Per subtask and epoch (`run_join`):
+
+1. the epoch's records of each key are matched against the other side's buffered records (an
+   interval join pairs a left and a right record when right ts - left ts is in [lower, upper])
+   and buffered themselves, in the states `join.left` and `join.right`: per (key group, key),
+   the list of that side's records `[ts, seq, values, matched, first window]`;
+2. with the watermark `W` the epoch carries in, what can no longer get a partner expires: a left
+   record once `W >= ts + upper`, a right one once `W >= ts - lower` (a window join's records
+   when their last window has closed, `W >= last window end - 1`, after each closed window
+   joined its records); an expired record that never matched is emitted with nulls on the other
+   side when its side is outer (left, right, full). One event-time timer per (key, expiry)
+   makes the subtask visit the key then.
+
+A record is late when its event time is at or behind the watermark the epoch carries in (a
+window join: when all its windows have closed); the driver sends it to `late:` before it gets
+here. With that rule every pair of non-late records meets: whichever comes second finds the
+first still buffered (see docs/joins.md), so the output does not depend on how the input is cut
+into epochs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from streamer.columns import (
+    EVENT_TIME,
+    EVENT_TIME_MS,
+    JOIN_SIDE,
+    KEY_GROUP,
+    OUT,
+    ROW_KIND,
+    ROW_META,
+)
+from streamer.columns import SEQUENCE as SEQ
+
+#: The two states of a join's buffered records (kind VALUE), by side.
+STATES = ("join.left", "join.right")
+LEFT, RIGHT = 0, 1
+_NS = b""
+
+
+@dataclass(frozen=True)
+class JoinColumns:
+    """A join's output columns, by where they come from (all names as in the output)."""
+
+    keys: tuple[str, ...]
+    left: tuple[str, ...]  # the left's other columns
+    right: tuple[str, ...]  # the right's other columns, with right_prefix
+    #: The right side's own names of `right` (without the prefix), and of the keys.
+    right_sources: tuple[str, ...]
+    right_keys: tuple[str, ...]
+
+
+def join_columns(join: Any, left: Any, right: Any
+                 ) -> tuple[JoinColumns, list[tuple[str, str]], list[Any]]:
+    """(the columns, problems as (where, message), output StructFields) of `join` over the
+    Spark schemas `left` and `right`. `where` is the join key the problem is about:
+    "left_key", "right_key", "on" (key types), "right_prefix" or "right" (a name clash)."""
+    from pyspark.sql.types import StructField
+
+    problems: list[tuple[str, str]] = []
+    lf = {f.name: f for f in left.fields if not f.name.startswith("__")}
+    rf = {f.name: f for f in right.fields if not f.name.startswith("__")}
+    for side, names, have in (("left", join.left_key, lf), ("right", join.right_key, rf)):
+        for name in names:
+            if name not in have:
+                problems.append((f"{side}_key", f"key column {name!r} is not in the {side} input "
+                                 f"{getattr(join, side)!r}, whose columns are "
+                                 f"{', '.join(have) or '(none)'}"))
+    for lk, rk in zip(join.left_key, join.right_key, strict=True):
+        if lk in lf and rk in rf and lf[lk].dataType != rf[rk].dataType:
+            problems.append(("on", f"key column {lk!r} is {lf[lk].dataType.simpleString()} on "
+                             f"the left but {rk!r} is {rf[rk].dataType.simpleString()} on the "
+                             "right; cast one side (with_columns) so both have one type"))
+    left_others = [n for n in lf if n not in join.left_key]
+    right_others = [n for n in rf if n not in join.right_key]
+    taken = set(join.left_key) | set(left_others)
+    clashes = [n for n in right_others if join.right_prefix + n in taken]
+    if clashes:
+        where = "right_prefix" if join.right_prefix else "right"
+        names = ", ".join(repr(join.right_prefix + n) for n in clashes)
+        problems.append((where, f"column(s) {names} would be on both sides of the output; "
+                         "set right_prefix: (e.g. "
+                         f"{join.right + '_'!r}) or rename them with a select before the join"))
+    cols = JoinColumns(tuple(join.left_key), tuple(left_others),
+                       tuple(join.right_prefix + n for n in right_others), tuple(right_others),
+                       tuple(join.right_key))
+    fields = [StructField(n, lf[n].dataType, True) for n in (*cols.keys, *cols.left) if n in lf]
+    fields += [StructField(join.right_prefix + n, rf[n].dataType, True) for n in right_others]
+    return cols, problems, fields
+
+
+def run_join(cfg: Any, backend: Any, rows: list[dict[str, Any]], out: Any) -> None:
+    """One epoch of a join for one subtask: match, buffer, fire closed windows, expire (with
+    outer rows), as the module docstring says."""
+    from streamer.state import StateDescriptor, StateKind
+    from streamer.state.codec import decode_key, encode_key
+
+    join, cols = cfg.join, cfg.join_columns
+    for name in STATES:
+        backend.declare(StateDescriptor(name, StateKind.VALUE))
+    wm = cfg.fire_up_to
+    due = backend.due_timers("event", wm, remove=True)
+    by_key: dict[tuple[int, bytes], list[dict[str, Any]]] = {}
+    for row in rows:
+        kb = encode_key(tuple(row[k] for k in cols.keys))
+        by_key.setdefault((row[KEY_GROUP], kb), []).append(row)
+    cells = sorted(set(by_key) | {(t.key_group, t.key) for t in due})
+    if not cells:
+        return
+    addresses = [(kg, kb, _NS) for kg, kb in cells]
+    stored = [backend.get_many(name, addresses) for name in STATES]
+    puts: list[list[Any]] = [[], []]
+    deletes: list[list[Any]] = [[], []]
+    timers: set[tuple[int, int, bytes, bytes]] = set()
+    logic = _Interval(join, wm) if join.mode == "interval" else _Windowed(join, wm)
+    for i, (kg, kb) in enumerate(cells):
+        buffers = (list(stored[0][i] or ()), list(stored[1][i] or ()))
+        emit = _Rows(out, decode_key(kb), cols)
+        for row in sorted(by_key.get((kg, kb), ()), key=lambda r: (r[EVENT_TIME_MS], r[SEQ])):
+            side = row[JOIN_SIDE]
+            own = cols.left if side == LEFT else cols.right
+            record = [row[EVENT_TIME_MS], row[SEQ], [row[c] for c in own], False, None]
+            for expiry in logic.add(record, side, buffers, emit):
+                timers.add((kg, expiry, kb, _NS))
+        logic.fire(buffers, emit)
+        for side in (LEFT, RIGHT):
+            kept = [r for r in buffers[side] if logic.expiry(r, side) > wm]
+            outer = join.outer_left if side == LEFT else join.outer_right
+            if outer and join.mode == "interval":
+                for r in buffers[side]:
+                    if not r[3] and logic.expiry(r, side) <= wm:
+                        emit.pair(r if side == LEFT else None, r if side == RIGHT else None,
+                                  r[0])
+            if kept:
+                puts[side].append((kg, kb, _NS, kept))
+            elif stored[side][i] is not None:
+                deletes[side].append((kg, kb, _NS))
+    for side, name in enumerate(STATES):
+        if puts[side]:
+            backend.put_many(name, puts[side])
+        if deletes[side]:
+            backend.delete_many(name, deletes[side])
+    if timers:
+        backend.add_timers("event", sorted(timers))
+
+
+class _Rows:
+    """Output rows of one key: a left and a right record (either may be None: an outer row)."""
+
+    def __init__(self, out: Any, key: Sequence[Any], cols: JoinColumns) -> None:
+        self.out, self.key, self.cols = out, key, cols
+
+    def pair(self, left: list[Any] | None, right: list[Any] | None, ts_ms: int) -> None:
+        row: dict[str, Any] = {ROW_KIND: OUT, ROW_META: None}
+        row.update(zip(self.cols.keys, self.key, strict=True))
+        row.update(zip(self.cols.left, left[2] if left else [None] * len(self.cols.left),
+                       strict=True))
+        row.update(zip(self.cols.right, right[2] if right else [None] * len(self.cols.right),
+                       strict=True))
+        row[EVENT_TIME] = ts_ms * 1000
+        self.out.rows.append(row)
+
+
+class _Interval:
+    """Interval join: pairs as records arrive; a record expires once no partner can come."""
+
+    def __init__(self, join: Any, wm: int) -> None:
+        self.lower, self.upper, self.wm = join.lower_ms, join.upper_ms, wm
+
+    def expiry(self, record: list[Any], side: int) -> int:
+        """The watermark at which `record` can no longer get a partner."""
+        return int(record[0] + (self.upper if side == LEFT else -self.lower))
+
+    def add(self, record: list[Any], side: int, buffers: tuple[list[Any], list[Any]],
+            emit: _Rows) -> list[int]:
+        """Match `record` against the other side's buffer, buffer it; its timers."""
+        ts = record[0]
+        for other in buffers[1 - side]:
+            diff = other[0] - ts if side == LEFT else ts - other[0]
+            if self.lower <= diff <= self.upper:
+                left, right = (record, other) if side == LEFT else (other, record)
+                emit.pair(left, right, max(ts, other[0]))
+                other[3] = record[3] = True
+        buffers[side].append(record)
+        expiry = self.expiry(record, side)
+        return [expiry] if expiry > self.wm else []
+
+    def fire(self, buffers: tuple[list[Any], list[Any]], emit: _Rows) -> None:
+        """Nothing waits for a window in an interval join."""
+
+
+class _Windowed:
+    """Window join: a closed window joins the records of both sides that had it open."""
+
+    def __init__(self, join: Any, wm: int) -> None:
+        window = join.window
+        self.size = window.size_ms
+        self.slide = window.slide_ms or window.size_ms
+        self.wm = wm
+        self.outer = (join.outer_left, join.outer_right)
+
+    def last_start(self, ts: int) -> int:
+        """The start of the last window that holds `ts`."""
+        return int(ts - ts % self.slide)
+
+    def expiry(self, record: list[Any], side: int) -> int:
+        """The watermark at which `record`'s last window closes."""
+        return self.last_start(record[0]) + self.size - 1
+
+    def add(self, record: list[Any], side: int, buffers: tuple[list[Any], list[Any]],
+            emit: _Rows) -> list[int]:
+        """Buffer `record` with its first window still open; a timer per open window."""
+        last = self.last_start(record[0])
+        first = last
+        while first - self.slide + self.size > record[0] and \
+                first - self.slide + self.size - 1 > self.wm:
+            first -= self.slide
+        record[4] = first
+        buffers[side].append(record)
+        return list(range(first + self.size - 1, last + self.size, self.slide))
+
+    def fire(self, buffers: tuple[list[Any], list[Any]], emit: _Rows) -> None:
+        """Join each closed window's records; outer rows for a window with one side only."""
+        starts: set[int] = set()
+        for side in (LEFT, RIGHT):
+            for r in buffers[side]:
+                s = r[4]
+                while s <= self.last_start(r[0]) and s + self.size - 1 <= self.wm:
+                    starts.add(s)
+                    s += self.slide
+        for start in sorted(starts):
+            end_ts = start + self.size - 1
+            inside = [[r for r in buffers[side] if r[4] <= start <= r[0] < start + self.size]
+                      for side in (LEFT, RIGHT)]
+            for left in inside[LEFT]:
+                for right in inside[RIGHT]:
+                    emit.pair(left, right, end_ts)
+            for side in (LEFT, RIGHT):
+                if self.outer[side] and not inside[1 - side]:
+                    for r in inside[side]:
+                        emit.pair(r if side == LEFT else None, r if side == RIGHT else None,
+                                  end_ts)
+            for side in (LEFT, RIGHT):  # the window is done: the records' next one is first
+                for r in inside[side]:
+                    r[4] = start + self.slide

@@ -1,0 +1,147 @@
+"""Driver side of a join (`operators.join` runs it in the keyed subtasks).
+
+A join is a keyed stage with two inputs: each epoch, each side's frame is projected onto the
+join's output columns (`project_sides`: the key columns under the left's names, the left's
+other columns, the right's with `right_prefix`, nulls for the other side's), tagged with
+`JOIN_SIDE`, and the two are unioned; from there the keyed stage routes the rows by key group
+as it does any keyed operator's. A record whose key or event time is null is a bad record: a
+dead letter of the source its side reads (through stateless operators) when that source has
+`on_error`, else the epoch fails with a message naming the join and the record.
+`split_late` takes the records behind the watermark out for the `late:` output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from streamer.columns import EVENT_TIME, EVENT_TIME_MS, HIDDEN_PREFIX, JOIN_SIDE
+from streamer.connectors.base import DECODE_ERROR_MARKER
+from streamer.operators.join import JoinColumns, join_columns
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from pyspark.sql import Column, DataFrame
+    from pyspark.sql.types import StructType
+
+    from streamer.pipeline.graph import Dataflow
+    from streamer.pipeline.spec import JoinSpec, OperatorSpec, SourceSpec
+
+
+@dataclass(frozen=True)
+class JoinPlan:
+    """What the driver needs of a join each epoch (fixed for the run)."""
+
+    op: OperatorSpec
+    columns: JoinColumns
+    #: The keyed stage's input: the output columns, `__ts`, `__join_side`.
+    schema: StructType
+    #: Per side, the source its records come from through stateless operators (for bad
+    #: records), or None when a keyed operator or a union is in between.
+    origins: tuple[SourceSpec | None, SourceSpec | None]
+
+
+def plan_join(op: OperatorSpec, flow: Dataflow, schemas: Mapping[str, Any]) -> JoinPlan:
+    """The `JoinPlan` of join operator `op` (its inputs' schemas analyzed)."""
+    from pyspark.sql.types import IntegerType, StructField, StructType, TimestampType
+
+    join = op.join
+    assert join is not None
+    columns, problems, fields = join_columns(join, schemas[join.left], schemas[join.right])
+    assert not problems, problems  # (runtime.analyze reported them)
+    schema = StructType([*fields, StructField(EVENT_TIME, TimestampType()),
+                         StructField(JOIN_SIDE, IntegerType())])
+    return JoinPlan(op, columns, schema, (_origin(flow, join.left), _origin(flow, join.right)))
+
+
+def _origin(flow: Dataflow, node_id: str) -> SourceSpec | None:
+    node = flow.node(node_id)
+    while node.role == "operator" and node.kind != "keyed" and len(node.inputs) == 1:
+        node = flow.node(node.inputs[0])
+    return node.source if node.role == "source" else None
+
+
+def project_sides(plan: JoinPlan, left: DataFrame | None, right: DataFrame | None
+                  ) -> tuple[DataFrame | None, list[tuple[str, DataFrame]]]:
+    """(both sides' records as one frame of `plan.schema`, or None without any; the dead
+    letters of records with a null key or event time, as (on_error sink, frame))."""
+    from pyspark.sql import functions as F
+
+    join, cols = plan.op.join, plan.columns
+    assert join is not None
+    types = {f.name: f.dataType for f in plan.schema.fields}
+    frames, dead = [], []
+    for side, df in ((0, left), (1, right)):
+        if df is None:
+            continue
+        keys = join.left_key if side == 0 else join.right_key
+        df, bad = _bad_records(plan, side, df, keys)
+        if bad is not None:
+            dead.append(bad)
+        own = dict(zip(cols.keys, keys, strict=True))
+        if side == 0:
+            own.update((c, c) for c in cols.left)
+        else:
+            own.update(zip(cols.right, cols.right_sources, strict=True))
+        frames.append(df.select(
+            *[(F.col(f"`{own[name]}`") if name in own else F.lit(None)).cast(types[name])
+              .alias(name) for name in (*cols.keys, *cols.left, *cols.right)],
+            F.col(EVENT_TIME), F.lit(side).alias(JOIN_SIDE)))
+    if not frames:
+        return None, dead
+    return (frames[0] if len(frames) == 1 else frames[0].union(frames[1])), dead
+
+
+def _bad_records(plan: JoinPlan, side: int, df: DataFrame, keys: tuple[str, ...]
+                 ) -> tuple[DataFrame, tuple[str, DataFrame] | None]:
+    """`df` without its records whose key or event time is null, and their dead letters
+    (or, without an `on_error`, `df` with a guard that fails the epoch on such a record)."""
+    from pyspark.sql import functions as F
+
+    join = plan.op.join
+    assert join is not None
+    name = join.left if side == 0 else join.right
+    is_bad: Column = F.col(EVENT_TIME).isNull()
+    for key in keys:
+        is_bad = is_bad | F.col(f"`{key}`").isNull()
+    shown = [c for c in df.columns if not c.startswith(HIDDEN_PREFIX)]
+    record = F.to_json(F.struct(*[F.col(f"`{c}`") for c in shown]),
+                       {"ignoreNullFields": "false"})
+    reason = (f"join {plan.op.id!r}: the {('left', 'right')[side]} input {name!r} has a record "
+              f"whose key ({', '.join(keys)}) or event time is null")
+    origin = plan.origins[side]
+    if origin is None or origin.on_error is None:
+        fix = (f"add on_error: <sink id> to source {origin.id!r} to send such records to a "
+               "dead-letter sink, or " if origin is not None else "")
+        guard = F.when(is_bad, F.raise_error(F.concat(
+            F.lit(f"{DECODE_ERROR_MARKER}{reason}: "), F.substring(record, 1, 500),
+            F.lit(f"; {fix}filter them out before the join")))).otherwise(F.lit(True))
+        return df.where(guard), None
+    dead = df.where(is_bad).select(
+        F.lit(origin.id).alias("source"), F.lit(None).cast("string").alias("split"),
+        F.lit(None).cast("string").alias("offset"), record.alias("record"),
+        F.lit(reason).alias("error"))
+    return df.where(~is_bad), (origin.on_error, dead)
+
+
+def split_late(join: JoinSpec, df: DataFrame, watermark: int
+               ) -> tuple[DataFrame, DataFrame]:
+    """(the records not behind `watermark`, the late ones with a `join_side` column saying
+    left or right). Late: an interval join's record at or behind the watermark; a window
+    join's once its last window has closed (`W >= last window end - 1`)."""
+    from pyspark.sql import functions as F
+
+    ts = F.col(EVENT_TIME_MS)
+    if join.mode == "interval":
+        is_late = ts <= F.lit(watermark)
+    else:
+        window = join.window
+        assert window is not None
+        size, slide = window.size_ms or 0, window.slide_ms or window.size_ms or 0
+        is_late = ts - F.expr(f"pmod({EVENT_TIME_MS}, {slide})") + F.lit(size - 1) <= F.lit(
+            watermark)
+    late = df.filter(is_late).withColumn(
+        "join_side", F.when(F.col(JOIN_SIDE) == 0, F.lit("left")).otherwise(F.lit("right")))
+    late = late.drop(*[c for c in late.columns if c.startswith(HIDDEN_PREFIX)])
+    return df.filter(~is_late), late
