@@ -35,12 +35,11 @@ no commit names: readers never see them, and Delta's `VACUUM` removes them.
 from __future__ import annotations
 
 import os
-import uuid
 from typing import TYPE_CHECKING, Any
 
 from streamer.connectors.base import ConnectorContext
 from streamer.connectors.exceptions import ConnectorError
-from streamer.connectors.table_sink import TableSink
+from streamer.connectors.staged_sink import StagedTableSink
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -99,8 +98,10 @@ def utc_timestamps(table: pa.Table) -> pa.Table:
     return table.cast(target)
 
 
-class DeltaSink(TableSink):
+class DeltaSink(StagedTableSink):
     """Appends or merges each epoch's rows into one Delta table."""
+
+    destination = "the Delta table"
 
     def __init__(self, spec: SinkSpec, ctx: ConnectorContext) -> None:
         super().__init__(spec, ctx)
@@ -111,25 +112,15 @@ class DeltaSink(TableSink):
         self.partition_by = columns_of(spec.option("partition_by"))
         self.storage_options = {str(k): str(v) for k, v in
                                 (spec.option("storage_options") or {}).items()}
-        self.transactional = ctx.exactly_once
         self.app_prefix = f"streamer.{ctx.job_name}.{spec.id}"
-        self.lineage = uuid.uuid4().hex
         self._table: Any = None
-        self._fs: Any = None
-        self._staging = ""
 
     # ---------------------------------------------------------------------------- setup
     def open(self) -> None:
         """Open the table if it exists (it is created by the first commit); in
         exactly_once mode, prepare the staging directory."""
         self._loaded()
-        if self.transactional:
-            from fsspec.core import url_to_fs
-
-            base = self.ctx.storage_url or "./.streamer"
-            self._fs, root = url_to_fs(base)
-            self._staging = f"{root.rstrip('/')}/{self.ctx.job_name}/sinks/{self.spec.id}"
-            self._fs.makedirs(self._staging, exist_ok=True)
+        self.open_staging()
 
     def _loaded(self) -> Any:
         """The table at its newest version, or None while it does not exist yet."""
@@ -161,17 +152,7 @@ class DeltaSink(TableSink):
             if rows.num_rows:
                 self._apply(epoch, rows, None)
             return {"epoch": epoch, "records": rows.num_rows}
-        handle: dict[str, Any] = {"epoch": epoch, "lineage": self.lineage,
-                                  "records": rows.num_rows, "file": None}
-        if rows.num_rows:
-            import pyarrow.parquet as pq
-
-            path = self._staged(epoch)
-            with self._fs.open(path + ".partial", "wb") as out:
-                pq.write_table(rows, out)
-            self._fs.mv(path + ".partial", path)
-            handle["file"] = path
-        return handle
+        return self.stage(epoch, rows)
 
     def _prepared(self, table: pa.Table) -> pa.Table:
         """UTC timestamps; in merge mode, the last row per key."""
@@ -185,9 +166,6 @@ class DeltaSink(TableSink):
                 raise ConnectorError(msg)
             rows = last_per_key(rows, self.keys)
         return rows
-
-    def _staged(self, epoch: int) -> str:
-        return f"{self._staging}/epoch-{epoch:08d}.parquet"
 
     # --------------------------------------------------------------------------- commit
     def app_id(self, lineage: str) -> str:
@@ -210,18 +188,9 @@ class DeltaSink(TableSink):
             return
         path = handle["file"]
         if self.committed(epoch, handle["lineage"]):
-            if self._fs.exists(path):
-                self._fs.rm(path)
+            self.drop_staged(path)
             return
-        if not self._fs.exists(path):
-            msg = (f"sink {self.spec.id!r} cannot commit epoch {epoch}: its staged rows "
-                   f"{path!r} are gone and the Delta table does not have them; restore the job "
-                   "from an earlier checkpoint so the epoch is written again")
-            raise ConnectorError(msg)
-        import pyarrow.parquet as pq
-
-        with self._fs.open(path, "rb") as f:
-            rows = pq.read_table(f)
+        rows = self.staged_rows(epoch, path)
         self._apply(epoch, rows, self.app_id(handle["lineage"]))
         self._fs.rm(path)
 
@@ -262,20 +231,6 @@ class DeltaSink(TableSink):
                     f"sink's rows ({', '.join(rows.column_names)}); write to a new path, or "
                     "change the pipeline to match the table")
         return f"{what}; check path and storage_options"
-
-    def abort(self, epoch: int, handle: Any) -> None:
-        """Discard the epoch's staged rows."""
-        path = handle.get("file") if isinstance(handle, dict) else None
-        if path and self._fs is not None and self._fs.exists(path):
-            self._fs.rm(path)
-
-    def recover(self, committed_epoch: int) -> None:
-        """Everything up to `committed_epoch` is in the table: staged files are left over.
-        Later epochs are written again, under a new lineage."""
-        self.lineage = uuid.uuid4().hex
-        if self.transactional and self._fs.exists(self._staging):
-            for path in self._fs.ls(self._staging, detail=False):
-                self._fs.rm(path)
 
     def close(self) -> None:
         """Drop the table handle."""

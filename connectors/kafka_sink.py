@@ -28,7 +28,6 @@ idempotent producer per task and waits for delivery; a restart replays and may d
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +35,7 @@ from streamer.connectors.base import ConnectorContext
 from streamer.connectors.exceptions import ConnectorError
 from streamer.connectors.formats import column, timestamps_as_iso
 from streamer.connectors.kafka import client_config, quiet_logger
-from streamer.connectors.table_sink import TableSink
+from streamer.connectors.staged_sink import StagedTableSink
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -49,8 +48,10 @@ TIMEOUT_S = 120.0
 _KEY, _VALUE = "__streamer_key", "__streamer_value"
 
 
-class KafkaSink(TableSink):
+class KafkaSink(StagedTableSink):
     """Writes rows as JSON records to one topic."""
+
+    destination = "Kafka"
 
     def __init__(self, spec: SinkSpec, ctx: ConnectorContext) -> None:
         super().__init__(spec, ctx)
@@ -59,15 +60,11 @@ class KafkaSink(TableSink):
         self.conf = client_config(spec.options)
         # Java clients' default partitioner, so keys land where other clients put them.
         self.conf.setdefault("partitioner", "murmur2_random")
-        self.transactional = ctx.exactly_once
         self.transactional_id = f"streamer.{ctx.job_name}.{spec.id}"
         self.marker_group = f"streamer.{ctx.job_name}.{spec.id}.commits"
-        self.lineage = uuid.uuid4().hex
         self._producer: Any = None
         self._plain_producer: Any = None
         self._marker_consumer: Any = None
-        self._fs: Any = None
-        self._staging = ""
 
     # ---------------------------------------------------------------------------- setup
     def open(self) -> None:
@@ -87,13 +84,7 @@ class KafkaSink(TableSink):
             msg = (f"sink {self.spec.id!r} cannot write to topic {self.topic!r} at "
                    f"{self.conf['bootstrap.servers']!r}; create the topic first")
             raise ConnectorError(msg)
-        if self.transactional:
-            from fsspec.core import url_to_fs
-
-            base = self.ctx.storage_url or "./.streamer"
-            self._fs, root = url_to_fs(base)
-            self._staging = f"{root.rstrip('/')}/{self.ctx.job_name}/sinks/{self.spec.id}"
-            self._fs.makedirs(self._staging, exist_ok=True)
+        self.open_staging()
 
     def _records(self, df: DataFrame) -> DataFrame:
         """(key string or null, value = the row as a JSON object) with ISO timestamps."""
@@ -139,20 +130,7 @@ class KafkaSink(TableSink):
                 self._plain_producer = Producer(self._plain_conf(), logger=quiet_logger())
             return {"epoch": epoch,
                     "records": _produce_table(self._plain_producer, self.topic, table)}
-        handle: dict[str, Any] = {"epoch": epoch, "lineage": self.lineage,
-                                  "records": table.num_rows, "file": None}
-        if table.num_rows:
-            import pyarrow.parquet as pq
-
-            path = self._staged(epoch)
-            with self._fs.open(path + ".partial", "wb") as out:
-                pq.write_table(table, out)
-            self._fs.mv(path + ".partial", path)
-            handle["file"] = path
-        return handle
-
-    def _staged(self, epoch: int) -> str:
-        return f"{self._staging}/epoch-{epoch:08d}.parquet"
+        return self.stage(epoch, table)
 
     # --------------------------------------------------------------------------- commit
     def _txn_producer(self) -> Any:
@@ -201,18 +179,9 @@ class KafkaSink(TableSink):
         producer = self._txn_producer()  # first: settles a dead run's open transaction
         path = handle["file"]
         if self.committed(epoch, handle["lineage"]):
-            if self._fs.exists(path):
-                self._fs.rm(path)
+            self.drop_staged(path)
             return
-        if not self._fs.exists(path):
-            msg = (f"sink {self.spec.id!r} cannot commit epoch {epoch}: its staged records "
-                   f"{path!r} are gone and Kafka does not have them; restore the job from an "
-                   "earlier checkpoint so the epoch is written again")
-            raise ConnectorError(msg)
-        import pyarrow.parquet as pq
-
-        with self._fs.open(path, "rb") as f:
-            table = pq.read_table(f)
+        table = self.staged_rows(epoch, path)
         producer.begin_transaction()
         try:
             _produce_table(producer, self.topic, table)
@@ -228,20 +197,6 @@ class KafkaSink(TableSink):
                 producer.abort_transaction(TIMEOUT_S)
             raise
         self._fs.rm(path)
-
-    def abort(self, epoch: int, handle: Any) -> None:
-        """Discard the epoch's staged records."""
-        path = handle.get("file") if isinstance(handle, dict) else None
-        if path and self._fs is not None and self._fs.exists(path):
-            self._fs.rm(path)
-
-    def recover(self, committed_epoch: int) -> None:
-        """Everything up to `committed_epoch` is in Kafka: staged files are left over. Later
-        epochs are written again, under a new lineage."""
-        self.lineage = uuid.uuid4().hex
-        if self.transactional and self._fs.exists(self._staging):
-            for path in self._fs.ls(self._staging, detail=False):
-                self._fs.rm(path)
 
     def close(self) -> None:
         """Close the marker consumer; flush and drop the producer."""

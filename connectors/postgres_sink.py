@@ -31,14 +31,13 @@ idempotent).
 from __future__ import annotations
 
 import contextlib
-import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from streamer.connectors.base import ConnectorContext
 from streamer.connectors.exceptions import ConnectorError
 from streamer.connectors.postgres import Settings, Tables, connect, pg_type, unwritable
-from streamer.connectors.table_sink import TableSink
+from streamer.connectors.staged_sink import StagedTableSink
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -47,22 +46,20 @@ if TYPE_CHECKING:
     from streamer.pipeline.spec import SinkSpec
 
 
-class PostgresSink(TableSink):
+class PostgresSink(StagedTableSink):
     """Writes rows to one PostgreSQL table."""
+
+    destination = "the table"
 
     def __init__(self, spec: SinkSpec, ctx: ConnectorContext) -> None:
         super().__init__(spec, ctx)
         self.settings = Settings.of(spec)
-        self.transactional = ctx.exactly_once
-        self.lineage = uuid.uuid4().hex
         self._conn: Any = None
         self._tables: Tables | None = None
         #: The PostgreSQL types of the input's columns (`table_of`), and the column lists
         #: already checked against the table in this run.
         self._columns: list[tuple[str, str]] = []
         self._ensured: set[tuple[tuple[str, str], ...]] = set()
-        self._fs: Any = None
-        self._staging = ""
 
     # ---------------------------------------------------------------------------- setup
     def open(self) -> None:
@@ -73,13 +70,7 @@ class PostgresSink(TableSink):
             tables.check_open()
             if self.transactional:
                 tables.create_marker()
-        if self.transactional:
-            from fsspec.core import url_to_fs
-
-            base = self.ctx.storage_url or "./.streamer"
-            self._fs, root = url_to_fs(base)
-            self._staging = f"{root.rstrip('/')}/{self.ctx.job_name}/sinks/{self.spec.id}"
-            self._fs.makedirs(self._staging, exist_ok=True)
+        self.open_staging()
 
     def _connected(self) -> Tables:
         """The tables on a live connection (a broken one is replaced)."""
@@ -133,25 +124,16 @@ class PostgresSink(TableSink):
         """exactly_once: stage the rows; otherwise load them now, in one transaction."""
         columns = list(self._columns) or [(n, "text") for n in table.column_names]
         self._ensure(columns)
-        handle: dict[str, Any] = {"epoch": epoch, "lineage": self.lineage,
-                                  "records": table.num_rows, "file": None,
-                                  "columns": [list(c) for c in columns]}
-        if not table.num_rows:
-            return handle
-        if not self.transactional:
+        fields = {"columns": [list(c) for c in columns]}
+        if self.transactional:
+            return self.stage(epoch, table, **fields)
+        if table.num_rows:
             tables = self._connected()
             with (self._errors(f"cannot write epoch {epoch} to"), self._conn.transaction(),
                   self._conn.cursor() as cur):
                 tables.load(cur, table)
-            return handle
-        import pyarrow.parquet as pq
-
-        path = self._staged(epoch)
-        with self._fs.open(path + ".partial", "wb") as out:
-            pq.write_table(table, out)
-        self._fs.mv(path + ".partial", path)
-        handle["file"] = path
-        return handle
+        return {"epoch": epoch, "lineage": self.lineage, "records": table.num_rows,
+                "file": None, **fields}
 
     def _ensure(self, columns: list[tuple[str, str]]) -> None:
         """The table exists with these columns (created when missing), checked once a run."""
@@ -162,9 +144,6 @@ class PostgresSink(TableSink):
         with self._errors("cannot create or check"):
             tables.ensure(columns)
         self._ensured.add(key)
-
-    def _staged(self, epoch: int) -> str:
-        return f"{self._staging}/epoch-{epoch:08d}.parquet"
 
     # --------------------------------------------------------------------------- commit
     def committed(self, epoch: int, lineage: str) -> bool:
@@ -191,35 +170,9 @@ class PostgresSink(TableSink):
             marked, marked_lineage = tables.marker_of(cur, job)
             if not (marked_lineage == lineage and marked >= epoch):
                 # 3. the rows and the marker, committed together when the block ends
-                tables.load(cur, self._read_staged(epoch, path))
+                tables.load(cur, self.staged_rows(epoch, path))
                 tables.move_marker(cur, job, epoch, lineage)
-        if self._fs.exists(path):
-            self._fs.rm(path)
-
-    def _read_staged(self, epoch: int, path: str) -> pa.Table:
-        if not self._fs.exists(path):
-            msg = (f"sink {self.spec.id!r} cannot commit epoch {epoch}: its staged rows "
-                   f"{path!r} are gone and the table does not have them; restore the job "
-                   "from an earlier checkpoint so the epoch is written again")
-            raise ConnectorError(msg)
-        import pyarrow.parquet as pq
-
-        with self._fs.open(path, "rb") as f:
-            return pq.read_table(f)
-
-    def abort(self, epoch: int, handle: Any) -> None:
-        """Discard the epoch's staged rows."""
-        path = handle.get("file") if isinstance(handle, dict) else None
-        if path and self._fs is not None and self._fs.exists(path):
-            self._fs.rm(path)
-
-    def recover(self, committed_epoch: int) -> None:
-        """Everything up to `committed_epoch` is in the table: staged files are left over.
-        Later epochs are written again, under a new lineage."""
-        self.lineage = uuid.uuid4().hex
-        if self.transactional and self._fs.exists(self._staging):
-            for path in self._fs.ls(self._staging, detail=False):
-                self._fs.rm(path)
+        self.drop_staged(path)
 
     def close(self) -> None:
         """Close the connection."""
