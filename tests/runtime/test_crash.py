@@ -47,7 +47,9 @@ JOB = "crash"
 #: records per split, and per epoch over both splits: 10 epochs of data, then the final one
 LIMIT, PER_EPOCH = 600, 120
 
-PIPELINE = """\
+#: The job of the campaign up to its sinks (name, storage, state backend; the datagen source; its
+#: windows, `per_window`), which the campaigns into other sinks share.
+JOB_HEAD = """\
 name: {job}
 storage: {root}/storage
 job:
@@ -73,6 +75,9 @@ operators:
     key_by: [user]
     window: {{tumbling: 5s}}
     aggregate: {{n: count(), spent: sum(amount), first: min(ts), last: max(ts)}}
+"""
+
+PIPELINE = JOB_HEAD + """\
 sinks:
   - id: out
     type: files

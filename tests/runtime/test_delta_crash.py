@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 from streamer_process import diff, quick_jvm, run_streamer
-from test_crash import EPOCHS, LIMIT, PER_EPOCH, SEED, Lap, LapJob, crash_campaign
+from test_crash import EPOCHS, JOB_HEAD, LIMIT, PER_EPOCH, SEED, Lap, LapJob, crash_campaign
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -29,32 +29,7 @@ KILLS = int(os.environ.get("STREAMER_DELTA_CRASH_KILLS", "10"))
 JOB = "dcrash"
 SINKS = {"windows": "windows", "totals_table": "totals"}  # sink id -> table directory
 
-PIPELINE = """\
-name: {job}
-storage: {root}/storage
-job:
-  parallelism: 2
-  checkpoint: {{interval: 1ms, retain: 2}}
-  state: {{backend: rocksdb, local_dir: {root}/local}}
-  restart: {{attempts: 0, delay: 0s}}
-sources:
-  - id: clicks
-    type: datagen
-    splits: 2
-    limit: {limit}
-    max_records_per_epoch: {per_epoch}
-    fields:
-      user: "concat('u', cast((offset * 7 + split) % 13 as string))"
-      amount: "cast(offset % 10 as double)"
-      ts: "timestamp_millis(1767225600000 + offset * 100)"
-    event_time: ts
-    watermark: {{max_out_of_orderness: 1s}}
-operators:
-  - id: per_window
-    input: clicks
-    key_by: [user]
-    window: {{tumbling: 5s}}
-    aggregate: {{n: count(), spent: sum(amount), first: min(ts), last: max(ts)}}
+PIPELINE = JOB_HEAD + """\
   - id: totals
     input: clicks
     key_by: [user]
@@ -77,7 +52,8 @@ def write_job(root: Path) -> Path:
     """The pipeline file of a lap (its storage, state and tables in `root`)."""
     root.mkdir(parents=True, exist_ok=True)
     path = root / "job.yaml"
-    path.write_text(PIPELINE.format(job=JOB, root=root, limit=LIMIT, per_epoch=PER_EPOCH))
+    path.write_text(PIPELINE.format(job=JOB, root=root, backend="rocksdb", limit=LIMIT,
+                                    per_epoch=PER_EPOCH))
     return path
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from streamer_process import diff, quick_jvm, run_streamer
-from test_crash import EPOCHS, LIMIT, PER_EPOCH, SEED, Lap, LapJob, crash_campaign
+from test_crash import EPOCHS, JOB_HEAD, LIMIT, PER_EPOCH, SEED, Lap, LapJob, crash_campaign
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.postgres]
 
@@ -32,32 +32,7 @@ KILLS = int(os.environ.get("STREAMER_PG_CRASH_KILLS", "10"))
 JOB = "pgcrash"
 SINKS = ("final", "updates")
 
-PIPELINE = """\
-name: {job}
-storage: {root}/storage
-job:
-  parallelism: 2
-  checkpoint: {{interval: 1ms, retain: 2}}
-  state: {{backend: rocksdb, local_dir: {root}/local}}
-  restart: {{attempts: 0, delay: 0s}}
-sources:
-  - id: clicks
-    type: datagen
-    splits: 2
-    limit: {limit}
-    max_records_per_epoch: {per_epoch}
-    fields:
-      user: "concat('u', cast((offset * 7 + split) % 13 as string))"
-      amount: "cast(offset % 10 as double)"
-      ts: "timestamp_millis(1767225600000 + offset * 100)"
-    event_time: ts
-    watermark: {{max_out_of_orderness: 1s}}
-operators:
-  - id: per_window
-    input: clicks
-    key_by: [user]
-    window: {{tumbling: 5s}}
-    aggregate: {{n: count(), spent: sum(amount), first: min(ts), last: max(ts)}}
+PIPELINE = JOB_HEAD + """\
   - id: per_window_updates
     input: clicks
     key_by: [user]
@@ -84,8 +59,8 @@ def write_job(root: Path, postgres: Any) -> tuple[Path, str]:
     root.mkdir(parents=True, exist_ok=True)
     prefix = f"pgcrash_{uuid.uuid4().hex[:8]}"
     path = root / "job.yaml"
-    path.write_text(PIPELINE.format(job=JOB, root=root, dsn=postgres.dsn, prefix=prefix,
-                                    limit=LIMIT, per_epoch=PER_EPOCH))
+    path.write_text(PIPELINE.format(job=JOB, root=root, backend="rocksdb", dsn=postgres.dsn,
+                                    prefix=prefix, limit=LIMIT, per_epoch=PER_EPOCH))
     return path, prefix
 
 
