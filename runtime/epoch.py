@@ -247,8 +247,11 @@ class EpochRunner:
             records_in={k: int(o.get.get("n") or 0) for k, o in ctx.seen_in.items()},
             records_out=records_out,
             dead_letters=ctx.count_of(DEAD),
-            late=ctx.count_of(LATE) + sum(int(s.get.get("late") or 0) for s in ctx.seen_late),
-            filtered=sum(int(seen.get.get("filtered") or 0) for seen in ctx.seen_filtered),
+            late=ctx.count_of(LATE) + sum(int(s.get.get("late") or 0)
+                                          for s in ctx.seen_late.values()),
+            filtered=sum(int(seen.get.get("filtered") or 0)
+                         for seen in ctx.seen_filtered.values()),
+            operators=operator_counts(ctx),
             lag={sid: src.lag(job.offsets[sid], now) for sid, src in job.sources.items()},
             split_lag={sid: per for sid, src in job.sources.items()
                        if (per := src.split_lag(job.offsets[sid], now)) is not None},
@@ -263,3 +266,25 @@ class EpochRunner:
             moves=barrier["moves"], restores=barrier["restores"],
             restore_ms=round(barrier["restore_ms"], 1),
             executors=sorted(barrier["executors"]))
+
+
+def operator_counts(ctx: EpochContext) -> dict[str, dict[str, int]]:
+    """Per operator, the counts the epoch already has (no job of their own): a filter's
+    records in, out and filtered (its observations), a keyed operator's records out (its
+    subtasks' metadata) and a window's or join's late records (what counted the dropped
+    ones, or its `late:` sink's late rows when no other operator sends late rows there)."""
+    ops: dict[str, dict[str, int]] = {}
+    for node_id, seen in ctx.seen_filtered.items():
+        ops[node_id] = {k: int(v or 0) for k, v in seen.get.items()}
+    for node_id, metas in ctx.keyed_metas.items():
+        ops[node_id] = {"out": sum(int(m.get("out") or 0) for m in metas)}
+    for node_id, seen in ctx.seen_late.items():
+        ops.setdefault(node_id, {})["late"] = int(seen.get.get("late") or 0)
+    senders: dict[str, list[str]] = {}
+    for node_id, sink_id in ctx.late_to.items():
+        senders.setdefault(sink_id, []).append(node_id)
+    for sink_id, (node_id, *others) in senders.items():
+        seen_sink = ctx.seen_out.get(sink_id)
+        if not others and seen_sink is not None:
+            ops.setdefault(node_id, {})["late"] = int(seen_sink.get.get(f"n_{LATE}") or 0)
+    return ops

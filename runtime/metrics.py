@@ -31,6 +31,10 @@ class EpochMetrics:
     late: int = 0
     #: Records that filter operators removed.
     filtered: int = 0
+    #: Per operator id, what the epoch counted of it without a job of its own
+    #: (`runtime.epoch.operator_counts`): `in`, `out` and `filtered` for a filter, `out`
+    #: for a keyed operator, `late` for a window (or join) whose late records are counted.
+    operators: dict[str, dict[str, int]] = field(default_factory=dict)
     #: Per source, what is available but not read yet after the epoch (records, or files
     #: for a files source: `Source.lag_unit`), when the source can tell; and per split.
     lag: dict[str, int | None] = field(default_factory=dict)

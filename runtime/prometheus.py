@@ -28,6 +28,15 @@ EPOCH_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 1
 #: Checkpoint durations (seconds): tens of milliseconds for RocksDB, seconds for large
 #: memory state.
 CHECKPOINT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+#: Per-operator counters: the key in `EpochMetrics.operators`, the metric, its help.
+_OPERATOR_COUNTS = (
+    ("in", "streamer_operator_records_in", "Records that entered a filter operator."),
+    ("out", "streamer_operator_records_out", "Records a filter passed on, or rows a keyed "
+     "operator emitted."),
+    ("filtered", "streamer_operator_filtered_records", "Records a filter operator removed."),
+    ("late", "streamer_operator_late_records", "Late records of a window or join (sent to "
+     "its late: output, or dropped)."),
+)
 #: A watermark at or beyond these (epoch ms) is -inf / +inf (no event yet / end of input).
 _INF_MS = 2**61
 
@@ -77,6 +86,8 @@ class JobCollector:
         self.lock = threading.Lock()
         self.records_in: dict[str, int] = {}
         self.records_out: dict[str, int] = {}
+        #: Per operator id and count (`in`, `out`, `filtered`, `late`): the sum over epochs.
+        self.operators: dict[str, dict[str, int]] = {}
         self.counts = {"dead_letters": 0, "late": 0, "filtered": 0, "restarts": 0}
         self.lag: dict[tuple[str, str], int] = {}   # (source, split) -> records
         self.lag_files: dict[str, int] = {}         # files sources: files not read yet
@@ -99,6 +110,10 @@ class JobCollector:
                 self.records_in[source] = self.records_in.get(source, 0) + n
             for sink, n in m.records_out.items():
                 self.records_out[sink] = self.records_out.get(sink, 0) + n
+            for op, counts in m.operators.items():
+                summed = self.operators.setdefault(op, {})
+                for what, n in counts.items():
+                    summed[what] = summed.get(what, 0) + n
             self.counts["dead_letters"] += m.dead_letters
             self.counts["late"] += m.late
             self.counts["filtered"] += m.filtered
@@ -172,6 +187,7 @@ class JobCollector:
         for sink, n in sorted(self.records_out.items()):
             family.add_metric([self.job, sink], n)
         yield family
+        yield from self._operator_families()
         yield counter("streamer_dead_letters", "Bad records sent to an on_error sink.",
                       self.counts["dead_letters"])
         yield counter("streamer_late_records", "Records sent to a window's late: output.",
@@ -204,6 +220,18 @@ class JobCollector:
         if self.started_at is not None:
             yield gauge("streamer_start_time_seconds", "When the run started (Unix "
                         "seconds).", self.started_at)
+
+    def _operator_families(self) -> Iterator[Metric]:
+        """Per operator: the counts its epochs had (a filter's records in, out and filtered,
+        a keyed operator's records out, a window's late records)."""
+        from prometheus_client.core import CounterMetricFamily
+
+        for what, name, doc in _OPERATOR_COUNTS:
+            family = CounterMetricFamily(name, doc, labels=["job_name", "operator"])
+            for op, counts in sorted(self.operators.items()):
+                if what in counts:
+                    family.add_metric([self.job, op], counts[what])
+            yield family
 
     def _checkpoint_families(self, counter: Any, gauge: Any) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily

@@ -75,12 +75,14 @@ class EpochContext:
     seen_in: dict[str, Any] = field(default_factory=dict)
     #: Sink id -> the same for its input (`n`, and per kind of row `n_<kind>`).
     seen_out: dict[str, Any] = field(default_factory=dict)
-    #: Per stateless chain with filters, what its observation gives: `filtered`, the records
-    #: its filters removed.
-    seen_filtered: list[Any] = field(default_factory=list)
-    #: Per window without a `late:` output, what counts the late records it dropped
-    #: (`.get`: `late`).
-    seen_late: list[Any] = field(default_factory=list)
+    #: Per filter operator id, what its observation gives (`.get`): `filtered`, the records
+    #: it removed, and its records `in` and `out`.
+    seen_filtered: dict[str, Any] = field(default_factory=dict)
+    #: Per window without a `late:` output (its id), what counts the late records it
+    #: dropped (`.get`: `late`).
+    seen_late: dict[str, Any] = field(default_factory=dict)
+    #: Keyed operator id -> the sink its late records were routed to this epoch.
+    late_to: dict[str, str] = field(default_factory=dict)
     #: Keyed node id -> per-subtask metadata (complete once the epoch's jobs ran).
     keyed_metas: dict[str, Any] = field(default_factory=dict)
     #: What ran as a local epoch (Spark evaluated it on the driver, no job).

@@ -191,9 +191,10 @@ class KeyedOperatorStage(Stage):
                      stage.op.join.late if stage.op.join else None)
         if result.late is not None and late_sink:
             ctx.route(late_sink, result.late, LATE)
+            ctx.late_to[node_id] = late_sink
         elif stage.op.window is not None and not late_sink:  # dropped: counted all the same
-            ctx.seen_late.append(result.late_seen if result.late_seen is not None
-                                 else LateInMetas(result.metas))
+            ctx.seen_late[node_id] = (result.late_seen if result.late_seen is not None
+                                      else LateInMetas(result.metas))
         for name, sink_id in stage.op.side_outputs:
             if name in result.sides:
                 ctx.route(sink_id, result.sides[name])

@@ -57,9 +57,9 @@ class StatelessChain(Stage):
 
 def _filtered(ctx: EpochContext, op: OperatorSpec, before: DataFrame,
               local: bool) -> DataFrame:
-    """The filter `op` applied to `before`, with the records it removes counted into
-    `ctx.seen_filtered`: on the driver for a local relation (no job), else by observing
-    the filter's input and output inside the job that reads them."""
+    """The filter `op` applied to `before`, with the records it removes (and its records in
+    and out) counted into `ctx.seen_filtered`: on the driver for a local relation (no job),
+    else by observing the filter's input and output inside the job that reads them."""
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
@@ -68,19 +68,20 @@ def _filtered(ctx: EpochContext, op: OperatorSpec, before: DataFrame,
         one = F.lit(1).alias("one")
         counted = [local_table(df.select(one)) for df in (before, after)]
         if counted[0] is not None and counted[1] is not None:
-            ctx.seen_filtered.append(LocalSeen(
-                {"filtered": counted[0].num_rows - counted[1].num_rows}))
+            n_in, n_out = counted[0].num_rows, counted[1].num_rows
+            ctx.seen_filtered[op.id] = LocalSeen(
+                {"filtered": n_in - n_out, "in": n_in, "out": n_out})
             return after
     seen_in = Observation(f"filter_in_{op.id}_{ctx.epoch}")
     seen_out = Observation(f"filter_out_{op.id}_{ctx.epoch}")
     observed = before.observe(seen_in, F.count(F.lit(1)).alias("n"))
-    ctx.seen_filtered.append(Filtered(seen_in, seen_out))
+    ctx.seen_filtered[op.id] = Filtered(seen_in, seen_out)
     return apply_stateless(op, observed).observe(seen_out, F.count(F.lit(1)).alias("n"))
 
 
 class Filtered:
-    """What a filter removed (`get`: `filtered`), from the observations of its input and
-    output (read once the epoch's jobs ran)."""
+    """What a filter removed (`get`: `filtered`, with its records `in` and `out`), from the
+    observations of its input and output (read once the epoch's jobs ran)."""
 
     def __init__(self, seen_in: Any, seen_out: Any) -> None:
         self.seen_in = seen_in
@@ -89,5 +90,6 @@ class Filtered:
     @property
     def get(self) -> dict[str, int]:
         """`filtered`: records in minus records out."""
-        return {"filtered": int(self.seen_in.get.get("n") or 0)
-                - int(self.seen_out.get.get("n") or 0)}
+        n_in = int(self.seen_in.get.get("n") or 0)
+        n_out = int(self.seen_out.get.get("n") or 0)
+        return {"filtered": n_in - n_out, "in": n_in, "out": n_out}

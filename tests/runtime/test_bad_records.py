@@ -175,6 +175,9 @@ def test_counts_add_up_without_keyed_operators(spark, tmp_path: Path) -> None:
         assert m.total_read == out_rows + m.dead_letters + m.late + m.filtered
         line = m.to_json()
         assert {"dead_letters", "late", "filtered", "records_read_total"} <= set(line)
+        # The filter's own counts: what it read (the source's records), kept and removed.
+        assert line["operators"] == {"odd": {"in": m.total_in, "out": m.total_in - m.filtered,
+                                             "filtered": m.filtered}}
     assert sum(m.total_read for m in result.metrics) == LINES
 
 

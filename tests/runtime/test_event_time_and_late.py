@@ -111,18 +111,27 @@ def test_without_on_error_it_fails_naming_source_record_and_file(spark, tmp_path
     assert not list(out.glob("part-*")), "a failed epoch must not commit"
 
 
-@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet", "late-sink"])
 def test_late_records_of_a_window_without_a_late_output_are_counted(spark, tmp_path: Path,
                                                                      fmt: str) -> None:
     """Epoch 1 moves the watermark to 55 s; epoch 2 brings 5 records of the window [0, 10 s),
     closed by then (late), and 3 in time. jsonl takes the Spark path; parquet is read by the
-    window's subtasks themselves (the direct read, as a local epoch's rows are)."""
+    window's subtasks themselves (the direct read, as a local epoch's rows are); late-sink is
+    jsonl with a `late:` output. The window's own counts (`operators`) say the same."""
     data, out = tmp_path / "in", tmp_path / "out"
     first = [{"user": f"u{i % 3}", "t": stamp(BASE_MS + i * 1000)} for i in range(61)]
     late = [{"user": f"u{i % 3}", "t": stamp(BASE_MS + i * 1000)} for i in range(1, 6)]
     in_time = [{"user": "u0", "t": stamp(BASE_MS + 70_000)}] * 3
-    text = pipeline("late-counted", data, out, None, 0)
-    if fmt == "jsonl":
+    text = pipeline("late-counted", data, out, None, 0,
+                    late=", late: too_late" if fmt == "late-sink" else "")
+    if fmt == "late-sink":
+        text += f"""
+          - id: too_late
+            type: files
+            path: {tmp_path / "late"}
+            format: jsonl
+        """
+    if fmt in ("jsonl", "late-sink"):
         write(data / "a.jsonl", first)
         write(data / "b.jsonl", late + in_time)
     else:
@@ -147,3 +156,11 @@ def test_late_records_of_a_window_without_a_late_output_are_counted(spark, tmp_p
     consumed = sum(r["n"] for r in committed(out))
     assert result.records_in == consumed + result.late == len(first) + len(late) + len(in_time)
     assert ("per_10s" in result.metrics[1].direct) == (fmt == "parquet")
+    # Per operator: the window's late records and the rows it emitted, epoch by epoch.
+    assert [m.operators["per_10s"]["late"] for m in result.metrics] == [
+        m.late for m in result.metrics]
+    assert sum(m.operators["per_10s"]["out"] for m in result.metrics) == len(committed(out))
+    assert all(m.operators["per_10s"]["out"] == m.records_out["out"] for m in result.metrics)
+    assert result.metrics[1].to_json()["operators"]["per_10s"]["late"] == len(late)
+    if fmt == "late-sink":
+        assert len(committed(tmp_path / "late")) == len(late)

@@ -35,17 +35,30 @@ sources:
     type: datagen
     splits: 2
     rows_per_second: 40
-    fields: {{n: "offset", ts: "timestamp_millis(1767225600000 + offset * 1000)"}}
+    fields:
+      n: offset
+      parity: offset % 2
+      ts: timestamp_millis(1767225600000 + offset * 1000)
     event_time: ts
 operators:
   - id: odd
     input: ticks
     filter: "n % 2 = 1"
+  - id: per_10s
+    input: odd
+    key_by: [parity]
+    window: {{tumbling: 10s}}
+    aggregate: {{c: count()}}
 sinks:
   - id: out
     type: files
     input: odd
     path: {root}/out
+    format: jsonl
+  - id: counts
+    type: files
+    input: per_10s
+    path: {root}/counts
     format: jsonl
 """ + quick_jvm().replace("{", "{{").replace("}", "}}")
 
@@ -113,6 +126,22 @@ def test_a_running_job_serves_the_counts_of_its_json_epoch_lines(tmp_path: Path)
             e["records_out"].get("out", 0) for e in epochs)
         assert value(samples, "streamer_filtered_records_total") == sum(
             e["filtered"] for e in epochs) > 0
+        # Per operator, the sums of the epoch lines' `operators`.
+        def summed(op: str, what: str) -> int:
+            return sum(e["operators"].get(op, {}).get(what, 0) for e in epochs)
+
+        for what, metric in (("in", "records_in"), ("out", "records_out"),
+                             ("filtered", "filtered_records")):
+            assert value(samples, f"streamer_operator_{metric}_total",
+                         operator="odd") == summed("odd", what)
+        assert summed("odd", "in") == records_in
+        assert summed("odd", "filtered") == value(samples, "streamer_filtered_records_total")
+        assert value(samples, "streamer_operator_records_out_total",
+                     operator="per_10s") == summed("per_10s", "out") == sum(
+            e["records_out"].get("counts", 0) for e in epochs) > 0
+        assert value(samples, "streamer_operator_late_records_total", operator="per_10s") == 0
+        assert ("streamer_operator_records_in_total", (("job_name", "metered"),
+                                                       ("operator", "per_10s"))) not in samples
         assert value(samples, "streamer_dead_letters_total") == 0
         assert value(samples, "streamer_late_records_total") == 0
         assert value(samples, "streamer_restarts_total") == 0
@@ -215,3 +244,31 @@ def test_files_lag_is_in_files_and_the_watermark_ends_are_infinite() -> None:
                                                 ("split", ""))) not in samples
         assert value(samples, "streamer_watermark_seconds") == {
             1: float("-inf"), 2: 1767225600.5, 3: float("inf")}[epoch]
+
+
+def test_per_operator_counts_add_up_over_epochs() -> None:
+    """The exporter's per-operator series, fed epochs with `operators` (no Spark): a
+    series per operator and count it reported, summed over the epochs."""
+    from streamer.runtime.metrics import EpochMetrics
+    from streamer.runtime.prometheus import PrometheusExporter
+
+    exporter = PrometheusExporter("metered", free_port())
+    for epoch, (passed, late) in enumerate(((3, 0), (5, 2)), start=1):
+        exporter.epoch(EpochMetrics(epoch=epoch, started_at=0, duration_ms=10, late=late,
+                                    filtered=10 - passed, operators={
+                                        "odd": {"in": 10, "out": passed,
+                                                "filtered": 10 - passed},
+                                        "per_10s": {"out": epoch, "late": late}}))
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in exporter.collector.collect() for s in f.samples}
+    got = {(name, dict(labels)["operator"]): v for (name, labels), v in samples.items()
+           if name.startswith("streamer_operator_")}
+    assert got == {
+        ("streamer_operator_records_in_total", "odd"): 20,
+        ("streamer_operator_records_out_total", "odd"): 8,
+        ("streamer_operator_filtered_records_total", "odd"): 12,
+        ("streamer_operator_records_out_total", "per_10s"): 3,
+        ("streamer_operator_late_records_total", "per_10s"): 2}
+    # The job-wide totals are as before.
+    assert value(samples, "streamer_filtered_records_total") == 12
+    assert value(samples, "streamer_late_records_total") == 2
