@@ -103,6 +103,11 @@ def test_a_local_epoch_runs_no_spark_job_and_equals_the_spark_one(spark, tmp_pat
     assert [(m.records_in, m.records_out, m.watermark) for m in l_result.metrics] == [
         (m.records_in, m.records_out, m.watermark) for m in s_result.metrics]
     assert l_result.metrics[-1].watermark is not None
+    # The filter's own counts: the same whether counted on the driver or observed.
+    assert [m.operators for m in l_result.metrics] == [m.operators for m in s_result.metrics]
+    assert [m.operators["some"]["filtered"] for m in l_result.metrics] == [
+        m.filtered for m in l_result.metrics]
+    assert sum(m.operators["some"]["out"] for m in l_result.metrics) == len(expected)
     if sink == "parquet":  # Spark's schema and types, as Spark's writer leaves them
         spark_file = next(s_out.glob("part-*.parquet"))
         local_file = next(l_out.glob("part-*.parquet"))
@@ -247,9 +252,13 @@ def test_a_local_keyed_epoch_runs_in_the_driver_or_one_plain_job_and_equals_the_
         sink = runner.sinks["out"]
         found[mode] = {
             "rows": [sorted(map(json.dumps, sink.rows_of(e))) for e in sink.epochs],
-            "counts": [(m.records_in, m.records_out, m.watermark) for m in result.metrics],
+            "counts": [(m.records_in, m.records_out, m.watermark, m.operators)
+                       for m in result.metrics],
         }
         assert len([m for m in result.metrics if m.records_in]) == 3
+        # The operator's rows out (its subtasks' metadata) are the rows the sink received.
+        assert [m.operators["agg"]["out"] for m in result.metrics] == [
+            m.records_out.get("out", 0) for m in result.metrics]
         stages = [len(tracker.getJobInfo(j).stageIds) for j in sorted(jobs)]
         if mode == "spark":
             assert all(m.local == [] for m in result.metrics)
