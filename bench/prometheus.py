@@ -1,8 +1,9 @@
 """The Prometheus exporter's own cost (docs/metrics.md): reporting an epoch to it, and a scrape.
 
-    .venv/bin/python -m bench.prometheus [--epochs 20000] [--scrapes 200]
+    .venv/bin/python -m bench.prometheus [--epochs 20000] [--scrapes 200] [--operators 8]
 
-No Spark: the exporter is fed `EpochMetrics` of 4 sources with 16 splits each and 4 sinks,
+No Spark: the exporter is fed `EpochMetrics` of 4 sources with 16 splits each, 4 sinks and
+`--operators` operators (half filters with in/out/filtered, half windows with out/late),
 then scraped with urllib on 127.0.0.1, as Prometheus would.
 """
 
@@ -21,6 +22,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=20000)
     parser.add_argument("--scrapes", type=int, default=200)
+    parser.add_argument("--operators", type=int, default=8)
     args = parser.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -32,7 +34,10 @@ def main() -> None:
                      records_out={f"k{i}": 900 for i in range(4)},
                      lag={f"s{i}": 16 for i in range(4)},
                      split_lag={f"s{i}": {str(j): 1 for j in range(16)} for i in range(4)},
-                     watermark=1767225600000)
+                     watermark=1767225600000,
+                     operators={f"o{i}": ({"in": 1000, "out": 900, "filtered": 100}
+                                          if i % 2 == 0 else {"out": 90, "late": 1})
+                                for i in range(args.operators)})
     t = time.perf_counter()
     for i in range(args.epochs):
         m.epoch = i + 1
