@@ -94,9 +94,17 @@ def run_join(spark: Any, text: str, epochs: Sequence[Sequence[Mapping]]
         sinks[k.id] = MemorySink(k, ctx)
         return sinks[k.id]
 
-    JobRunner(spec, RunOptions(ui=False), spark=spark, source_factory=source_factory,
-              sink_factory=sink_factory).run()
-    return {k: s.committed for k, s in sinks.items()}
+    result = JobRunner(spec, RunOptions(ui=False), spark=spark,
+                       source_factory=source_factory, sink_factory=sink_factory).run()
+    committed = {k: s.committed for k, s in sinks.items()}
+    # Per operator (EpochMetrics.operators): the join's rows out and late rows are what its
+    # sinks received; the two filters split the source's records between them.
+    ops = [m.operators for m in result.metrics]
+    assert sum(o["j"]["out"] for o in ops) == len(committed["out"])
+    assert sum(o["j"].get("late", 0) for o in ops) == len(committed["late_out"])
+    assert sum(o[f]["out"] for o in ops for f in ("lefts", "rights") if f in o) == sum(
+        map(len, epochs))
+    return committed
 
 
 def describe(epochs: Sequence[Sequence[Mapping]], **params: Any) -> str:
