@@ -66,6 +66,13 @@ def spark_path(local_path: str, *, for_read: bool = True) -> str:
     return scheme + re.sub(r"([\\{}\[\]*?])", r"\\\1", local_path)
 
 
+def _hadoop_quoted(url: str) -> str:
+    """`url` as Hadoop's `Path.toUri()` (java.net.URI) gives it: ASCII characters a URI path
+    may not hold percent-encoded (a space as %20), other characters as they are."""
+    return re.sub(r"[^A-Za-z0-9\-_.!~*'(),;:$&+=/@\u0080-\U0010ffff]",
+                  lambda m: "".join(f"%{b:02X}" for b in m.group().encode()), url)
+
+
 def is_local(fs: AbstractFileSystem) -> bool:
     """Whether `fs` is the local file system, which Spark can read and write directly."""
     protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
@@ -269,9 +276,13 @@ class FilesSource(Source):
 
         from pyspark.sql import functions as F
 
-        by_url = F.create_map(*[F.lit(v) for name, path in local.items()
-                                for v in (path if "://" in path else Path(path).as_uri(),
-                                          name)])
+        pairs: dict[str, str] = {}
+        for name, path in local.items():
+            if "://" in path:  # an s3a:// URL, as is and as Hadoop's Path.toUri quotes it
+                pairs[path] = pairs[_hadoop_quoted(path)] = name
+            else:
+                pairs[Path(path).as_uri()] = name
+        by_url = F.create_map(*[F.lit(v) for pair in pairs.items() for v in pair])
         url = F.input_file_name()
         return F.coalesce(F.element_at(by_url, url), url)
 
@@ -383,7 +394,8 @@ class FilesSource(Source):
         if self.format != "parquet":
             return False
         for name in self.list_files():
-            if path == name or (self.s3a and path == spark_url(name)) or (
+            if path == name or (self.s3a and path in (spark_url(name),
+                                                          _hadoop_quoted(spark_url(name)))) or (
                     not self.local and self._copies is not None
                     and path == self._copy_target(name)):
                 self._unreadable[name] = (f"cannot read a data page ({reason}); no row of "
