@@ -70,7 +70,10 @@ def _setting(options: Mapping[str, Any], key: str, env: str) -> str | None:
 def hadoop_conf(options: Mapping[str, Any]) -> dict[str, str]:
     """The `spark.hadoop.fs.s3a.*` settings of a `storage_options:` block (keys left out
     come from the `AWS_*` variables; without a key S3A's default credential chain is used)."""
-    out = {"spark.hadoop.fs.s3a.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem"}
+    out = {"spark.hadoop.fs.s3a.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
+           # Tasks' files are renamed (copied, on S3) once into the staging prefix, not twice:
+           # nobody reads the staging prefix, the manifest commit publishes.
+           "spark.hadoop.mapreduce.fileoutputcommitter.algorithm.version": "2"}
     prefix = "spark.hadoop.fs.s3a."
     endpoint = _setting(options, "endpoint_url", "AWS_ENDPOINT_URL")
     if endpoint:
