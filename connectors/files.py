@@ -37,6 +37,7 @@ from streamer.connectors.base import (
 )
 from streamer.connectors.exceptions import ConnectorError, DecodeError
 from streamer.connectors.formats import CORRUPT_COLUMN, column, decode_json_lines, guard_or_split
+from streamer.connectors.s3a import is_s3, spark_url
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -54,14 +55,22 @@ _ROW_COLUMN = "__streamer_row"
 
 
 def spark_path(local_path: str, *, for_read: bool = True) -> str:
-    """A local path as a Spark `file://` URL.
+    """A local path as a Spark `file://` URL (an `s3a://` URL as is).
 
     Hadoop glob characters are escaped when Spark will read the path (read paths are globs;
     write paths are taken literally).
     """
+    scheme = "" if "://" in local_path else "file://"  # an s3a:// URL stays one
     if not for_read:
-        return "file://" + local_path
-    return "file://" + re.sub(r"([\\{}\[\]*?])", r"\\\1", local_path)
+        return scheme + local_path
+    return scheme + re.sub(r"([\\{}\[\]*?])", r"\\\1", local_path)
+
+
+def _hadoop_quoted(url: str) -> str:
+    """`url` as Hadoop's `Path.toUri()` (java.net.URI) gives it: ASCII characters a URI path
+    may not hold percent-encoded (a space as %20), other characters as they are."""
+    return re.sub(r"[^A-Za-z0-9\-_.!~*'(),;:$&+=/@\u0080-\U0010ffff]",
+                  lambda m: "".join(f"%{b:02X}" for b in m.group().encode()), url)
 
 
 def is_local(fs: AbstractFileSystem) -> bool:
@@ -165,6 +174,8 @@ class FilesSource(Source):
         self.delimiter: str = spec.option("delimiter", ",")
         self.fs, self.root = url_to_fs(self.url)
         self.local = is_local(self.fs)
+        #: On S3, Spark reads the files itself through S3A (no local copies).
+        self.s3a = is_s3(self.url)
         self._schema: StructType | None = None
         self._copies: str | None = None  # local copies of non-local files, made on demand
         #: File name -> why it cannot be read: a damaged page a failed epoch found
@@ -234,9 +245,12 @@ class FilesSource(Source):
 
     # --------------------------------------------------------------------- Spark access
     def _spark_paths(self, files: Sequence[str]) -> dict[str, str]:
-        """File name -> a path Spark can read, copying non-local files to a temp dir."""
+        """File name -> a path Spark can read: a local path, the `s3a://` URL of a file on S3
+        (`connectors/s3a.py`), else a copy of the file in a temp dir."""
         if self.local:
             return {f: f for f in files}
+        if self.s3a:
+            return {f: spark_url(f) for f in files}
         if self._copies is None:
             self._copies = tempfile.mkdtemp(prefix=f"streamer-{self.spec.id}-")
             weakref.finalize(self, shutil.rmtree, self._copies, True)
@@ -262,8 +276,13 @@ class FilesSource(Source):
 
         from pyspark.sql import functions as F
 
-        by_url = F.create_map(*[F.lit(v) for name, path in local.items()
-                                for v in (Path(path).as_uri(), name)])
+        pairs: dict[str, str] = {}
+        for name, path in local.items():
+            if "://" in path:  # an s3a:// URL, as is and as Hadoop's Path.toUri quotes it
+                pairs[path] = pairs[_hadoop_quoted(path)] = name
+            else:
+                pairs[Path(path).as_uri()] = name
+        by_url = F.create_map(*[F.lit(v) for pair in pairs.items() for v in pair])
         url = F.input_file_name()
         return F.coalesce(F.element_at(by_url, url), url)
 
@@ -375,8 +394,10 @@ class FilesSource(Source):
         if self.format != "parquet":
             return False
         for name in self.list_files():
-            if path == name or (not self.local and self._copies is not None
-                                and path == self._copy_target(name)):
+            if path == name or (self.s3a and path in (spark_url(name),
+                                                          _hadoop_quoted(spark_url(name)))) or (
+                    not self.local and self._copies is not None
+                    and path == self._copy_target(name)):
                 self._unreadable[name] = (f"cannot read a data page ({reason}); no row of "
                                           "the file was read")
                 return True

@@ -19,9 +19,9 @@ write the staging files themselves (`task_target`, `TaskFile`): each subtask wri
 output rows with pyarrow as Spark would (its schema in the footer, timestamps as
 `spark.sql.parquet.outputTimestampType` says), and the rows never cross into the JVM; the
 commit is the same. A local epoch (`runtime.local`: rows Spark evaluated on the driver,
-without a job) is written the same way, from the driver (`write_table`). Spark writes to
-other file systems (`memory://`, object stores) go to a local temporary directory first and
-are then uploaded to the staging directory.
+without a job) is written the same way, from the driver (`write_table`). On S3, Spark writes
+the staging directory itself through S3A (`connectors/s3a.py`); Spark writes to other file
+systems (`memory://`, ...) go to a local temporary directory first and are then uploaded.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from streamer.connectors.base import ConnectorContext, Sink
 from streamer.connectors.exceptions import ConnectorError
 from streamer.connectors.files import is_local, spark_path
 from streamer.connectors.formats import timestamps_as_iso
+from streamer.connectors.s3a import is_s3, spark_url
 from streamer.storage import abort_stale_uploads
 
 if TYPE_CHECKING:
@@ -70,6 +71,20 @@ def _has_rows(local_file: str, fmt: str) -> bool:
             handle.readline()  # the header
             return bool(handle.read(1))
     return os.path.getsize(local_file) > 0
+
+
+def _remote_has_rows(fs: Any, path: str, fmt: str) -> bool:
+    """`_has_rows` of a file on a remote file system (a footer or a first line read)."""
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        with fs.open(path, "rb") as handle:
+            return bool(pq.read_metadata(handle).num_rows)
+    if fmt == "csv":
+        with fs.open(path, "rb") as handle:
+            handle.readline()
+            return bool(handle.read(1))
+    return bool(fs.size(path))
 
 
 #: Footer key under which Spark keeps a parquet file's Spark schema (read back as is).
@@ -179,6 +194,8 @@ class FilesSink(Sink):
         self.spark_format, self.extension = FORMATS[self.format]
         self.fs, self.root = url_to_fs(self.url)
         self.local = is_local(self.fs)
+        #: On S3, Spark writes each epoch's files into the staging prefix through S3A.
+        self.s3a = is_s3(self.url)
 
     def staging_dir(self, epoch: int) -> str:
         """Where the epoch's files wait for the commit."""
@@ -199,14 +216,17 @@ class FilesSink(Sink):
         staging = self.staging_dir(epoch)
         if self.fs.exists(staging):
             self.fs.rm(staging, recursive=True)
+        writer = df.write.mode("overwrite").format(self.spark_format)
+        if self.format == "csv":
+            writer = writer.option("header", True)
+        elif self.format == "jsonl":
+            writer = writer.option("ignoreNullFields", False)
+        if self.s3a:  # Spark writes straight into the staging prefix on S3
+            writer.save(spark_url(staging))
+            return self._handle(epoch, self._staged_on_s3(staging))
         scratch = None if self.local else tempfile.mkdtemp(prefix=f"streamer-{self.spec.id}-")
         target = staging if scratch is None else os.path.join(scratch, "out")
         try:
-            writer = df.write.mode("overwrite").format(self.spark_format)
-            if self.format == "csv":
-                writer = writer.option("header", True)
-            elif self.format == "jsonl":
-                writer = writer.option("ignoreNullFields", False)
             writer.save(spark_path(target, for_read=False))
             staged = []
             for name in sorted(os.listdir(target)):
@@ -225,6 +245,23 @@ class FilesSink(Sink):
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
         return self._handle(epoch, staged)
+
+    def _staged_on_s3(self, staging: str) -> list[str]:
+        """The part files with rows that Spark wrote under `staging` on S3 (name order); the
+        others (empty parts, `_SUCCESS`, what the committer left) are deleted."""
+        self.fs.invalidate_cache()
+        staged, junk = [], []
+        for path in sorted(self.fs.find(staging, withdirs=False)):
+            name = path.rsplit("/", 1)[-1]
+            if (path.rsplit("/", 1)[0].rstrip("/") == staging.rstrip("/")
+                    and name.startswith("part-") and not name.endswith(".crc")
+                    and _remote_has_rows(self.fs, path, self.format)):
+                staged.append(name)
+            else:
+                junk.append(path)
+        if junk:
+            self.fs.rm(junk)
+        return staged
 
     def _handle(self, epoch: int, staged: list[str]) -> dict[str, Any]:
         """The commit handle of the staged files `staged` (names in staging order)."""

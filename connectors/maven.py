@@ -1,6 +1,7 @@
 """Jars from Maven Central, resolved with Maven's dependency plugin into a cache directory
 (`~/.cache/streamer`, or `$STREAMER_CACHE`): Spark's own Kafka connector for `client: spark`,
-and the Kafka broker that the tests and the docs example (docs/operations/kafka.md) run.
+Spark's S3A connector (`connectors/s3a.py`), and the Kafka broker that the tests and the docs
+example (docs/operations/kafka.md) run.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def resolve(name: str, coordinates: list[str], exclude: tuple[str, ...] = ()) ->
     if done.exists():
         return jars
     if shutil.which("mvn") is None:
-        msg = "Maven (mvn) is needed to fetch the Kafka jars from Maven Central; install it"
+        msg = f"Maven (mvn) is needed to fetch {name} from Maven Central; install it"
         raise ConnectorError(msg)
     target.mkdir(parents=True, exist_ok=True)
     excluded = "".join(_EXCLUSION.format(g=g, a=a) for g, a in (x.split(":") for x in exclude))

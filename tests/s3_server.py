@@ -4,6 +4,7 @@ the machine (`go install github.com/minio/minio@latest`, about 5 minutes of CPU 
 into a cache directory, once, and runs as a child process with a temporary data directory.
 
     .venv/bin/python tests/s3_server.py build          # build MinIO if not cached (CI does this)
+    .venv/bin/python tests/s3_server.py fetch-s3a      # Spark's S3A jars (CI does this)
     .venv/bin/python tests/s3_server.py run [--port 9000] [--dir DIR] [--bucket NAME]
 
 `S3Server.env()` is what a `streamer` process needs to reach it (the `AWS_*` variables that
@@ -155,6 +156,8 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("build", help="build MinIO into the cache if it is not there")
+    sub.add_parser("fetch-s3a", help="fetch Spark's S3A jars (hadoop-aws, AWS SDK bundle) "
+                   "from Maven Central into the cache if they are not there")
     run = sub.add_parser("run", help="run a MinIO server until Ctrl-C")
     run.add_argument("--port", type=int, default=9000)
     run.add_argument("--dir", default=None, help="data directory (default: a temporary one)")
@@ -162,6 +165,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.command == "build":
         print(minio_binary())
+        return
+    if args.command == "fetch-s3a":
+        from streamer.connectors.s3a import s3a_jars
+
+        print("\n".join(s3a_jars()))
         return
     directory = Path(args.dir or tempfile.mkdtemp(prefix="streamer-minio-"))
     server = S3Server(directory, args.port).start()
