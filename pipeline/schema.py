@@ -392,6 +392,13 @@ EXECUTION = Obj(
             "A keyed operator's tasks write the staging files of a local parquet files sink "
             "that reads only that operator (with pyarrow); false has Spark write them. "
             "Default true. $STREAMER_TASK_SINK overrides it.")),
+        "staged_input": Field(Bool(
+            "In local mode, a rolling aggregate or tumbling or sliding window whose input "
+            "Spark computes (a JSON, CSV or Kafka source, or a filter or derived column before "
+            "it) has Spark write that input once per epoch as local parquet files, which its "
+            "subtasks read themselves, in place of Spark's partial aggregation and two "
+            "shuffles. Small epochs keep the Spark path. No effect on a cluster. Default "
+            "true. $STREAMER_STAGED_INPUT overrides it.")),
     },
     "Engine settings: how epochs run, not what they compute (results are the same either "
     "way). The environment variables named here override them for one run.",

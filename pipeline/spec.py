@@ -192,6 +192,9 @@ class ExecutionSpec:
     driver_subtasks: bool = True
     #: Keyed tasks write a local parquet files sink's staging files themselves.
     task_sink: bool = True
+    #: In local mode, Spark writes a keyed stage's computed input once as local parquet
+    #: files that its subtasks read themselves (in place of aggregating and shuffling it).
+    staged_input: bool = True
     #: Setting -> "default", "file" or "environment" (filled in for every setting).
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -202,6 +205,7 @@ class ExecutionSpec:
         "direct_read": "STREAMER_DIRECT_READ",
         "driver_subtasks": "STREAMER_DRIVER_SUBTASKS",
         "task_sink": "STREAMER_TASK_SINK",
+        "staged_input": "STREAMER_STAGED_INPUT",
     }
     #: What 0 means for the row-count settings, for messages.
     _ZERO: ClassVar[Mapping[str, str]] = {

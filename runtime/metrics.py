@@ -59,6 +59,9 @@ class EpochMetrics:
     #: Sources read, keyed operators run and sinks written as a local epoch
     #: (`runtime.local`: evaluated on the driver, a keyed operator in one plain RDD job).
     local: list[str] = field(default_factory=list)
+    #: Keyed operators whose subtasks read their input from the local parquet files Spark
+    #: staged for them this epoch (`job.execution.staged_input`).
+    staged: list[str] = field(default_factory=list)
     #: Keyed subtasks that ran on another executor than in the epoch before (on a cluster),
     #: subtasks that restored their state, and the slowest restore (ms).
     moves: int = 0

@@ -21,6 +21,7 @@ from streamer.runtime.stages.base import EpochDecision, Stage
 from streamer.runtime.stages.keyed import (
     KeyedOperatorStage,
     LocalRun,
+    StagedRun,
     SubtaskReadRun,
     direct_plan,
     local_plan,
@@ -151,7 +152,7 @@ def _keyed_stage(spec: PipelineSpec, flow: Dataflow, spark: SparkSession, node: 
     if on_cluster:
         stage.base_config = replace(stage.base_config, executor_scoped=True)
     skipped: list[dict[str, str]] = []
-    subtask_read = local = None
+    subtask_read = local = staged = None
     if not settings.direct_read:
         off = _set_by(settings, "direct_read")
         skipped.append({"name": "subtasks-read-files / local",
@@ -184,6 +185,9 @@ def _keyed_stage(spec: PipelineSpec, flow: Dataflow, spark: SparkSession, node: 
             skipped.append({"name": LocalRun.name, "why": shape if isinstance(shape, str)
                             else "job.execution.local_rows is 0"
                             f"{_set_by(settings, 'local_rows')}"})
+        staged, why = _staged_run(stage, shape, subtask_read, settings, on_cluster, state_root)
+        if staged is None:
+            skipped.append({"name": StagedRun.name, "why": why})
     sink_id, why = _task_written_sink(spec, flow, node.id, stage, sinks, settings)
     task_sink = None
     if sink_id is None:
@@ -193,10 +197,31 @@ def _keyed_stage(spec: PipelineSpec, flow: Dataflow, spark: SparkSession, node: 
     out = KeyedOperatorStage(
         stage, f"{stage.kind} keyed by {', '.join(op.key_by) or '(nothing)'} in "
         f"{stage.max_parallelism} key groups over {stage.parallelism} subtasks",
-        checkpointing=checkpointing, subtask_read=subtask_read, local=local,
+        checkpointing=checkpointing, subtask_read=subtask_read, local=local, staged=staged,
         task_sink=task_sink, local_epochs=settings.local_rows > 0)
     out.not_used = skipped
     return out
+
+
+def _staged_run(stage: KeyedStage, shape: DirectShape | str, subtask_read: Any,
+                settings: ExecutionSpec, on_cluster: bool, state_root: str
+                ) -> tuple[StagedRun | None, str]:
+    """The stage's `StagedRun` (Spark writes its input as local parquet files for the
+    subtasks), or (None, why not)."""
+    import os
+
+    if isinstance(shape, str):
+        return None, shape
+    if subtask_read is not None:
+        return None, "the subtasks read its source's files themselves"
+    if on_cluster:
+        return None, "on a cluster the executors do not share the driver's disk"
+    if not settings.staged_input:
+        return None, f"job.execution.staged_input is off{_set_by(settings, 'staged_input')}"
+    root = os.path.join(state_root, "_staged", stage.op.id)
+    return StagedRun(stage, "Spark computes its input and writes it once as local parquet "
+                     "files, which the subtasks read themselves (small epochs: Spark routes "
+                     "the rows)", shape, root), ""
 
 
 def _task_written_sink(spec: PipelineSpec, flow: Dataflow, node_id: str, stage: KeyedStage,

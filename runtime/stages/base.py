@@ -89,6 +89,8 @@ class EpochContext:
     ran_local: list[str] = field(default_factory=list)
     #: Keyed node ids whose subtasks read their source's slice themselves.
     ran_direct: list[str] = field(default_factory=list)
+    #: Keyed node ids whose subtasks read the input Spark staged for them as files.
+    ran_staged: list[str] = field(default_factory=list)
     #: Sink id -> (the job whose keyed tasks write its files, their metadata).
     task_jobs: dict[str, tuple[Callable[[], Any], Any]] = field(default_factory=dict)
     #: Sink id -> its pre-commit handle for this epoch.

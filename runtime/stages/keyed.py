@@ -8,11 +8,16 @@ written once) and the strategies that run its subtasks for an epoch.
   task per subtask, no scan and no shuffle (`direct_plan` says when).
 - `LocalRun`: a local epoch's few rows, collected on the driver without a job, go to the
   subtasks, which run in the driver process (local mode) or in one plain RDD job.
+- `StagedRun` (local mode): Spark computes the stage's input (a JSON, CSV or Kafka read, a
+  filter, a derived column) and writes it once as local parquet files, which the subtasks
+  then read as `SubtaskReadRun` reads a source's: one write instead of a partial
+  aggregation, two shuffles and a final aggregation.
 
 Which one runs in an epoch follows one rule (`KeyedOperatorStage.choose`): the subtasks read
 their source themselves when the epoch's decision gave them its slice; else the epoch is
 local when its input is a local relation (or it has none and the last input was local);
-else Spark routes the rows.
+else, when planned, Spark stages the input for the subtasks unless the epoch is small (an
+epoch without input then reads no files); else Spark routes the rows.
 """
 
 from __future__ import annotations
@@ -102,6 +107,45 @@ class LocalRun(KeyedRun):
         return result
 
 
+class StagedRun(KeyedRun):
+    """Spark writes the epoch's input once as local parquet files; the subtasks read them."""
+
+    name = "spark-staged-files"
+
+    def __init__(self, stage: KeyedStage, reason: str, shape: DirectShape, root: str) -> None:
+        super().__init__(stage, reason)
+        self.shape = shape
+        #: The directory of the staged epochs (local: the subtasks share the driver's disk).
+        self.root = root
+
+    def run(self, ctx: EpochContext, present: list[DataFrame], fire: int, tasks: Any,
+            write_to: Any, collected: Any = None) -> KeyedResult:
+        """Stage `present` (a Spark job now), then one Spark task per subtask reads it."""
+        files = self.stage_input(ctx.epoch, union(present)) if present else ()
+        read = self.shape.read(ctx.watermark, files=files)
+        result = self.stage.run_direct(read, ctx.epoch, ctx.now, fire, tasks, write_to)
+        ctx.ran_staged.append(self.stage.op.id)
+        return result
+
+    def stage_input(self, epoch: int, frame: DataFrame) -> tuple[str, ...]:
+        """Write the columns the subtasks read as the parquet files of epoch `epoch`
+        (rewritten whole when an epoch is replayed); earlier epochs' files go."""
+        import os
+        import shutil
+
+        from pyspark.sql import functions as F
+
+        os.makedirs(self.root, exist_ok=True)
+        target = os.path.join(self.root, f"epoch-{epoch}")
+        for name in os.listdir(self.root):  # (read by the epochs that already ended)
+            if name != f"epoch-{epoch}":
+                shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
+        frame.select(*[F.col(f"`{name}`") for name, _ in self.shape.columns]).write.mode(
+            "overwrite").option("compression", "none").parquet(target)
+        return tuple(sorted(os.path.join(target, name) for name in os.listdir(target)
+                            if name.startswith("part-") and name.endswith(".parquet")))
+
+
 class KeyedOperatorStage(Stage):
     """A keyed operator: the strategies planned for it, chosen per epoch by `choose`."""
 
@@ -111,13 +155,14 @@ class KeyedOperatorStage(Stage):
     def __init__(self, stage: KeyedStage, reason: str, *,
                  checkpointing: Callable[[str, int | None, str | None], Any],
                  subtask_read: SubtaskReadRun | None = None, local: LocalRun | None = None,
-                 task_sink: tuple[str, Sink] | None = None,
+                 staged: StagedRun | None = None, task_sink: tuple[str, Sink] | None = None,
                  local_epochs: bool = True) -> None:
         super().__init__(stage.op.id, reason)
         self.stage = stage
         self.routed = RoutedRun(stage, "always available")
         self.subtask_read = subtask_read
         self.local = local
+        self.staged = staged
         self.task_sink = task_sink
         self.checkpointing = checkpointing
         #: Local epochs are on (`job.execution.local_rows` > 0).
@@ -132,7 +177,8 @@ class KeyedOperatorStage(Stage):
     @property
     def runs(self) -> list[KeyedRun]:
         """The planned strategies, in the order `choose` prefers them."""
-        return [r for r in (self.subtask_read, self.local, self.routed) if r is not None]
+        return [r for r in (self.subtask_read, self.local, self.staged, self.routed)
+                if r is not None]
 
     def choose(self, ctx: EpochContext, present: list[DataFrame]) -> tuple[KeyedRun, Any]:
         """The strategy for this epoch and, for a local one, its collected input."""
@@ -157,6 +203,8 @@ class KeyedOperatorStage(Stage):
         if collected is not None:
             assert self.local is not None
             return self.local, collected
+        if self.staged is not None and not (present and ctx.decision.small):
+            return self.staged, None
         return self.routed, None
 
     def run(self, ctx: EpochContext) -> None:
@@ -303,5 +351,5 @@ def _direct_shape(stage: KeyedStage, source_id: str, schema: StructType,
     return DirectShape(source_id, tuple(wanted.items()), tuple(key_types), ts_column)
 
 
-__all__ = ["KeyedOperatorStage", "LocalRun", "RoutedRun", "SubtaskReadRun", "direct_plan",
-           "local_plan"]
+__all__ = ["KeyedOperatorStage", "LocalRun", "RoutedRun", "StagedRun", "SubtaskReadRun",
+           "direct_plan", "local_plan"]

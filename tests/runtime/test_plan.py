@@ -148,6 +148,29 @@ def test_json_filter_session_to_json_plans_a_fused_chain_and_the_spark_path(
     assert "per epoch: small-epoch mode" in text
 
 
+def test_json_filter_tumbling_stages_its_input_for_the_subtasks_in_local_mode(
+        spark, tmp_path: Path, monkeypatch) -> None:
+    for name in ("STREAMER_DIRECT_READ", "STREAMER_STAGED_INPUT"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "in").mkdir()
+    text = JSON_SESSIONS.replace("{{session: {{gap: 30s}}}}", "{{tumbling: 1m}}")
+    keyed = stage(plan_of(spark, text, src=tmp_path / "in", out=tmp_path / "out"), "sessions")
+    assert [r["name"] for r in keyed["strategies"]] == [
+        "local", "spark-staged-files", "spark-routed"]
+    monkeypatch.setenv("STREAMER_STAGED_INPUT", "no")
+    keyed = stage(plan_of(spark, text, src=tmp_path / "in", out=tmp_path / "out"), "sessions")
+    assert [r["name"] for r in keyed["strategies"]] == ["local", "spark-routed"]
+    why = {r["name"]: r["why"] for r in keyed["not_used"]}
+    assert why["spark-staged-files"] == (
+        "job.execution.staged_input is off (set by STREAMER_STAGED_INPUT)")
+    # Sessions are not among the shapes the subtasks aggregate themselves.
+    monkeypatch.delenv("STREAMER_STAGED_INPUT")
+    keyed = stage(plan_of(spark, JSON_SESSIONS, src=tmp_path / "in", out=tmp_path / "out"),
+                  "sessions")
+    why = {r["name"]: r["why"] for r in keyed["not_used"]}
+    assert why["spark-staged-files"] == "a session or count window, or a late: output"
+
+
 def test_the_small_epoch_rule() -> None:
     settings = ExecutionSpec(small_epoch_rows=100, local_rows=10)
 
