@@ -297,8 +297,9 @@ def _stream_source(spark: Any, c: Cell, data: Data) -> Any:
     return reader.json(str(data.path("jsonl")))
 
 
-def _query(df: Any, c: Cell) -> tuple[Any, str]:
-    """The cell's query on a (streaming or batch) DataFrame, and its output mode."""
+def _query(df: Any, c: Cell, batch: bool = False) -> tuple[Any, str]:
+    """The cell's query on a streaming (or, `batch`, a batch) DataFrame, and its output
+    mode."""
     from pyspark.sql import functions as F
 
     if c.prefix:
@@ -314,7 +315,9 @@ def _query(df: Any, c: Cell) -> tuple[Any, str]:
                               F.col(f"{name}.end").alias("window_end"), "n", "total"), "append"
     if c.keyed == "rolling":
         return df.groupBy("user").agg(*aggs), "update"
-    if c.keyed == "dedupe":
+    if c.keyed == "dedupe":  # (a batch has no watermark: both copies of an event are alike)
+        if batch:
+            return df.dropDuplicates(["id"]), "append"
         return df.withWatermark("ts", "1 minute").dropDuplicatesWithinWatermark(["id"]), "append"
     return df, "append"
 
@@ -362,7 +365,7 @@ def run_batch(spark: Any, c: Cell, data: Data, scratch: Path) -> Run:
     from pyspark.sql import functions as F
 
     started = time.perf_counter()
-    df, _ = _query(_batch_source(spark, c, data), c)
+    df, _ = _query(_batch_source(spark, c, data), c, batch=True)
     if c.sink == "kafka":
         out = data.broker.create_topic(f"matrix-batch-{uuid.uuid4().hex[:8]}", PARTITIONS)
         (df.select(F.to_json(F.struct(*df.columns)).alias("value")).write.format("kafka")
@@ -410,7 +413,7 @@ def check(spark: Any, c: Cell, data: Data, run: Run, sss: bool) -> str:
     """'ok', or how the output differs from the truth (a batch query over the same rows)."""
     from pyspark.sql import functions as F
 
-    truth, _ = _query(_batch_source(spark, c, data), c)  # watermarks: no-ops in batch
+    truth, _ = _query(_batch_source(spark, c, data), c, batch=True)  # (no watermarks)
     schema = truth.schema
     got = _read(spark, data, c, run.out, schema)
     truth = truth.select(*[F.col(f.name) for f in schema.fields])
@@ -528,14 +531,19 @@ def measure(spark: Any, cells: list[Cell], data: Data, scratch: Path, args: argp
     for c in cells:
         result = Result(c)
         todo = configs(spark, c, data, scratch, args)
-        for i in range(args.repeat + 1):  # round 0 warms this shape up, and is not counted
-            order = list(todo) if i % 2 == 0 else list(reversed(todo))
-            for name in order:
-                run = todo[name]()
-                if i:
-                    result.runs.setdefault(name, []).append(run)
-        for name, runs in result.runs.items():
-            result.checks[name] = check(spark, c, data, runs[-1], name.startswith("SSS"))
+        try:
+            for i in range(args.repeat + 1):  # round 0 warms this shape up, not counted
+                order = list(todo) if i % 2 == 0 else list(reversed(todo))
+                for name in order:
+                    run = todo[name]()
+                    if i:
+                        result.runs.setdefault(name, []).append(run)
+            for name, runs in result.runs.items():
+                result.checks[name] = check(spark, c, data, runs[-1], name.startswith("SSS"))
+        except Exception as exc:  # one broken cell does not lose the others' results
+            console.print(f"  {c.name}: FAILED {type(exc).__name__}: "
+                          f"{' '.join(str(exc).split())[:300]}", highlight=False)
+            continue
         peer = result.peer()
         console.print(f"  {c.name}: streamer {result.median('streamer'):.1f} s, {peer} "
                       f"{result.median(peer):.1f} s, load {os.getloadavg()[0]:.1f}",
