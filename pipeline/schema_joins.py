@@ -87,7 +87,7 @@ class TableMode(Node):
 
     def schema(self) -> dict[str, Any]:
         """true, or the temporal mapping."""
-        return self._with_doc({"anyOf": [{"type": "boolean", "const": True},
+        return self._with_doc({"anyOf": [{"type": "boolean"},
                                          self.temporal.schema()]})
 
 
