@@ -143,7 +143,8 @@ def run_join(cfg: Any, backend: Any, rows: list[dict[str, Any]], out: Any) -> No
                         emit.pair(r if side == LEFT else None, r if side == RIGHT else None,
                                   r[0])
             if kept:
-                puts[side].append((kg, kb, _NS, kept))
+                if join.mode != "table" or kept != stored[side][i]:  # (a table's unchanged
+                    puts[side].append((kg, kb, _NS, kept))  # row or versions: no write)
             elif stored[side][i] is not None:
                 deletes[side].append((kg, kb, _NS))
     for side, name in enumerate(STATES):
