@@ -16,6 +16,9 @@ group like any keyed operator's rows. Per subtask and epoch (`run_join`):
    side when its side is outer (left, right, full). One event-time timer per (key, expiry)
    makes the subtask visit the key then.
 
+A table join (`_Table`) keeps the table's row (or, temporal, its versions) per key in
+`join.right` and, temporal only, the left records waiting for the watermark in `join.left`.
+
 A record is late when its event time is at or behind the watermark the epoch carries in (a
 window join: when all its windows have closed); the driver sends it to `late:` before it gets
 here. With that rule every pair of non-late records meets: whichever comes second finds the
@@ -120,11 +123,11 @@ def run_join(cfg: Any, backend: Any, rows: list[dict[str, Any]], out: Any) -> No
     puts: list[list[Any]] = [[], []]
     deletes: list[list[Any]] = [[], []]
     timers: set[tuple[int, int, bytes, bytes]] = set()
-    logic = _Interval(join, wm) if join.mode == "interval" else _Windowed(join, wm)
+    logic: Any = {"interval": _Interval, "window": _Windowed, "table": _Table}[join.mode](join, wm)
     for i, (kg, kb) in enumerate(cells):
         buffers = (list(stored[0][i] or ()), list(stored[1][i] or ()))
         emit = _Rows(out, decode_key(kb), cols)
-        for row in sorted(by_key.get((kg, kb), ()), key=lambda r: (r[EVENT_TIME_MS], r[SEQ])):
+        for row in sorted(by_key.get((kg, kb), ()), key=logic.order):
             side = row[JOIN_SIDE]
             own = cols.left if side == LEFT else cols.right
             record = [row[EVENT_TIME_MS], row[SEQ], [row[c] for c in own], False, None]
@@ -140,7 +143,8 @@ def run_join(cfg: Any, backend: Any, rows: list[dict[str, Any]], out: Any) -> No
                         emit.pair(r if side == LEFT else None, r if side == RIGHT else None,
                                   r[0])
             if kept:
-                puts[side].append((kg, kb, _NS, kept))
+                if join.mode != "table" or kept != stored[side][i]:  # (a table's unchanged
+                    puts[side].append((kg, kb, _NS, kept))  # row or versions: no write)
             elif stored[side][i] is not None:
                 deletes[side].append((kg, kb, _NS))
     for side, name in enumerate(STATES):
@@ -175,6 +179,11 @@ class _Interval:
     def __init__(self, join: Any, wm: int) -> None:
         self.lower, self.upper, self.wm = join.lower_ms, join.upper_ms, wm
 
+    @staticmethod
+    def order(row: dict[str, Any]) -> tuple[int, ...]:
+        """The order in which an epoch's records of one key are added: event time, arrival."""
+        return (row[EVENT_TIME_MS], row[SEQ])
+
     def expiry(self, record: list[Any], side: int) -> int:
         """The watermark at which `record` can no longer get a partner."""
         return int(record[0] + (self.upper if side == LEFT else -self.lower))
@@ -206,6 +215,8 @@ class _Windowed:
         self.slide = window.slide_ms or window.size_ms
         self.wm = wm
         self.outer = (join.outer_left, join.outer_right)
+
+    order = staticmethod(_Interval.order)
 
     def last_start(self, ts: int) -> int:
         """The start of the last window that holds `ts`."""
@@ -251,3 +262,71 @@ class _Windowed:
             for side in (LEFT, RIGHT):  # the window is done: the records' next one is first
                 for r in inside[side]:
                     r[4] = start + self.slide
+
+
+#: A table join's buffered records never expire (they leave the state in `_Table.fire`).
+_NEVER = 2**62
+
+
+class _Table:
+    """Table join: the right side's records are upserts of their key's row (the latest by
+    event time, then arrival). Processing time (`as_of` None): the right buffer is that one
+    row, each left record joins it as it is added, the epoch's right records first, and is not
+    buffered. Temporal (`as_of: event_time`): the right buffer is the key's versions in
+    (ts, seq) order; a left record waits in the left buffer until the watermark reaches its ts,
+    then joins the newest version at or before its ts; versions older than the newest at or
+    before the watermark can serve no future left record and are dropped."""
+
+    def __init__(self, join: Any, wm: int) -> None:
+        self.wm, self.temporal, self.outer = wm, join.as_of is not None, join.outer_left
+
+    def order(self, row: dict[str, Any]) -> tuple[int, ...]:
+        """Right records before left ones (processing time), then event time, arrival."""
+        first = 0 if self.temporal else int(row[JOIN_SIDE] == LEFT)
+        return (first, row[EVENT_TIME_MS], row[SEQ])
+
+    def expiry(self, record: list[Any], side: int) -> int:
+        """Never: `fire` takes the records that are done out of the buffers."""
+        return _NEVER
+
+    def add(self, record: list[Any], side: int, buffers: tuple[list[Any], list[Any]],
+            emit: _Rows) -> list[int]:
+        """Upsert a right record; join or buffer a left one (its timer: its ts)."""
+        versions = buffers[RIGHT]
+        if side == RIGHT:
+            if not self.temporal:
+                if not versions or (versions[0][0], versions[0][1]) <= (record[0], record[1]):
+                    versions[:] = [record]
+                return []
+            at = len(versions)
+            while at and (versions[at - 1][0], versions[at - 1][1]) > (record[0], record[1]):
+                at -= 1
+            versions.insert(at, record)
+            return []
+        if not self.temporal:
+            self._join(record, versions[0] if versions else None, emit)
+            return []
+        buffers[LEFT].append(record)
+        return [record[0]]
+
+    def _join(self, left: list[Any], right: list[Any] | None, emit: _Rows) -> None:
+        if right is not None or self.outer:
+            emit.pair(left, right, left[0])
+
+    def fire(self, buffers: tuple[list[Any], list[Any]], emit: _Rows) -> None:
+        """Temporal: join the left records the watermark has reached (in ts, seq order) with
+        their version, then drop the versions no left record can need any more."""
+        if not self.temporal:
+            return
+        lefts, versions = buffers
+        for left in sorted((r for r in lefts if r[0] <= self.wm), key=lambda r: (r[0], r[1])):
+            match = None
+            for version in versions:
+                if version[0] > left[0]:
+                    break
+                match = version
+            self._join(left, match, emit)
+        lefts[:] = [r for r in lefts if r[0] > self.wm]
+        current = sum(1 for v in versions if v[0] <= self.wm)
+        if current > 1:
+            del versions[:current - 1]

@@ -173,6 +173,8 @@ def _join_detail(o: OperatorSpec) -> str:
         on = ", ".join(f"{a} = {b}" for a, b in zip(j.left_key, j.right_key, strict=True))
     if j.mode == "interval":
         how = (f"between [{format_duration_ms(j.lower_ms)}, {format_duration_ms(j.upper_ms)}]")
+    elif j.mode == "table":
+        how = "as of event time" if j.as_of else "current row"
     else:
         w = j.window
         assert w is not None

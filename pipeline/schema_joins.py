@@ -6,14 +6,16 @@ from __future__ import annotations
 from typing import Any
 
 from streamer.pipeline.model import (
-    Bool,
     Checker,
     Field,
     ListOf,
+    Node,
     Obj,
     OneOrList,
     SignedDuration,
     Str,
+    _type_name,
+    label,
 )
 from streamer.pipeline.schema_base import COLUMN_HINT, COLUMN_PATTERN, _exactly_one
 from streamer.pipeline.units import parse_signed_duration_ms
@@ -45,10 +47,10 @@ def _join_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
             ck.report((*path, "right_key"), f"right_key has {n_right} column(s) but left_key "
                       f"has {n_left}; give one right column per left key column")
     _exactly_one(JOIN_MODES, "a join")(value, path, ck)
-    if value.get("table") is not None and "between" not in value and "window" not in value:
-        ck.report((*path, "table"), "table joins (enrichment) are not available yet in this "
-                  "version of streamer; use between: [lower, upper] (an interval join) or "
-                  "window: (a window join)", at_key=True)
+    if "table" in value and value.get("type") in ("right", "full"):
+        ck.report((*path, "type"), f"a table join is inner or left, not {value['type']}: a "
+                  "table has no unmatched rows to emit (its rows are upserts of the current "
+                  "value of their key); use type: inner or left", at_key=True)
     between = value.get("between")
     if isinstance(between, list) and len(between) != 2:
         ck.report((*path, "between"), f"between must be [lower, upper] (two durations), got "
@@ -58,6 +60,35 @@ def _join_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
         if lower is not None and upper is not None and lower > upper:
             ck.report((*path, "between"), f"between's lower bound ({between[0]}) must not be "
                       f"after its upper bound ({between[1]})")
+
+
+#: The spellings of a temporal table join's `as_of:`.
+TABLE_AS_OF = ("event_time",)
+
+
+class TableMode(Node):
+    """`table:` of a join: true (processing-time enrichment) or {as_of: event_time}."""
+
+    def __init__(self, description: str) -> None:
+        self.description = description
+        self.temporal = Obj({"as_of": Field(Str(
+            "event_time: each left record joins the version of its key's row as of the "
+            "record's event time (a temporal join).", enum=TABLE_AS_OF), required=True)},
+            "A temporal table join.")
+
+    def check(self, value: Any, path: Path, ck: Checker) -> None:
+        """Report a value that is neither true nor {as_of: event_time}."""
+        if isinstance(value, dict):
+            self.temporal.check(value, path, ck)
+        elif value is not True:
+            ck.report(path, f"{label(path)} must be true (enrich each left record with the "
+                      "table's current row) or {as_of: event_time} (a temporal join), got "
+                      f"{_type_name(value) if not isinstance(value, bool) else 'false'}")
+
+    def schema(self) -> dict[str, Any]:
+        """true, or the temporal mapping."""
+        return self._with_doc({"anyOf": [{"type": "boolean"},
+                                         self.temporal.schema()]})
 
 
 def _join_window(window: Obj, sliding_rule: Any) -> Obj:
@@ -80,19 +111,24 @@ def join_schema(window: Obj, sliding_rule: Any) -> Obj:
             "right_key": Field(_key_columns("The right's key columns, one per left_key column.")),
             "type": Field(Str("inner (default): matched pairs only; left, right, full: also the "
                               "unmatched records of that side (both for full), with nulls, once "
-                              "their partner can no longer arrive.", enum=JOIN_TYPES)),
+                              "their partner can no longer arrive (a table join: inner or "
+                              "left).", enum=JOIN_TYPES)),
             "between": Field(ListOf(SignedDuration(), "Interval join: [lower, upper]; a right "
                                     "record joins a left record when right event time - left "
                                     "event time is within these bounds (inclusive), e.g. [0s, 30m] "
                                     "or [-10m, 5m].")),
             "window": Field(_join_window(window, sliding_rule)),
-            "table": Field(Bool("The right side is a table (enrichment); not available yet.")),
+            "table": Field(TableMode(
+                "Table join (enrichment): the right side's records are upserts of the row of "
+                "their key (latest event time wins, then arrival). true: each left record joins "
+                "its key's row when it is processed (a left join: nulls without one); "
+                "{as_of: event_time}: the row as of the left record's event time (temporal).")),
             "right_prefix": Field(Str("Prepended to the right side's column names in the output "
                                       "(resolves name clashes), e.g. 'payment_'.",
                                       pattern=r"[A-Za-z_][A-Za-z0-9_]*",
                                       pattern_hint=COLUMN_HINT)),
         },
         "Joins two keyed inputs on event time: exactly one of between (interval join), window "
-        "(window join), table.",
+        "(window join), table (table join: enrichment).",
         rules=[_join_rules],
     )

@@ -74,7 +74,7 @@ class AggregateSpec:
 
 @dataclass(frozen=True)
 class JoinSpec:
-    """A `join:` of two keyed inputs: interval (`between`) or window join."""
+    """A `join:` of two keyed inputs: interval (`between`), window or table join."""
 
     left: str
     right: str
@@ -82,7 +82,9 @@ class JoinSpec:
     left_key: tuple[str, ...]
     right_key: tuple[str, ...]
     type: str = "inner"  # inner | left | right | full
-    mode: str = "interval"  # interval | window
+    mode: str = "interval"  # interval | window | table
+    #: Table join: None (processing-time enrichment) or "event_time" (temporal).
+    as_of: str | None = None
     #: Interval join: right event time - left event time in [lower_ms, upper_ms].
     lower_ms: int = 0
     upper_ms: int = 0
@@ -379,13 +381,16 @@ def _build_join(raw: Mapping[str, Any], late: str | None) -> JoinSpec:
     right_key = _inputs(raw.get("on") or raw.get("right_key"))
     lower = upper = 0
     window = None
+    table = raw.get("table")
     if "between" in raw:
         lower, upper = (parse_signed_duration_ms(v) or 0 for v in raw["between"])
-    else:
+    elif table is None:
         window = _build_window(raw["window"])
+    mode = "interval" if "between" in raw else "window" if table is None else "table"
     return JoinSpec(left=raw["left"], right=raw["right"], left_key=left_key,
-                    right_key=right_key, type=raw.get("type", "inner"),
-                    mode="interval" if "between" in raw else "window", lower_ms=lower,
+                    right_key=right_key, type=raw.get("type", "inner"), mode=mode,
+                    as_of=table.get("as_of") if isinstance(table, dict) else None,
+                    lower_ms=lower,
                     upper_ms=upper, window=window, late=late,
                     right_prefix=raw.get("right_prefix", ""))
 

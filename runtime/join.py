@@ -126,14 +126,18 @@ def _bad_records(plan: JoinPlan, side: int, df: DataFrame, keys: tuple[str, ...]
 
 
 def split_late(join: JoinSpec, df: DataFrame, watermark: int
-               ) -> tuple[DataFrame, DataFrame]:
+               ) -> tuple[DataFrame, DataFrame | None]:
     """(the records not behind `watermark`, the late ones with a `join_side` column saying
-    left or right). Late: an interval join's record at or behind the watermark; a window
-    join's once its last window has closed (`W >= last window end - 1`)."""
+    left or right). Late: an interval or temporal table join's record at or behind the
+    watermark; a window join's once its last window has closed (`W >= last window end - 1`);
+    never a processing-time table join's (None: its left records wait for nothing, its right
+    records upsert the table whatever their time)."""
     from pyspark.sql import functions as F
 
+    if join.mode == "table" and join.as_of is None:
+        return df, None
     ts = F.col(EVENT_TIME_MS)
-    if join.mode == "interval":
+    if join.mode in ("interval", "table"):
         is_late = ts <= F.lit(watermark)
     else:
         window = join.window

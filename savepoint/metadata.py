@@ -52,6 +52,8 @@ def operator_definition(op: OperatorSpec) -> dict[str, Any]:
                            [j.lower_ms, j.upper_ms] if j.mode == "interval" else None),
                        "window": ({"kind": jw.kind, "size_ms": jw.size_ms,
                                    "slide_ms": jw.slide_ms} if jw is not None else None)}
+        if j.mode == "table":  # (absent for interval and window joins: older savepoints match)
+            out["join"]["table"] = j.as_of or "processing_time"
     return out
 
 

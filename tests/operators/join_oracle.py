@@ -12,6 +12,14 @@ max ts of the epochs before - ooo, -inf before any record).
   it is late when it has none. Per key and window, every left and right taking part in it
   give a row; with an outer side, each of its records in a window where the other side has
   none gives one.
+- Table join (right records are upserts of their key's row; of two, the one with the later
+  event time wins, then the later arrival):
+  - processing time (`table: true`): each left record of epoch i joins its key's row after
+    all right records of epochs 1..i (those of epoch i included); nothing is late;
+  - temporal (`table: {as_of: event_time}`): a record of epoch i is late when ts <= W_{i-1};
+    each non-late left record joins the row its key had at its event time: among the non-late
+    right records of its key with ts <= its ts, the latest.
+  A left record without a row gives nulls on the right (left join) or nothing (inner).
 Late records come out with their side's columns, nulls for the other's, and `join_side`.
 Output columns: k, v, s, ts (left), then r_v, r_s, r_ts (right, `right_prefix: r_`).
 """
@@ -104,4 +112,25 @@ def window_join(epochs: Sequence[Sequence[dict[str, Any]]], *, ooo: int, size: i
             out += [_row(k, left, None) for left in sides["L"]]
         if type in ("right", "full") and not sides["L"]:
             out += [_row(k, None, right) for right in sides["R"]]
+    return out, late
+
+
+def table_join(epochs: Sequence[Sequence[dict[str, Any]]], *, ooo: int, temporal: bool,
+               type: str) -> tuple[list[dict], list[dict]]:
+    """(output rows, late rows) of a table join (processing time or temporal)."""
+    wms = watermarks(epochs, ooo) if temporal else [NEG_INF] * len(epochs)
+    arrived = [(i, n, r) for i, (recs, wm) in enumerate(zip(epochs, wms, strict=True))
+               for n, r in enumerate(recs) if not (temporal and r["ts"] <= wm)]
+    late = [_late_row(r) for recs, wm in zip(epochs, wms, strict=True) for r in recs
+            if temporal and r["ts"] <= wm]
+    out = []
+    for i, _n, left in arrived:
+        if left["s"] != "L":
+            continue
+        versions = [(r["ts"], j, m, r) for j, m, r in arrived
+                    if r["s"] == "R" and r["k"] == left["k"]
+                    and (r["ts"] <= left["ts"] if temporal else j <= i)]
+        row = max(versions, key=lambda v: v[:3])[3] if versions else None
+        if row is not None or type == "left":
+            out.append(_row(left["k"], left, row))
     return out, late

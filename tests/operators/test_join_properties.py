@@ -1,4 +1,4 @@
-"""Interval and window joins on real Spark, checked against the brute-force reference in
+"""Interval, window and table joins on real Spark, checked against the brute-force reference in
 `join_oracle.py` over two random keyed streams cut into random epochs, on both state backends
 at parallelism 1-4, for every join type; the late output is compared too.
 
@@ -186,6 +186,20 @@ def check_window(spark: Any, tmp_path: Path, epochs: list[list[dict]], job: dict
     assert_same("late_out", want_late, got["late_out"], ctx)
 
 
+def check_table(spark: Any, tmp_path: Path, epochs: list[list[dict]], job: dict, *,
+                temporal: bool, type: str, in_property: bool = False) -> None:
+    table = "{as_of: event_time}" if temporal else "true"
+    text = join_pipeline(f"type: {type}, table: {table}", root=fresh_root(tmp_path), **job)
+    got = run_join(spark, text, epochs)
+    want, want_late = join_oracle.table_join(epochs, ooo=job["ooo_ms"], temporal=temporal,
+                                             type=type)
+    if in_property:
+        note_coverage(epochs, job, want, want_late)
+    ctx = describe(epochs, temporal=temporal, type=type, **job)
+    assert_same("out", want, got["out"], ctx)
+    assert_same("late_out", want_late, got["late_out"], ctx)
+
+
 def note_coverage(epochs: Sequence[Sequence[Mapping]], job: Mapping[str, Any],
                   want: list[dict], want_late: list[dict]) -> None:
     """Hypothesis events (--hypothesis-show-statistics): what the examples covered."""
@@ -224,6 +238,22 @@ def test_interval_join_matches_oracle(spark, tmp_path, epochs, job, bounds, type
     window=(20_000, 10_000), type="full")
 def test_window_join_matches_oracle(spark, tmp_path, epochs, job, window, type) -> None:
     check_window(spark, tmp_path, epochs, job, window=window, type=type, in_property=True)
+
+
+@settings(max_examples=5, **PROPERTY)
+@given(epochs=two_streams(), job=JOB, temporal=st.booleans(),
+       type=st.sampled_from(("inner", "left")))
+@example(  # a row and its update in one epoch, the update first; a left record at each
+    epochs=[[{"k": "a", "v": 1, "s": "R", "ts": BASE + 5_000},
+             {"k": "a", "v": 2, "s": "R", "ts": BASE},
+             {"k": "a", "v": 3, "s": "L", "ts": BASE + 2_000},
+             {"k": "b", "v": 4, "s": "L", "ts": BASE + 1_000}],
+            [{"k": "a", "v": 5, "s": "L", "ts": BASE + 9_000},
+             {"k": "a", "v": 6, "s": "R", "ts": BASE + 5_000}]],
+    job={"backend": "rocksdb", "parallelism": 2, "max_parallelism": 16, "ooo_ms": 0},
+    temporal=True, type="left")
+def test_table_join_matches_oracle(spark, tmp_path, epochs, job, temporal, type) -> None:
+    check_table(spark, tmp_path, epochs, job, temporal=temporal, type=type, in_property=True)
 
 
 # ----------------------------------------------------------------------------- examples

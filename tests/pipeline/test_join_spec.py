@@ -96,9 +96,21 @@ def test_window_join_with_left_and_right_keys_and_negative_bounds() -> None:
     ("[0s, 1h]", "[-1x, 2m]",
      "p.yaml:22:17: between[0] must be a duration like '250ms', '10s', '5m', '2h' or '1d', "
      "optionally with a leading '-', got '-1x'"),
-    ("between: [0s, 1h]", "table: true",
-     "p.yaml:22:7: table joins (enrichment) are not available yet in this version of "
-     "streamer; use between: [lower, upper] (an interval join) or window: (a window join)"),
+    ("type: left\n      between: [0s, 1h]", "type: full\n      table: {as_of: event_time}",
+     "p.yaml:21:7: a table join is inner or left, not full: a table has no unmatched rows "
+     "to emit (its rows are upserts of the current value of their key); use type: inner or "
+     "left"),
+    ("type: left\n      between: [0s, 1h]", "type: right\n      table: true",
+     "p.yaml:21:7: a table join is inner or left, not right: a table has no unmatched rows "
+     "to emit (its rows are upserts of the current value of their key); use type: inner or "
+     "left"),
+    ("between: [0s, 1h]", "table: false",
+     "p.yaml:22:14: 'table' must be true (enrich each left record with the table's current "
+     "row) or {as_of: event_time} (a temporal join), got false"),
+    ("between: [0s, 1h]", "table: {as_of: processing_time}",
+     "p.yaml:22:22: 'as_of' must be one of event_time; got 'processing_time'"),
+    ("between: [0s, 1h]", "table: {}",
+     "p.yaml:22:14: 'table' is missing required key 'as_of'"),
     ("right: payments", "right: paymnts",
      "p.yaml:19:14: operator 'paid_orders' has input 'paymnts', which is not a source or "
      "operator; did you mean 'payments'?"),
@@ -151,6 +163,21 @@ def test_schema_has_the_join_operator() -> None:
     assert join["properties"]["type"]["enum"] == ["inner", "left", "right", "full"]
     assert "late" in operator["properties"]
     assert "input" not in operator.get("required", [])
+
+
+def test_table_join_spec() -> None:
+    spec = load_pipeline_text(BASE.replace("between: [0s, 1h]", "table: true"), file="p.yaml",
+                              env={})
+    join = spec.operators[0].join
+    assert join is not None and (join.mode, join.as_of, join.type) == ("table", None, "left")
+    assert compile_dataflow(spec).node("paid_orders").detail == (
+        "left table join orders x payments on order_id, current row")
+    spec = load_pipeline_text(BASE.replace("between: [0s, 1h]", "table: {as_of: event_time}"),
+                              file="p.yaml", env={})
+    join = spec.operators[0].join
+    assert join is not None and (join.mode, join.as_of) == ("table", "event_time")
+    assert compile_dataflow(spec).node("paid_orders").detail == (
+        "left table join orders x payments on order_id, as of event time")
 
 
 def test_plan_shows_the_join_with_its_two_inputs() -> None:

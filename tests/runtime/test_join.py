@@ -191,3 +191,94 @@ def test_validate_checks_the_join_against_its_inputs(spark: Any, old: str, new: 
     with pytest.raises(PipelineError) as info:
         analyze_spec(spec, spark)
     assert [str(p) for p in info.value.problems] == [expected]
+
+
+#: Page views (200, one a second, user i % 10) enriched with a users table read from a file:
+#: users 0-7 (user 3 twice: the later event time wins, though it comes first in the file; as of
+#: the views' times, in a temporal join, the earlier one).
+TABLE = """\
+name: join-sp
+storage: {storage}
+job:
+  parallelism: {parallelism}
+  checkpoint: {{interval: 1h}}
+  state: {{backend: {backend}, local_dir: {local}}}
+sources:
+  - id: views
+    type: datagen
+    limit: 200
+    max_records_per_epoch: 50
+    fields:
+      user_id: "offset % 10"
+      page: "concat('/p', cast(offset as string))"
+      ts: "timestamp_millis({base} + offset * 1000)"
+    event_time: ts
+    watermark: {{max_out_of_orderness: 1s}}
+  - id: users
+    type: files
+    path: {users}/*.jsonl
+    format: jsonl
+    schema: {{user_id: bigint, name: string, updated: timestamp}}
+    event_time: updated
+operators:
+  - id: enriched
+    uid: enriched-v1
+    join: {{left: views, right: users, on: [user_id], type: left, table: {table}}}
+sinks:
+  - id: out
+    type: files
+    input: enriched
+    path: {out}
+    format: jsonl
+"""
+
+
+@pytest.mark.parametrize("table", ["true", "{as_of: event_time}"])
+def test_table_join_enriches_and_restores_at_another_parallelism_and_backend(
+        spark: Any, tmp_path: Path, table: str) -> None:
+    temporal = table != "true"
+    users = tmp_path / "users"
+    users.mkdir()
+    lines = [{"user_id": 3, "name": "new", "updated": "2026-01-02T00:00:00Z"}]
+    lines += [{"user_id": i, "name": f"u{i}", "updated": "2026-01-01T00:00:00Z"}
+              for i in range(8)]
+    (users / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+    def text(job: Job, parallelism: int = 2, backend: str = "rocksdb") -> str:
+        return TABLE.format(storage=job.storage, parallelism=parallelism, backend=backend,
+                            local=job.tmp / "local", base=BASE_MS, out=job.out, users=users,
+                            table=table)
+
+    reference_job = Job(tmp_path / "reference")
+    assert reference_job.run(spark, text(reference_job)).status == "finished"
+    reference = committed(reference_job.out)
+    rows = [json.loads(r) for r in reference.elements()]
+    assert len(rows) == 200
+    names = {(r["user_id"], r["name"]) for r in rows}
+    assert names == {*((i, f"u{i}") for i in range(8) if i != 3),
+                     (3, "u3" if temporal else "new"), (8, None), (9, None)}
+    first = next(reference_job.out.glob("part-*.jsonl")).read_text().splitlines()[0]
+    assert list(json.loads(first)) == ["user_id", "page", "ts", "name", "updated"]
+
+    job = Job(tmp_path / "resumed")
+    stopped = job.run(spark, text(job), stop_at=2)
+    assert stopped.status == "stopped" and len(stopped.savepoints) == 1
+    meta = read_metadata(stopped.savepoints[0])
+    saved = meta.operators["enriched-v1"]
+    # The table's rows; temporal: its versions (user 3's two) and the views that wait for the
+    # watermark, in the keys of join.left (processing time: left records wait for nothing).
+    assert saved["keys"]["join.right"] == 8
+    assert (saved["keys"].get("join.left", 0) > 0) == temporal
+    assert saved["definition"]["join"]["table"] == ("event_time" if temporal
+                                                    else "processing_time")
+    assert sum(committed(job.out).values()) < 200
+    result = job.run(spark, text(job, 3, "memory"), from_savepoint=stopped.savepoints[0])
+    assert result.status == "finished"
+    assert committed(job.out) == reference
+
+    other = "true" if temporal else "{as_of: event_time}"
+    for old, new in ((f"table: {table}", f"table: {other}"), ("type: left", "type: inner"),
+                     (f"table: {table}", "between: [0s, 1s]")):
+        decisions = plan_restore(meta, load_pipeline_text(text(job).replace(old, new)))
+        assert [(d.operator, d.action) for d in decisions] == [("enriched", "refuse")], old
+        assert "the join changed" in decisions[0].reason

@@ -1,11 +1,13 @@
-"""A join's exactly-once recovery under SIGKILL, through the CLI: a bounded interval-join job
-(two datagen sources -> left join at parallelism 2 -> jsonl, a checkpoint every epoch) is
+"""Joins' exactly-once recovery under SIGKILL, through the CLI: a bounded job with an interval
+join and a table join after it (three datagen sources -> left interval join -> inner table join
+with a customers table, at parallelism 2 -> jsonl, a checkpoint every epoch) is
 killed at a fail point (`failpoints.py`), every process at once, then run again to its end; the
 committed output must equal an uninterrupted run's, row for row, with nothing staged left
 behind. (The random-moment campaign of test_crash.py covers the keyed stage with windows.)"""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -16,6 +18,8 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 #: Orders one a second; payment i for order i, 0/15/30/45 s after it: a left join within
 #: [0s, 30s] pairs three in four. 4 epochs of data (60 records per source each), then the end.
+#: Each order's customer (order_id % 8) is enriched from a table of customers 0-6 read in the
+#: first epoch (an inner table join): customer 7's 30 orders are not output.
 PIPELINE = """\
 name: join-crash
 storage: {root}/storage
@@ -29,7 +33,10 @@ sources:
     type: datagen
     limit: 240
     max_records_per_epoch: 60
-    fields: {{order_id: "offset", ts: "timestamp_millis(1767225600000 + offset * 1000)"}}
+    fields:
+      order_id: "offset"
+      customer: "offset % 8"
+      ts: "timestamp_millis(1767225600000 + offset * 1000)"
     event_time: ts
   - id: payments
     type: datagen
@@ -39,13 +46,21 @@ sources:
       order_id: "offset"
       pts: "timestamp_millis(1767225600000 + offset * 1000 + (offset % 4) * 15000)"
     event_time: pts
+  - id: customers
+    type: datagen
+    limit: 7
+    fields: {{customer: "offset", tier: "concat('t', cast(offset % 3 as string))",
+              since: "timestamp_millis(1767225600000)"}}
+    event_time: since
 operators:
   - id: paid
     join: {{left: orders, right: payments, on: [order_id], type: left, between: [0s, 30s]}}
+  - id: tiered
+    join: {{left: paid, right: customers, on: [customer], table: true}}
 sinks:
   - id: out
     type: files
-    input: paid
+    input: tiered
     path: {root}/out
     format: jsonl
 """ + quick_jvm().replace("{", "{{").replace("}", "}}")
@@ -64,7 +79,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Counter[str]:
     run = run_streamer(write_job(root, "rocksdb"), "--no-checkpoints")
     assert run.returncode == 0 and run.finished, run.describe()
     rows = FilesOutput(root / "out").committed()
-    assert sum(rows.values()) == 240  # every order once, paid or not
+    assert sum(rows.values()) == 210  # every order of customers 0-6 once, paid or not
+    assert {(r["customer"], r["tier"]) for r in map(json.loads, rows)} == {
+        (c, f"t{c % 3}") for c in range(7)}
     return rows
 
 
