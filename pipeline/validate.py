@@ -132,11 +132,32 @@ def check_references(data: Mapping[str, Any], ck: Checker) -> None:
             out.append((ref, path))
         return out
 
+    def broadcast_of(raw: dict[str, Any], base: Path, owner: str,
+                     inputs: list[tuple[str, Path]]) -> list[tuple[str, Path]]:
+        """A process operator's broadcast input, checked as one of its inputs."""
+        nonlocal unresolved
+        ref = raw.get("broadcast")
+        if not isinstance(ref, str) or "process" not in raw:
+            return []
+        path = (*base, "broadcast")
+        if ref in {name for name, _ in inputs}:
+            ck.report(path, f"{owner} has {ref!r} as its input and its broadcast input; the "
+                      "broadcast input must be another source or operator (the rules, not "
+                      "the keyed records)")
+            return []
+        if ref not in kinds and not incomplete:
+            unresolved += 1
+            ck.report(path, f"broadcast input {ref!r} of {owner} is not a source or operator"
+                      f"{did_you_mean(ref, producers, listing='known ids')}")
+            return []
+        return [(ref, path)]
+
     input_paths: dict[tuple[str, str], Path] = {}
     for i, raw in _items(data, "operators"):
         op_id = str(raw.get("id"))
         owner = f"operator {raw.get('id')!r}"
-        for name, ref_path in refs_of(raw, ("operators", i), owner):
+        refs = refs_of(raw, ("operators", i), owner)
+        for name, ref_path in [*refs, *broadcast_of(raw, ("operators", i), owner, refs)]:
             if name == op_id:
                 if name not in duplicated:
                     ck.report(ref_path, f"{owner} reads its own output; remove it from input")

@@ -86,7 +86,7 @@ def plan_stages(spec: PipelineSpec, flow: Dataflow, spark: SparkSession,
         if node.role == "source":
             event_time[node.id] = bool(node.source.event_time)
         elif node.role == "operator":
-            has_ts = all(event_time.get(i, False) for i in node.inputs)
+            has_ts = all(event_time.get(i, False) for i in node.operator.inputs)
             if node.kind != "keyed":
                 event_time[node.id] = has_ts
                 continue
