@@ -320,6 +320,9 @@ def render(plan: PhysicalPlan) -> str:
             lines.append(f"    - {run['name']}: {run['reason']}")
         for run in info.get("not_used", []):
             lines.append(f"    - not {run['name']}: {run['why']}")
+        if "broadcast" in info:
+            lines.append(f"    - broadcast input {info['broadcast']['input']!r}: "
+                         f"{info['broadcast']['how']}")
     lines.append("per epoch: " + PER_EPOCH_RULE)
     return "\n".join(lines) + "\n"
 

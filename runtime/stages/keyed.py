@@ -213,6 +213,10 @@ class KeyedOperatorStage(Stage):
             out["not_used"] = list(self.not_used)
         if self.task_sink is not None:
             out["writes_sink"] = self.task_sink[0]
+        if self.stage.op.broadcast:
+            out["broadcast"] = {"input": self.stage.op.broadcast,
+                                "how": f"each record copied to all {self.stage.parallelism} "
+                                       "subtasks before the routing shuffle"}
         return out
 
 
