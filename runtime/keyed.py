@@ -383,11 +383,12 @@ class KeyedStage:
         ts = F.lit(now_ms).cast("bigint")
         if self.domain == "event" and C.EVENT_TIME in df.columns:
             ts = F.coalesce(F.expr(f"unix_millis({C.EVENT_TIME})"), ts)
-        return df.select(
+        records = df.select(
             F.struct(*[F.col(f"`{c}`") for c in shown]).alias(C.BROADCAST),
             ts.alias(C.EVENT_TIME_MS),
-            (F.lit(epoch * EPOCH_SEQ) + F.monotonically_increasing_id()).alias(C.SEQUENCE),
-            F.explode(F.sequence(F.lit(0), F.lit(self.parallelism - 1))).alias(C.SUBTASK),
+            (F.lit(epoch * EPOCH_SEQ) + F.monotonically_increasing_id()).alias(C.SEQUENCE))
+        return records.select(  # (numbered first: the copies of a record share its number)
+            "*", F.explode(F.sequence(F.lit(0), F.lit(self.parallelism - 1))).alias(C.SUBTASK),
             F.lit(False).alias(C.DUMMY))
 
     def run_direct(self, read: DirectRead, epoch: int, now_ms: int, fire_up_to: int,
