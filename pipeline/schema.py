@@ -287,7 +287,7 @@ def _operator_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
     what = _named("operator", "operators")(value, path)
     _exactly_one(OPERATOR_KINDS, f"{what}")(value, path, ck)
     for key in ("side_outputs", "broadcast"):
-        if key in value and "process" not in value:
+        if key in value and "process" not in value and "join" not in value:
             ck.report((*path, key), f"{key!r} applies only to process operators; remove it "
                       f"from {what}", at_key=True)
     if "join" in value:
