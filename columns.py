@@ -34,6 +34,11 @@ DUMMY = "__dummy"
 #: Which input of a join a record comes from (int): 0 left, 1 right (`operators.join`).
 JOIN_SIDE = "__join_side"
 
+# --------------------------------------------------------------------------- broadcast
+#: A process function's broadcast record, as a struct of its input's visible columns (null on
+#: keyed records and dummy rows); one copy per subtask (`runtime.keyed`).
+BROADCAST = "__broadcast"
+
 # --------------------------------------------------------------------------- metrics
 #: What a sink's row counts as in the epoch's metrics (`out`, `dead_letters`, `late`), while
 #: a sink's inputs of several kinds are unioned and counted (dropped before it writes).

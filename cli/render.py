@@ -43,7 +43,9 @@ def plan_tree(flow: Dataflow) -> Tree:
                 continue
             if len(consumer.inputs) > 1 and consumer.inputs[0] != node.id:
                 how = ("join right input" if consumer.kind == "keyed"
-                       and consumer.operator.join is not None else "union")
+                       and consumer.operator.join is not None else
+                       "broadcast input" if consumer.role == "operator"
+                       and consumer.operator.broadcast == node.id else "union")
                 child.add(Text(f"→ {consumer.id} ({how}, shown under {consumer.inputs[0]})",
                                style="dim"))
                 continue

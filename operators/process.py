@@ -24,10 +24,14 @@ pipeline file (then on `sys.path`) and shipped to Spark's workers. Example::
 
 Per epoch and subtask, timers due at the watermark carried into the epoch fire first (in time
 order), then the epoch's records are processed in event-time order per key. State handles
-are bound to the key being processed, as in Flink. Rows are dicts; outputs are dicts with the
-columns of `output_schema` (Spark DDL); `ctx.output(name, row)` sends a row to the side output
-`name`, which the pipeline maps to a sink with `side_outputs: {name: sink_id}` (its columns are
-declared in the class's `side_output_schemas`).
+are bound to the key being processed, as in Flink. With a `broadcast:` input, its records of
+the epoch go to every subtask's `process_broadcast_element` after the timers and before the
+keyed records, in (event time, arrival) order, so every subtask's broadcast state
+(`ctx.broadcast_state(MapState(...))`, read-only elsewhere) is the same. Rows are dicts;
+outputs are dicts with the columns of `output_schema` (Spark DDL); `ctx.output(name, row)`
+sends a row to the side output `name`, which the pipeline maps to a sink with
+`side_outputs: {name: sink_id}` (its columns are declared in the class's
+`side_output_schemas`).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from streamer.columns import (
+    BROADCAST,
     EVENT_TIME,
     EVENT_TIME_MS,
     KEY_GROUP,
@@ -105,6 +110,14 @@ class KeyedProcessFunction:
         """A timer of the current key fired at `timestamp` (ms); return or yield rows."""
         return ()
 
+    def process_broadcast_element(self, row: dict[str, Any], ctx: Context
+                                  ) -> Iterable[dict[str, Any]]:
+        """Handle one record of the `broadcast:` input; every subtask gets every such record,
+        in the same order, and may change `ctx.broadcast_state(...)` here (and only here).
+        There is no current key: keyed state and timers are not available. Rows returned
+        are emitted by every subtask (one copy each)."""
+        return ()
+
 
 def load_function_class(spec: str, base_dir: str, operator: str) -> type[KeyedProcessFunction]:
     """Import `module:Class`, looking next to the pipeline file first."""
@@ -150,6 +163,10 @@ class _Handle:
         self.ttl_ms = descriptor.ttl_ms
 
     def _cell(self) -> tuple[int, bytes, bytes]:
+        if self.ctx.in_broadcast:
+            msg = (f"keyed state {self.name.removeprefix('user.')!r} is not available in "
+                   "process_broadcast_element (no current key); use ctx.broadcast_state")
+            raise ProcessFunctionError(msg)
         return self.ctx.key_group, self.ctx.key_bytes, b""
 
     def _expiry(self) -> int | None:
@@ -223,6 +240,43 @@ class MapHandle(_Handle):
                                                      for k, _ in self.items()])
 
 
+class BroadcastMapHandle(MapHandle):
+    """Broadcast state: a map every subtask holds a full copy of (`get(k)`, `items()`, and
+    in `process_broadcast_element` only: `put(k, v)`, `remove(k)`, `clear()`)."""
+
+    def __init__(self, ctx: Context, descriptor: Descriptor) -> None:
+        super().__init__(ctx, descriptor)
+        from streamer.state.base import BROADCAST_STATE_PREFIX
+
+        self.name = f"{BROADCAST_STATE_PREFIX}{descriptor.name}"
+        self.ttl_ms = None
+
+    def _cell(self) -> tuple[int, bytes, bytes]:
+        return self.ctx.backend.key_groups.start, b"", b""
+
+    def _writable(self) -> None:
+        if not self.ctx.in_broadcast:
+            msg = (f"broadcast state {self.name.partition('.')[2]!r} is read-only in "
+                   "process_element and on_timer; change it in process_broadcast_element, "
+                   "which every subtask runs alike")
+            raise ProcessFunctionError(msg)
+
+    def put(self, user_key: str, value: Any) -> None:
+        """Set `user_key` (process_broadcast_element only)."""
+        self._writable()
+        super().put(user_key, value)
+
+    def remove(self, user_key: str) -> None:
+        """Remove `user_key` (process_broadcast_element only)."""
+        self._writable()
+        super().remove(user_key)
+
+    def clear(self) -> None:
+        """Remove every entry (process_broadcast_element only)."""
+        self._writable()
+        super().clear()
+
+
 class Context:
     """What a process function sees: the current key and time, state, timers, side outputs."""
 
@@ -236,6 +290,8 @@ class Context:
         self.key_bytes = b""
         #: Event time (ms) of the current record or timer.
         self.timestamp: int | None = None
+        #: True while `process_broadcast_element` runs (broadcast state is writable).
+        self.in_broadcast = False
         self._side = side_outputs
 
     def get_state(self, descriptor: Descriptor) -> Any:
@@ -247,6 +303,20 @@ class Context:
         self.backend.declare(StateDescriptor(f"user.{descriptor.name}", kind))
         handle = {ValueState: ValueHandle, ListState: ListHandle, MapState: MapHandle}
         return handle[type(descriptor)](self, descriptor)
+
+    def broadcast_state(self, descriptor: MapState) -> BroadcastMapHandle:
+        """The broadcast state `descriptor` (a `MapState`, no TTL): the same on every
+        subtask; writable only in `process_broadcast_element`."""
+        from streamer.state import StateDescriptor, StateKind
+        from streamer.state.base import BROADCAST_STATE_PREFIX
+
+        if type(descriptor) is not MapState or descriptor.ttl_ms is not None:
+            msg = (f"broadcast state {getattr(descriptor, 'name', descriptor)!r} must be a "
+                   "MapState without ttl_ms")
+            raise ProcessFunctionError(msg)
+        self.backend.declare(StateDescriptor(f"{BROADCAST_STATE_PREFIX}{descriptor.name}",
+                                             StateKind.MAP))
+        return BroadcastMapHandle(self, descriptor)
 
     def register_event_timer(self, time_ms: int) -> None:
         """Call `on_timer` for this key once the watermark reaches `time_ms`."""
@@ -300,6 +370,16 @@ def run_process(fn_class: type[KeyedProcessFunction], keys: tuple[str, ...],
         ctx.key_group, ctx.key_bytes = timer.key_group, timer.key
         ctx.key, ctx.timestamp = decode_key(timer.key), timer.time_ms
         yield from emit(fn.on_timer(timer.time_ms, ctx), timer.time_ms)
+    broadcast = [r for r in rows if r.get(BROADCAST) is not None]
+    if broadcast:  # every subtask: the same records in the same order
+        rows = [r for r in rows if r.get(BROADCAST) is None]
+        broadcast.sort(key=lambda r: (r[EVENT_TIME_MS], r[SEQUENCE]))
+        ctx.key, ctx.key_group, ctx.key_bytes, ctx.in_broadcast = (), 0, b"", True
+        for row in broadcast:
+            ctx.timestamp = row[EVENT_TIME_MS]
+            yield from emit(fn.process_broadcast_element(dict(row[BROADCAST]), ctx),
+                            row[EVENT_TIME_MS])
+        ctx.in_broadcast = False
     rows.sort(key=lambda r: (r[KEY_GROUP], encode_key(tuple(r[k] for k in keys)), r[EVENT_TIME_MS],
                              r[SEQUENCE]))
     for row in rows:

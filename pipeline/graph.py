@@ -98,7 +98,8 @@ class Dataflow:
             lines.append(f"  {n.id}{left}{text}{right}")
         for n in self.nodes:
             for src in n.inputs:
-                arrow = f"-- \"{n.shuffle}\" -->" if n.shuffle else "-->"
+                label = _edge_label(n, src)
+                arrow = f"-- \"{label}\" -->" if label else "-->"
                 lines.append(f"  {src} {arrow} {n.id}")
             for lbl, sink in n.side_outputs:
                 lines.append(f"  {n.id} -. \"{lbl}\" .-> {sink}")
@@ -113,12 +114,20 @@ class Dataflow:
             lines.append(f'  "{n.id}" [shape={shapes[n.role]}, label="{text}"];')
         for n in self.nodes:
             for src in n.inputs:
-                attrs = f' [label="{n.shuffle}", style=bold]' if n.shuffle else ""
+                label = _edge_label(n, src)
+                attrs = f' [label="{label}", style=bold]' if label else ""
                 lines.append(f'  "{src}" -> "{n.id}"{attrs};')
             for lbl, sink in n.side_outputs:
                 lines.append(f'  "{n.id}" -> "{sink}" [label="{lbl}", style=dashed];')
         lines.append("}")
         return "\n".join(lines) + "\n"
+
+
+def _edge_label(node: Node, src: str) -> str | None:
+    """How rows of `src` reach `node`: its key-group shuffle, or to every subtask."""
+    if node.role == "operator" and node.operator.broadcast == src:
+        return "broadcast to every subtask"
+    return node.shuffle
 
 
 def _esc(text: str) -> str:
@@ -161,6 +170,8 @@ def _operator_detail(o: OperatorSpec) -> str:
                                        for a in o.aggregates)
     if o.dedupe_within_ms is not None:
         return f"dedupe within {format_duration_ms(o.dedupe_within_ms)}"
+    if o.broadcast:
+        return f"process {o.process}, broadcast {o.broadcast}"
     return f"process {o.process}"
 
 
@@ -198,7 +209,8 @@ def compile_dataflow(spec: PipelineSpec) -> Dataflow:
         side += (("late", o.join.late),) if o.join and o.join.late else ()
         side += tuple((f"side {name}", sink) for name, sink in o.side_outputs)
         shuffle = f"key group by {', '.join(o.key_by)}" if o.kind == "keyed" else None
-        by_id[o.id] = Node(o.id, "operator", kind, o.inputs, o,
+        inputs = (*o.inputs, o.broadcast) if o.broadcast else o.inputs
+        by_id[o.id] = Node(o.id, "operator", kind, inputs, o,
                            uid=o.uid if o.stateful else None, detail=_operator_detail(o),
                            shuffle=shuffle, side_outputs=side)
     for k in spec.sinks:

@@ -286,14 +286,15 @@ KEYED_KINDS = ("window", "aggregate", "dedupe", "process")
 def _operator_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
     what = _named("operator", "operators")(value, path)
     _exactly_one(OPERATOR_KINDS, f"{what}")(value, path, ck)
-    if "side_outputs" in value and "process" not in value:
-        ck.report((*path, "side_outputs"), f"'side_outputs' applies only to process "
-                  f"operators; remove it from {what}", at_key=True)
+    for key in ("side_outputs", "broadcast"):
+        if key in value and "process" not in value and "join" not in value:
+            ck.report((*path, key), f"{key!r} applies only to process operators; remove it "
+                      f"from {what}", at_key=True)
     if "join" in value:
         if "input" in value:
             ck.report((*path, "input"), f"{what} is a join, which names its two inputs in "
                       "join.left and join.right; remove input", at_key=True)
-        for key in (*KEYED_KINDS, "side_outputs"):
+        for key in (*KEYED_KINDS, "side_outputs", "broadcast"):
             if key in value and key != "window":
                 ck.report((*path, key), f"{key!r} does not apply to a join; remove it from "
                           f"{what}", at_key=True)
@@ -351,6 +352,10 @@ OPERATOR = Obj(
         "side_outputs": Field(MapOf(Str("The id of a sink."), "process only: side output "
                                     "name -> the sink that receives it.",
                                     key_pattern=ID_PATTERN, key_hint=ID_HINT, min_items=1)),
+        "broadcast": Field(Str("process only: the id of a source or operator whose records "
+                               "go to every subtask, for `process_broadcast_element` and "
+                               "broadcast state (rules, thresholds).", pattern=ID_PATTERN,
+                               pattern_hint=ID_HINT)),
         "join": Field(JOIN),
         "late": Field(Str("join only: the id of a sink for records that arrive behind the "
                           "watermark (otherwise dropped and counted).")),

@@ -124,6 +124,9 @@ class OperatorSpec:
     process: str | None = None
     #: process only: (side output name, sink id).
     side_outputs: tuple[tuple[str, str], ...] = ()
+    #: process only: the input whose records every subtask gets (broadcast state); not in
+    #: `inputs` (the keyed input).
+    broadcast: str | None = None
     #: join only (`inputs` is then (left, right), `key_by` the left key columns).
     join: JoinSpec | None = None
 
@@ -419,7 +422,7 @@ def _build_operator(raw: Mapping[str, Any], path: Path) -> OperatorSpec:
         window=_build_window(raw["window"]) if "window" in raw else None,
         aggregates=tuple(aggregates),
         dedupe_within_ms=_ms(raw["dedupe"]["within"], None) if "dedupe" in raw else None,
-        process=raw.get("process"),
+        process=raw.get("process"), broadcast=raw.get("broadcast"),
         side_outputs=tuple((raw.get("side_outputs") or {}).items()), **base)
 
 

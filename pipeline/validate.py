@@ -132,11 +132,42 @@ def check_references(data: Mapping[str, Any], ck: Checker) -> None:
             out.append((ref, path))
         return out
 
+    def broadcast_of(raw: dict[str, Any], base: Path, owner: str,
+                     inputs: list[tuple[str, Path]]) -> list[tuple[str, Path]]:
+        """A process operator's broadcast input, checked as one of its inputs."""
+        nonlocal unresolved
+        ref = raw.get("broadcast")
+        if not isinstance(ref, str):
+            return []
+        path = (*base, "broadcast")
+        problem = None
+        if "process" not in raw:  # (reported as structure)
+            pass
+        elif ref in {name for name, _ in inputs}:
+            problem = (f"{owner} has {ref!r} as its input and its broadcast input; the "
+                       "broadcast input must be another source or operator (the rules, not "
+                       "the keyed records)")
+        elif ref == raw.get("id"):
+            problem = f"{owner} cannot be its own broadcast input; name a source or operator"
+        elif kinds.get(ref) == "sink":
+            problem = (f"broadcast input {ref!r} of {owner} is a sink, which has no output "
+                       "to read; name a source or operator")
+        elif ref not in kinds and not incomplete:
+            problem = (f"broadcast input {ref!r} of {owner} is not a source or operator"
+                       f"{did_you_mean(ref, producers, listing='known ids')}")
+        else:
+            return [(ref, path)]
+        unresolved += 1  # (so what it would have read is not reported as unused)
+        if problem is not None:
+            ck.report(path, problem)
+        return []
+
     input_paths: dict[tuple[str, str], Path] = {}
     for i, raw in _items(data, "operators"):
         op_id = str(raw.get("id"))
         owner = f"operator {raw.get('id')!r}"
-        for name, ref_path in refs_of(raw, ("operators", i), owner):
+        refs = refs_of(raw, ("operators", i), owner)
+        for name, ref_path in [*refs, *broadcast_of(raw, ("operators", i), owner, refs)]:
             if name == op_id:
                 if name not in duplicated:
                     ck.report(ref_path, f"{owner} reads its own output; remove it from input")

@@ -337,12 +337,14 @@ class KeyedStage:
 
     def run(self, df: DataFrame | None, epoch: int, now_ms: int, watermark: int,
             fire_up_to: int, checkpointing: Any = None, small: bool = False,
-            write_to: Any = None) -> KeyedResult:
+            write_to: Any = None, broadcast: DataFrame | None = None) -> KeyedResult:
         """Run the keyed stage for one epoch (one Spark job); `watermark` decides lateness,
         `fire_up_to` which timers fire (the watermark, or wall clock for processing time).
         `small`: the epoch has few rows, so they are routed before they are aggregated (one
         shuffle, see `_prepare`). `write_to`: the tasks write the output rows to this
-        files-sink `TaskTarget` (see `_launch`)."""
+        files-sink `TaskTarget` (see `_launch`). `broadcast`: a process function's
+        broadcast records of the epoch, one copy of each to every subtask
+        (`_broadcast_copies`)."""
         from pyspark.sql import functions as F
 
         if df is None:
@@ -362,10 +364,32 @@ class KeyedStage:
         else:
             rows = rows.withColumn(C.DUMMY, F.lit(False)).unionByName(
                 self._dummies, allowMissingColumns=True)
+            if broadcast is not None:
+                rows = rows.unionByName(self._broadcast_copies(broadcast, epoch, now_ms),
+                                        allowMissingColumns=True)
             rows = self._routed(rows)
         cfg = replace(self.base_config, epoch=epoch, fire_up_to=fire_up_to, now_ms=now_ms,
                       checkpointing=checkpointing, park=small)
         return replace(self._launch(rows, cfg, late, write_to), late_seen=late_seen)
+
+    def _broadcast_copies(self, df: DataFrame, epoch: int, now_ms: int) -> DataFrame:
+        """The broadcast records `df` as one struct column (`BROADCAST`), with their event
+        time (the wall clock without one) and a sequence number, each once per subtask: a
+        record and its copies share both, so every subtask applies the records in the same
+        order (`operators.process.run_process`)."""
+        from pyspark.sql import functions as F
+
+        shown = [c for c in df.columns if not c.startswith(C.HIDDEN_PREFIX)]
+        ts = F.lit(now_ms).cast("bigint")
+        if self.domain == "event" and C.EVENT_TIME in df.columns:
+            ts = F.coalesce(F.expr(f"unix_millis({C.EVENT_TIME})"), ts)
+        records = df.select(
+            F.struct(*[F.col(f"`{c}`") for c in shown]).alias(C.BROADCAST),
+            ts.alias(C.EVENT_TIME_MS),
+            (F.lit(epoch * EPOCH_SEQ) + F.monotonically_increasing_id()).alias(C.SEQUENCE))
+        return records.select(  # (numbered first: the copies of a record share its number)
+            "*", F.explode(F.sequence(F.lit(0), F.lit(self.parallelism - 1))).alias(C.SUBTASK),
+            F.lit(False).alias(C.DUMMY))
 
     def run_direct(self, read: DirectRead, epoch: int, now_ms: int, fire_up_to: int,
                    checkpointing: Any = None, write_to: Any = None) -> KeyedResult:

@@ -87,7 +87,7 @@ def plan_stages(spec: PipelineSpec, flow: Dataflow, spark: SparkSession,
         if node.role == "source":
             event_time[node.id] = bool(node.source.event_time)
         elif node.role == "operator":
-            has_ts = all(event_time.get(i, False) for i in node.inputs)
+            has_ts = all(event_time.get(i, False) for i in node.operator.inputs)
             if node.kind != "keyed":
                 event_time[node.id] = has_ts
                 continue
@@ -345,6 +345,9 @@ def render(plan: PhysicalPlan) -> str:
             lines.append(f"    - {run['name']}: {run['reason']}")
         for run in info.get("not_used", []):
             lines.append(f"    - not {run['name']}: {run['why']}")
+        if "broadcast" in info:
+            lines.append(f"    - broadcast input {info['broadcast']['input']!r}: "
+                         f"{info['broadcast']['how']}")
     lines.append("per epoch: " + PER_EPOCH_RULE)
     return "\n".join(lines) + "\n"
 

@@ -49,6 +49,12 @@ objects, which a handle counts in `pickled_values`).
      "states": {"acc": "aggregating"}, "keys": {"acc": 120}, "entries": 120, "timers": 4,
      "pickled_values": 0, "bytes": 2048, "duration_ms": 12.5}
 
+**Broadcast state** (state names starting `broadcast.`, a process function's broadcast
+state) is not keyed: every subtask holds the same full copy in the first key group it owns.
+Only subtask 0 writes it, in key group 0's file (key and namespace b""); on restore a
+subtask that does not own key group 0 also reads that file's broadcast rows into its own
+first key group, so every subtask of any parallelism starts with the one copy.
+
 **Restore** reads the files of the key groups a new subtask owns (any parallelism: key groups
 are the unit of redistribution), checks each file's size and sha256 against the savepoint's
 file list, declares the states, and writes the entries with the target backend's bulk writes
@@ -86,6 +92,7 @@ from streamer.savepoint.exceptions import (
 )
 from streamer.savepoint.values import VALUE_ENCODING, _is_pickled, decode_values, encode_value
 from streamer.state.base import (
+    BROADCAST_STATE_PREFIX,
     KeyedStateBackend,
     StateDescriptor,
     StateEntry,
@@ -173,9 +180,11 @@ def _ms_since(started: float) -> float:
 
 # ------------------------------------------------------------------------------ write
 def _key_group_table(backend: KeyedStateBackend, key_group: int, uid: str,
-                     kinds: Mapping[str, str]) -> tuple[Any, list[str], int, int] | None:
+                     kinds: Mapping[str, str], broadcast: bool = True,
+                     ) -> tuple[Any, list[str], int, int] | None:
     """The sorted Arrow table of one key group's entries and timers, the state name of each
     entry, the timer count and the count of pickled values; None when the group is empty.
+    Without `broadcast`, broadcast state (a copy of subtask 0's) is left out.
     """
     import pyarrow as pa
 
@@ -183,6 +192,8 @@ def _key_group_table(backend: KeyedStateBackend, key_group: int, uid: str,
     timers: list[Timer] = []
     for item in backend.entries_of_key_group(key_group):
         if type(item) is StateEntry:
+            if not broadcast and item.state.startswith(BROADCAST_STATE_PREFIX):
+                continue
             entries.append(item)
         else:
             assert isinstance(item, Timer)
@@ -229,6 +240,7 @@ def write_key_groups(backend: KeyedStateBackend, savepoint_url: str, uid: str,
     one file per non-empty key group, and return the subtask's handle (module docstring). Call
     it with the backend open at the savepoint's epoch and no buffered writes: what
     `entries_of_key_group` yields (expired entries included, with their expiry) is written.
+    Broadcast state, the same on every subtask, is written by subtask 0 only (key group 0).
     """
     started = time.monotonic()
     _check_uid(uid)
@@ -240,7 +252,7 @@ def write_key_groups(backend: KeyedStateBackend, savepoint_url: str, uid: str,
     for key_group in backend.key_groups:
         try:
             with _gc_paused():
-                built = _key_group_table(backend, key_group, uid, kinds)
+                built = _key_group_table(backend, key_group, uid, kinds, subtask == 0)
         except StateError as exc:
             msg = f"{_where(savepoint_url, uid, key_group)}: cannot read the state: {exc}"
             raise SavepointError(msg) from exc
@@ -525,5 +537,34 @@ def restore_key_groups(savepoint_url: str, operator_files: Sequence[Mapping[str,
         entries += sum(len(group.keys) for group in groups.values())
         timers += n_timers
         size += int(entry["size"])
+    if 0 not in key_groups and 0 in by_group and any(  # broadcast state: subtask 0's copy
+            name.startswith(BROADCAST_STATE_PREFIX) for name in states or ()):
+        entries += _restore_broadcast(storage, savepoint_url, by_group[0], backend, verify)
     return {"files": files, "entries": entries, "timers": timers, "bytes": size,
             "duration_ms": _ms_since(started)}
+
+
+def _restore_broadcast(storage: Storage, savepoint_url: str, entry: Mapping[str, Any],
+                       backend: KeyedStateBackend, verify: bool) -> int:
+    """Copy the broadcast state of key group 0's file (the savepoint's one copy) into the
+    first key group `backend` owns, where a subtask keeps its copy; returns the entries."""
+    import pyarrow.compute as pc
+
+    where = _where(savepoint_url, _uid_of(entry), 0)
+    table = _read_table(storage, savepoint_url, entry, verify)
+    table = table.filter(pc.fill_null(pc.starts_with(table.column("state"),
+                                                     BROADCAST_STATE_PREFIX), False))
+    if not table.num_rows:
+        return 0
+    try:
+        groups, _, _ = _groups(table, 0)
+    except (ValueError, TypeError, pickle.UnpicklingError) as exc:
+        msg = f"{where}: file {entry['path']!r} has a row that cannot be read: {exc}"
+        raise CorruptSavepointError(msg) from exc
+    _declare(backend, {state: group.kind.value for state, group in groups.items()}, where)
+    try:
+        _ingest(backend, backend.key_groups.start, groups, {})
+    except StateError as exc:
+        msg = f"{where}: cannot restore the broadcast state into the new backend: {exc}"
+        raise SavepointError(msg) from exc
+    return sum(len(group.keys) for group in groups.values())

@@ -44,6 +44,8 @@ def operator_definition(op: OperatorSpec) -> dict[str, Any]:
                            "aggregates": [[a.name, a.function, a.arg]
                                           for a in op.aggregates],
                            "dedupe": op.dedupe_within_ms is not None, "process": op.process}
+    if op.broadcast is not None:  # (absent without: older savepoints still match)
+        out["broadcast"] = op.broadcast
     if op.join is not None:  # (absent for other operators: older savepoints still match)
         j = op.join
         jw = j.window
@@ -227,6 +229,11 @@ def _changes(was: dict[str, Any], now: dict[str, Any]) -> list[str]:
         if was.get(name) != now.get(name):
             out.append(f"{label} changed from {_show(was.get(name))} to {_show(now.get(name))}"
                        " (the saved state cannot be read with the new definition)")
+    if was.get("broadcast") is not None and was.get("broadcast") != now.get("broadcast"):
+        # (adding a broadcast input is fine: its broadcast state starts empty)
+        out.append(f"the broadcast input changed from {_show(was.get('broadcast'))} to "
+                   f"{_show(now.get('broadcast'))} (the saved broadcast state was built from "
+                   "the old input's records; keep its id, or restore without the state)")
     return out
 
 

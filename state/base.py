@@ -83,6 +83,11 @@ class StateKind(StrEnum):
 #: Kinds stored as one opaque value per (key group, key, namespace).
 VALUE_KINDS = frozenset({StateKind.VALUE, StateKind.REDUCING, StateKind.AGGREGATING})
 
+#: The name prefix of broadcast state (`operators.process`): not keyed; every subtask holds a
+#: full copy in the first key group it owns (key and namespace b""), and a savepoint keeps
+#: subtask 0's copy only (`savepoint.format`).
+BROADCAST_STATE_PREFIX = "broadcast."
+
 
 class TimeDomain(StrEnum):
     """The clock a timer follows: the watermark (event) or the wall clock (processing)."""

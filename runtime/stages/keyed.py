@@ -64,9 +64,13 @@ class RoutedRun(KeyedRun):
 
     def run(self, ctx: EpochContext, present: list[DataFrame], fire: int, tasks: Any,
             write_to: Any, collected: Any = None) -> KeyedResult:
-        """One Spark plan, run by whichever job reads the output (or writes the sink)."""
+        """One Spark plan, run by whichever job reads the output (or writes the sink); a
+        process function's broadcast input goes with it, to every subtask."""
+        op = self.stage.op
+        broadcast = ctx.frames.get(op.broadcast) if op.broadcast else None
         return self.stage.run(union(present) if present else None, ctx.epoch, ctx.now,
-                              ctx.fire_watermark, fire, tasks, ctx.decision.small, write_to)
+                              ctx.fire_watermark, fire, tasks, ctx.decision.small, write_to,
+                              broadcast)
 
 
 class SubtaskReadRun(KeyedRun):
@@ -257,6 +261,10 @@ class KeyedOperatorStage(Stage):
             out["not_used"] = list(self.not_used)
         if self.task_sink is not None:
             out["writes_sink"] = self.task_sink[0]
+        if self.stage.op.broadcast:
+            out["broadcast"] = {"input": self.stage.op.broadcast,
+                                "how": f"each record copied to all {self.stage.parallelism} "
+                                       "subtasks before the routing shuffle"}
         return out
 
 

@@ -61,3 +61,30 @@ def test_the_wrong_role_is_refused_naming_the_node(flow: Dataflow, node_id: str,
     node = flow.node(node_id)
     with pytest.raises(AssertionError, match=f"'{node_id}' is a {node.role}"):
         getattr(node, wrong)
+
+
+def test_a_broadcast_input_is_an_input_of_the_process_operator_and_shown_as_such() -> None:
+    from streamer.cli.render import plan_tree
+
+    flow = compile_dataflow(load_pipeline_text(textwrap.dedent("""\
+        name: p
+        sources:
+          - {id: rules, type: datagen, fields: {r: "offset"}}
+          - {id: clicks, type: datagen, fields: {user: "concat('u', offset % 10)"}}
+        operators:
+          - {id: flag, input: clicks, key_by: [user], process: "m:C", broadcast: rules}
+        sinks:
+          - {id: out, type: console, input: flag}
+        """), file="p.yaml", env={}))
+    node = flow.node("flag")
+    assert node.inputs == ("clicks", "rules") and node.operator.inputs == ("clicks",)
+    assert node.operator.broadcast == "rules"
+    assert [n.id for n in flow.nodes].index("rules") < [n.id for n in flow.nodes].index("flag")
+    assert node.detail == "process m:C, broadcast rules"
+    assert '  rules -- "broadcast to every subtask" --> flag' in flow.to_mermaid()
+    assert '"rules" -> "flag" [label="broadcast to every subtask"' in flow.to_dot()
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(plan_tree(flow))
+    assert "→ flag (broadcast input, shown under clicks)" in console.export_text()

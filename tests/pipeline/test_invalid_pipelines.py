@@ -2256,6 +2256,132 @@ CASES = [
          "s3://bucket/prefix"],
         id="storage-options-without-an-s3-url",
     ),
+    # ------------------------------------------------------------------- broadcast inputs
+    pytest.param(
+        """\
+        name: p
+        sources:
+          - id: src
+            type: datagen
+            fields: {x: "offset"}
+          - id: rules
+            type: datagen
+            fields: {r: "offset"}
+        operators:
+          - id: k
+            input: src
+            key_by: [x]
+            process: "fraud:Detector"
+            broadcast: rulez
+        sinks:
+          - id: out
+            type: console
+            input: k
+        """,
+        ["p.yaml:14:16: broadcast input 'rulez' of operator 'k' is not a source or operator; "
+         "did you mean 'rules'?"],
+        id="broadcast-unknown-id",
+    ),
+    pytest.param(
+        """\
+        name: p
+        sources:
+          - id: src
+            type: datagen
+            fields: {x: "offset"}
+          - id: rules
+            type: datagen
+            fields: {r: "offset"}
+        operators:
+          - id: k
+            input: src
+            key_by: [x]
+            process: "fraud:Detector"
+            broadcast: src
+        sinks:
+          - id: out
+            type: console
+            input: k
+        """,
+        ["p.yaml:14:16: operator 'k' has 'src' as its input and its broadcast input; the "
+         "broadcast input must be another source or operator (the rules, not the keyed "
+         "records)"],
+        id="broadcast-same-as-input",
+    ),
+    pytest.param(
+        """\
+        name: p
+        sources:
+          - id: src
+            type: datagen
+            fields: {x: "offset"}
+          - id: rules
+            type: datagen
+            fields: {r: "offset"}
+        operators:
+          - id: k
+            input: src
+            key_by: [x]
+            window: {tumbling: 1m}
+            aggregate: {n: count()}
+            broadcast: rules
+        sinks:
+          - id: out
+            type: console
+            input: k
+        """,
+        ["p.yaml:15:5: 'broadcast' applies only to process operators; remove it from operator 'k'"],
+        id="broadcast-on-a-window",
+    ),
+    pytest.param(
+        """\
+        name: p
+        sources:
+          - id: src
+            type: datagen
+            fields: {x: "offset"}
+          - id: rules
+            type: datagen
+            fields: {r: "offset"}
+        operators:
+          - id: k
+            input: src
+            key_by: [x]
+            process: "fraud:Detector"
+            broadcast: out
+        sinks:
+          - id: out
+            type: console
+            input: k
+        """,
+        ["p.yaml:14:16: broadcast input 'out' of operator 'k' is a sink, which has no output "
+         "to read; name a source or operator"],
+        id="broadcast-a-sink",
+    ),
+    pytest.param(
+        """\
+        name: p
+        sources:
+          - id: src
+            type: datagen
+            fields: {x: "offset"}
+          - id: rules
+            type: datagen
+            fields: {r: "offset"}
+        operators:
+          - id: k
+            input: src
+            key_by: [x]
+            process: "fraud:Detector"
+            broadcast: k
+        sinks:
+          - id: out
+            type: console
+            input: k
+        """,
+        ["p.yaml:14:16: operator 'k' cannot be its own broadcast input; name a source or operator"],
+        id="broadcast-itself",
+    ),
 ]
 
 

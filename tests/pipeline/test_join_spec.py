@@ -139,6 +139,9 @@ def test_window_join_with_left_and_right_keys_and_negative_bounds() -> None:
     ("type: left", "type: left\n      right_prefix: 1x",
      "p.yaml:22:21: 'right_prefix' '1x' must be a column name (letters, digits and "
      "underscores, not starting with a digit)"),
+    ("    late: too_late\n", "    late: too_late\n    broadcast: payments\n",
+     "p.yaml:24:5: 'broadcast' does not apply to a join; remove it from operator "
+     "'paid_orders'"),
 ])
 def test_invalid_join(old: str, new: str, expected: str) -> None:
     assert old in BASE

@@ -312,6 +312,37 @@ def test_restore_at_another_parallelism_redistributes_key_groups(
     assert sorted(everything) == sorted(content(old[0]) + content(old[1]))
 
 
+# ------------------------------------------------------------------------------ broadcast
+@pytest.mark.parametrize(("kind", "new_kind", "new_parallelism"),
+                         [("rocksdb", "memory", 3), ("memory", "rocksdb", 1)])
+def test_broadcast_state_is_saved_once_and_every_new_subtask_gets_it(
+        backends: Backends, tmp_path: Path, kind: str, new_kind: str,
+        new_parallelism: int) -> None:
+    """Each old subtask holds the same copy in its first key group; the savepoint has one
+    (subtask 0's, in key group 0), and every subtask of the new job, at any parallelism and
+    backend, finds it in its own first key group, next to its keyed state."""
+    name, rules = "broadcast.rules", [(b"gold", 500.0), (b"silver", [1, "x"])]
+    states = (StateDescriptor(name, "map"), StateDescriptor("user.seen", "value"))
+    old = [backends(kind, s, 2, name="old", states=states) for s in range(2)]
+    for b in old:
+        for user_key, value in rules:
+            b.map_put(name, b.key_groups.start, b"", b"", user_key, value)
+        b.put("user.seen", b.key_groups.stop - 1, b"k", b"", 1)
+        b.commit(1)
+    url = str(tmp_path / "sp")
+    meta = operator_metadata([write_key_groups(b, url, UID, s) for s, b in enumerate(old)])
+    assert meta["keys"] == {name: 2, "user.seen": 2}
+    new = [backends(new_kind, s, new_parallelism, name="new", states=())
+           for s in range(new_parallelism)]
+    for b in new:
+        restore_key_groups(url, meta["files"], b, b.key_groups, states=meta["states"])
+        b.commit(1)
+        assert b.map_items(name, b.key_groups.start, b"", b"") == rules
+    seen = [(kg, b.get("user.seen", kg, b"k")) for b in new for kg in (63, 127)
+            if kg in b.key_groups]
+    assert seen == [(63, 1), (127, 1)]
+
+
 # ------------------------------------------------------------------------------ relocation
 def test_a_copied_savepoint_restores_without_the_original(backends: Backends,
                                                           tmp_path: Path) -> None:
