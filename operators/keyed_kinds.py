@@ -216,24 +216,16 @@ def _rolling(cfg: KeyedConfig, backend: Any, rows: _Input, out: _Emitter) -> Non
                              for cell, merged in zip(cells, merged_all, strict=True)])
 
 
-def _sessions(cfg: KeyedConfig, backend: Any, rows: _Input, out: _Emitter) -> None:
+def _sessions(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]],
+              out: _Emitter) -> None:
     """Session windows: the epoch's sessions (from Spark's session_window) are merged with
-    the key's stored sessions; each session has a timer at end - 1 + lateness. The input is
-    read a column at a time (no dict per row; each distinct key encoded once)."""
+    the key's stored sessions; each session has a timer at end - 1 + lateness."""
     accs = _partials(cfg)
     due = backend.due_timers(cfg.domain, cfg.fire_up_to, remove=True)
     fired_keys = {(t.key_group, t.key) for t in due}
-    # (key group, key bytes) -> (key, [[start, end, accumulators, touched], ...])
-    by_key: dict[tuple[int, bytes], tuple[tuple[Any, ...], list[list[Any]]]] = {}
-    if len(rows):
-        keys = rows.keys(cfg.keys)
-        for kg, kb, key, start, end, lifted in zip(
-                rows.column(KEY_GROUP), _encode_keys(keys), keys, rows.column(WINDOW_START),
-                rows.column(WINDOW_END), _lift_columns(accs, rows), strict=True):
-            entry = by_key.get((kg, kb))
-            if entry is None:
-                entry = by_key[(kg, kb)] = (key, [])
-            entry[1].append([start, end, lifted, True])
+    by_key: dict[tuple[int, bytes], list[dict[str, Any]]] = {}
+    for row in rows:
+        by_key.setdefault((row[KEY_GROUP], _key_bytes([row[k] for k in cfg.keys])), []).append(row)
     cells = sorted(fired_keys | set(by_key))
     if not cells:
         return
@@ -251,10 +243,9 @@ def _sessions(cfg: KeyedConfig, backend: Any, rows: _Input, out: _Emitter) -> No
             else:
                 sessions.append([start, end, state, False])
         before = {(s[0], s[1]) for s in sessions}
-        new = by_key.get((kg, kb))
-        if new is not None:
-            key = new[0]
-            sessions.extend(new[1])
+        for row in by_key.get((kg, kb), []):
+            key = tuple(row[k] for k in cfg.keys)
+            sessions.append([row[WINDOW_START], row[WINDOW_END], _lift(accs, row), True])
         sessions.sort(key=lambda s: (s[0], s[1]))
         merged: list[list[Any]] = []
         for s in sessions:
