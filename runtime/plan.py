@@ -71,7 +71,8 @@ PER_EPOCH_RULE = (
     "job.execution.small_epoch_rows rows (else when the previous epoch's was); a slice of at "
     "most job.execution.local_rows rows of a source that can is read on the driver, and the "
     "stages after it stay local while their input is a local relation; a keyed stage's "
-    "subtasks read their source's parquet files themselves when the files allow it")
+    "subtasks read their source's parquet files themselves when the files allow it, else "
+    "(planned, not small) the input Spark staged for them as local parquet files")
 
 
 def plan_stages(spec: PipelineSpec, flow: Dataflow, spark: SparkSession,
