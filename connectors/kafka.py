@@ -94,11 +94,9 @@ def session_conf(spec: PipelineSpec, conf: Mapping[str, Any]) -> dict[str, str]:
     Maven Central once, then from the cache)."""
     if not any(s.type == "kafka" and s.option("client") == "spark" for s in spec.sources):
         return {}
-    from streamer.connectors.maven import spark_kafka_jars
+    from streamer.connectors.maven import after_jars, spark_kafka_jars
 
-    jars = spark_kafka_jars()
-    mine = conf.get("spark.jars")
-    return {"spark.jars": ",".join([*([str(mine)] if mine else []), *jars])}
+    return {"spark.jars": after_jars(conf, spark_kafka_jars())}
 
 
 class KafkaSource(Source):

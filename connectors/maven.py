@@ -10,7 +10,9 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from streamer.connectors.exceptions import ConnectorError
 
@@ -40,6 +42,12 @@ _DEP = """
     <dependency><groupId>{g}</groupId><artifactId>{a}</artifactId><version>{v}</version>
       <exclusions>{x}</exclusions></dependency>"""
 _EXCLUSION = "<exclusion><groupId>{g}</groupId><artifactId>{a}</artifactId></exclusion>"
+
+
+def after_jars(conf: Mapping[str, Any], jars: list[str]) -> str:
+    """`spark.jars` of `conf` (the user's own first) with `jars` after them."""
+    mine = conf.get("spark.jars")
+    return ",".join([*([str(mine)] if mine else []), *jars])
 
 
 def resolve(name: str, coordinates: list[str], exclude: tuple[str, ...] = ()) -> Path:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from streamer.connectors.base import ConnectorContext, Sink, Source
 from streamer.connectors.console import ConsoleSink
@@ -16,7 +17,7 @@ from streamer.connectors.kafka_sink import KafkaSink
 from streamer.connectors.postgres_sink import PostgresSink
 
 if TYPE_CHECKING:
-    from streamer.pipeline.spec import SinkSpec, SourceSpec
+    from streamer.pipeline.spec import PipelineSpec, SinkSpec, SourceSpec
 
 SOURCES: dict[str, type[Source]] = {"datagen": DatagenSource, "files": FilesSource,
                                     "kafka": KafkaSource}
@@ -24,6 +25,18 @@ SINKS: dict[str, type[Sink]] = {"console": ConsoleSink, "delta": DeltaSink, "fil
                                  "kafka": KafkaSink, "postgres": PostgresSink}
 #: Types the pipeline file accepts that this version cannot run yet.
 NOT_YET: tuple[str, ...] = ()
+
+
+def session_conf(spec: PipelineSpec, conf: Mapping[str, Any]) -> dict[str, str]:
+    """The Spark settings the pipeline's connectors add to `conf` at the session's start:
+    Spark's Kafka connector jars (a `client: spark` source) and S3A's jars and `fs.s3a.*`
+    settings (files on s3://), each connector's jars after those before it on `spark.jars`."""
+    from streamer.connectors import kafka, s3a
+
+    out: dict[str, str] = {}
+    for connector in (kafka, s3a):
+        out.update(connector.session_conf(spec, {**conf, **out}))
+    return out
 
 
 def _unavailable(kind: str, node_id: str, type_name: str, known: list[str]) -> str:

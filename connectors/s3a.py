@@ -116,7 +116,8 @@ def session_conf(spec: PipelineSpec, conf: Mapping[str, Any]) -> dict[str, str]:
     pipeline's `spark:` block wins over them)."""
     if not uses_s3(spec):
         return {}
-    mine = conf.get("spark.jars")
+    from streamer.connectors.maven import after_jars
+
     out = {k: v for k, v in hadoop_conf(spec.storage_options).items() if k not in conf}
-    out["spark.jars"] = ",".join([*([str(mine)] if mine else []), *s3a_jars()])
+    out["spark.jars"] = after_jars(conf, s3a_jars())
     return out

@@ -159,14 +159,12 @@ class JobRunner:
     def spark(self) -> SparkSession:
         """The Spark session, started on first use."""
         if self._spark is None:
-            from streamer.connectors import s3a
-            from streamer.connectors.kafka import session_conf
+            from streamer.connectors.registry import session_conf
             from streamer.runtime.spark import create_session
 
             conf = {**{f"spark.executorEnv.{k}": v for k, v in self._s3_env.items()},
                     **self.spec.spark, **self.options.spark_conf}
             conf.update(session_conf(self.spec, conf))
-            conf.update(s3a.session_conf(self.spec, conf))
             self._spark = create_session(f"streamer:{self.spec.name}", self.options.master,
                                          conf, ui=self.options.ui)
         return self._spark

@@ -201,12 +201,10 @@ def submit_conf(spec: object) -> dict[str, str]:
     Kafka connector's and S3A's jars on `spark.jars`, the `fs.s3a.*` settings): under
     spark-submit the session exists before the driver's code runs, so they go on the command
     line."""
-    from streamer.connectors import s3a
-    from streamer.connectors.kafka import session_conf
+    from streamer.connectors.registry import session_conf
     from streamer.pipeline.spec import PipelineSpec
 
     conf = {str(k): str(v) for k, v in (getattr(spec, "spark", {}) or {}).items()}
     if isinstance(spec, PipelineSpec):
         conf.update(session_conf(spec, conf))
-        conf.update(s3a.session_conf(spec, conf))
     return conf
