@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_savepoints import JOB_HEAD
 
 from streamer.pipeline.validate import load_pipeline_text
 from streamer.runtime.control import ControlChannel
@@ -23,12 +24,7 @@ pytestmark = pytest.mark.spark
 #: 600 events, 100 per epoch (epochs 1..6); the rules r0, r1, r2 one per epoch (epochs 1..3).
 PIPELINE = """
 name: bc-test
-storage: {storage}
-job:
-  parallelism: {parallelism}
-  checkpoint: {{interval: 1h}}
-  state: {{backend: {backend}, local_dir: {local}}}
-sources:
+""" + JOB_HEAD + """sources:
   - id: events
     type: datagen
     limit: 600

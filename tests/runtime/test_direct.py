@@ -76,15 +76,9 @@ SOURCE = """sources:
     watermark: {{max_out_of_orderness: 5s}}
 """
 
-PIPELINE = """
-name: {name}
-job:
-  parallelism: {parallelism}
-  max_parallelism: 16
-  state: {{backend: {backend}, local_dir: "{state}"}}
-""" + SOURCE + """operators:
-  - id: agg
-    input: events
+#: The keyed operator's keys, window and aggregates (format fields: keys, window), also the
+#: operator of tests/runtime/test_staged.py.
+AGGREGATE = """\
     key_by: {keys}
     {window}
     aggregate:
@@ -94,7 +88,18 @@ job:
       low: min(qty)
       high: max(amount)
       mean: avg(qty)
-sinks:
+"""
+
+PIPELINE = """
+name: {name}
+job:
+  parallelism: {parallelism}
+  max_parallelism: 16
+  state: {{backend: {backend}, local_dir: "{state}"}}
+""" + SOURCE + """operators:
+  - id: agg
+    input: events
+""" + AGGREGATE + """sinks:
   - id: out
     type: files
     input: agg

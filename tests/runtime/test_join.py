@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_savepoints import JOB_HEAD
 
 from streamer.pipeline.exceptions import PipelineError
 from streamer.pipeline.validate import load_pipeline_text
@@ -28,12 +29,7 @@ BASE_MS = 1767225600000
 #: left join within [0s, 30s] pairs three in four and emits the fourth unpaid.
 PIPELINE = """\
 name: join-sp
-storage: {storage}
-job:
-  parallelism: {parallelism}
-  checkpoint: {{interval: 1h}}
-  state: {{backend: {backend}, local_dir: {local}}}
-sources:
+""" + JOB_HEAD + """sources:
   - id: orders
     type: datagen
     limit: 400
@@ -198,12 +194,7 @@ def test_validate_checks_the_join_against_its_inputs(spark: Any, old: str, new: 
 #: the views' times, in a temporal join, the earlier one).
 TABLE = """\
 name: join-sp
-storage: {storage}
-job:
-  parallelism: {parallelism}
-  checkpoint: {{interval: 1h}}
-  state: {{backend: {backend}, local_dir: {local}}}
-sources:
+""" + JOB_HEAD + """sources:
   - id: views
     type: datagen
     limit: 200

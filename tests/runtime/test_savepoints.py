@@ -23,14 +23,19 @@ pytestmark = pytest.mark.spark
 
 BASE_MS = 1767225600000
 
-PIPELINE = """
-name: sp-test
+#: The job head of the pipelines these tests stop with a savepoint and restore (format
+#: fields: storage, parallelism, backend, local).
+JOB_HEAD = """\
 storage: {storage}
 job:
   parallelism: {parallelism}
   checkpoint: {{interval: 1h}}
   state: {{backend: {backend}, local_dir: {local}}}
-sources:
+"""
+
+PIPELINE = """
+name: sp-test
+""" + JOB_HEAD + """sources:
   - id: clicks
     type: datagen
     splits: 2

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from test_direct import committed_rows, run, write_events
+from test_direct import AGGREGATE, committed_rows, run, write_events
 
 pytestmark = pytest.mark.spark
 
@@ -36,16 +36,7 @@ operators:
   - {{id: derive, input: keep, with_columns: {{qty: "qty * 2 + 1", grp: "grp + 1"}}}}
   - id: agg
     input: derive
-    key_by: {keys}
-    {window}
-    aggregate:
-      n: count()
-      total: sum(amount)
-      units: sum(qty)
-      low: min(qty)
-      high: max(amount)
-      mean: avg(qty)
-sinks:
+""" + AGGREGATE + """sinks:
   - id: out
     type: files
     input: agg
