@@ -3,10 +3,12 @@
 When a keyed operator reads a parquet `files` source directly (nothing in between, and the
 shapes listed in `runtime/keyed.py`), Spark does not scan, pre-aggregate and shuffle the
 records. Each subtask's task reads the epoch's files with pyarrow, computes every row's key
-group with Spark's own hash (`state.keygroups.key_group_of`, cached per distinct key), keeps
-its own key groups, drops late records, assigns windows and pre-aggregates by (key, window) in
-Arrow. A local epoch's input (`runtime.local`) takes the same path: the driver collects its
-few rows without a job and hands them to every task in place of files. What it hands to the
+group with Spark's own hash (`state.keygroups`: integer-like keys a column at a time, others
+once per distinct key, cached), keeps its own key groups, drops late records, assigns windows
+and pre-aggregates by (key, window) in Arrow; for a dedupe it hands on its rows as they are
+(`__kg`, the record's columns, `__ts_ms`). A local epoch's input (`runtime.local`) takes the
+same path: the driver collects its few rows without a job and hands them to every task in
+place of files. What it hands to the
 keyed operator is exactly what the Spark plan of `KeyedStage._prepare` would have
 delivered: `__kg`, the keys, `__start`, `__p<i>`, so both paths share state, checkpoints
 and savepoints, and an epoch may take either.
@@ -21,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from streamer.columns import KEY_GROUP, WINDOW_START, partial
+from streamer.columns import EVENT_TIME, EVENT_TIME_MS, KEY_GROUP, WINDOW_START, partial
 from streamer.spark_errors import UNREADABLE_FILE
 
 #: Per worker process: (key types, max_parallelism) -> key -> key group.
@@ -108,6 +110,33 @@ def _codes(table: Any, keys: tuple[str, ...]) -> tuple[Any, list[tuple[Any, ...]
     return code, distinct
 
 
+def _row_key_groups(table: Any, keys: tuple[str, ...], key_types: tuple[str, ...],
+                    max_parallelism: int) -> Any:
+    """The key group of every row of `table`: integer keys hashed a column at a time, others
+    once per distinct key (cached per worker)."""
+    from streamer.state.keygroups import INTEGER_HASHED_TYPES, key_groups_of_columns
+
+    if keys and all(t in INTEGER_HASHED_TYPES for t in key_types):
+        return key_groups_of_columns([table.column(k) for k in keys], key_types,
+                                     max_parallelism)
+    code, distinct = _codes(table, keys)
+    return _key_groups(distinct, key_types, max_parallelism)[code]
+
+
+def _records(cfg: Any, d: DirectRead, table: Any, rows: Any, kg: Any, ts_ms: Any) -> Any:
+    """A dedupe's input: the `rows` of `table` (this subtask's, in arrival order) with
+    their key group, the record's columns (its event time as `__ts`) and `__ts_ms`."""
+    import pyarrow as pa
+
+    picked = table.take(pa.array(rows, pa.int64()))
+    columns: dict[str, Any] = {KEY_GROUP: pa.array(kg[rows], pa.int32())}
+    for name in cfg.record_columns:
+        source = d.ts_column if name == EVENT_TIME and d.ts_column else name
+        columns[name] = picked.column(source)
+    columns[EVENT_TIME_MS] = pa.array(ts_ms[rows], pa.int64())
+    return pa.table(columns)
+
+
 def _key_groups(distinct: list[tuple[Any, ...]], key_types: tuple[str, ...],
                 max_parallelism: int) -> Any:
     import numpy as np
@@ -149,12 +178,14 @@ def read_direct(cfg: Any, d: DirectRead, subtask: int) -> tuple[Any, dict[str, A
     else:
         valid = np.ones(n, dtype=bool)
         ts_ms = np.full(n, cfg.now_ms, dtype=np.int64)
-    code, distinct = _codes(table, cfg.keys)
-    kg_of = _key_groups(distinct, d.key_types, cfg.max_parallelism)
-    kg = kg_of[code]
+    kg = _row_key_groups(table, cfg.keys, d.key_types, cfg.max_parallelism)
     owner = kg.astype(np.int64) * cfg.parallelism // cfg.max_parallelism
     keep = owner == subtask
     event = cfg.domain == "event"
+    if cfg.kind == "dedupe":
+        if event:  # (the source made a row without event time a dead letter)
+            keep &= valid
+        return _records(cfg, d, table, np.flatnonzero(keep), kg, ts_ms), info
     if cfg.kind == "window":
         if event:  # a row without event time has no window (the Spark plan drops it too)
             keep &= valid

@@ -320,24 +320,38 @@ def _count_windows(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]],
         backend.delete_many("acc", deletes)
 
 
-def _dedupe(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]], out: _Emitter) -> None:
-    """Forward the first record per key; forget the key `within` after that record."""
+def _dedupe(cfg: KeyedConfig, backend: Any, rows: _Input, out: _Emitter) -> None:
+    """Forward the first record per key; forget the key `within` after that record. Column
+    at a time: the epoch's first record of each key (by event time, then arrival) is looked
+    up in state once, and the new ones go out as one chunk of the input's columns."""
+    import numpy as np
+    import pyarrow as pa
+
+    from streamer.operators.direct import _codes
+
     due = backend.due_timers(cfg.domain, cfg.fire_up_to, remove=True)
     if due:
         backend.delete_many("acc", [(t.key_group, t.key, NS_ROLLING) for t in due])
-    if not rows:
+    table = rows.table
+    if not len(rows):
         return
-    cells = [(r[KEY_GROUP], _key_bytes([r[k] for k in cfg.keys]), NS_ROLLING) for r in rows]
-    seen = backend.get_many("acc", cells)
-    puts, timers = [], []
-    for row, cell, old in zip(rows, cells, seen, strict=True):
-        if old is not None:
-            continue
-        record = {c: row[c] for c in cfg.record_columns}
-        out.record(record)
-        expiry = row[EVENT_TIME_MS] + (cfg.dedupe_ms or 0)
-        puts.append((*cell, (None, None, None, expiry)))
-        timers.append((cell[0], expiry, cell[1], NS_ROLLING))
-    if puts:
-        backend.put_many("acc", puts)
-        backend.add_timers(cfg.domain, timers)
+    ts = table.column(EVENT_TIME_MS).to_numpy()
+    code, _ = _codes(table, cfg.keys)
+    order = np.lexsort((np.arange(len(code)), ts, code))
+    head = np.ones(len(order), dtype=bool)
+    head[1:] = code[order][1:] != code[order][:-1]
+    firsts = np.sort(order[head])  # each key's first record, in arrival order
+    picked = table.take(pa.array(firsts, pa.int64()))
+    kgs = picked.column(KEY_GROUP).to_pylist()
+    keys = zip(*(picked.column(k).to_pylist() for k in cfg.keys), strict=True) if cfg.keys \
+        else itertools.repeat((), len(kgs))
+    cells = [(kg, _key_bytes(key), NS_ROLLING) for kg, key in zip(kgs, keys, strict=False)]
+    new = [i for i, old in enumerate(backend.get_many("acc", cells)) if old is None]
+    if not new:
+        return
+    out.table(picked.take(pa.array(new, pa.int64())).select(list(cfg.record_columns)))
+    expiries = (ts[firsts[new]] + (cfg.dedupe_ms or 0)).tolist()
+    backend.put_many("acc", [(*cells[i], (None, None, None, expiry))
+                             for i, expiry in zip(new, expiries, strict=True)])
+    backend.add_timers(cfg.domain, [(cells[i][0], expiry, cells[i][1], NS_ROLLING)
+                                    for i, expiry in zip(new, expiries, strict=True)])

@@ -88,6 +88,12 @@ class _Emitter:
             row[agg.name] = value
         self.rows.append(row)
 
+    def table(self, table: Any) -> None:
+        """Output rows: the rows of the Arrow `table`, whose columns are output columns."""
+        if table.num_rows:
+            self.chunks.append((table.num_rows, {name: table.column(name)
+                                                 for name in table.column_names}))
+
     def record(self, record: dict[str, Any]) -> None:
         self.rows.append({ROW_KIND: OUT, ROW_META: None, **record})
 
@@ -104,7 +110,11 @@ class _Emitter:
             arrays = []
             for f in schema:
                 if f.name in cols:
-                    arrays.append(pa.array(cols[f.name], type=f.type))
+                    value = cols[f.name]
+                    if isinstance(value, pa.ChunkedArray):
+                        arrays.append(value.combine_chunks().cast(f.type))
+                    else:
+                        arrays.append(pa.array(value, type=f.type))
                 elif f.name == ROW_KIND:
                     arrays.append(pa.array([OUT] * n, type=f.type))
                 else:

@@ -135,31 +135,29 @@ class BufferedRocksDB(KeyedStateBackend):
                    remove: bool = False) -> list[Timer]:
         """Timers with time <= `up_to_ms`, sorted by (time, key group, key, namespace); with
         `remove`, they are also deleted (a buffered write, like any other).
+
+        (Hot for operators with a timer per key: the committed keys of each key group's range
+        come from one bounded scan, sort as plain tuples, and are deleted by their stored key.)
         """
         self._check_open()
         time_domain = as_domain(domain)
-        due: list[Timer] = []
-        iterator = self._cfs[_TIMERS].iter()
-        try:
-            for _, lo, hi in self._timer_ranges(time_domain, up_to_ms):
-                committed: list[tuple[bytes, bytes]] = []
-                iterator.seek(lo)
-                while iterator.valid():
-                    stored_key = iterator.key()
-                    if hi is not None and stored_key >= hi:
-                        break
-                    committed.append((stored_key, b""))
-                    iterator.next()
-                for stored_key, _ in _merge(committed, self._buffered_range(_TIMERS, lo, hi)):
-                    kg, _, time_ms, key, ns = split_timer_key(stored_key)
-                    due.append(Timer(time_ms, kg, key, ns, time_domain))
-        finally:
-            del iterator
-        due.sort()
-        if remove:
-            self.delete_timers(time_domain,
-                               [(t.key_group, t.time_ms, t.key, t.namespace) for t in due])
-        return due
+        found: list[tuple[int, int, bytes, bytes, bytes]] = []
+        timers = self._cfs[_TIMERS]
+        for _, lo, hi in self._timer_ranges(time_domain, up_to_ms):
+            options = ReadOptions()
+            if hi is not None:
+                options.set_iterate_upper_bound(hi)
+            committed = [(cast(bytes, k), b"") for k in timers.keys(from_key=lo,
+                                                                     read_opt=options)]
+            for stored_key, _ in _merge(committed, self._buffered_range(_TIMERS, lo, hi)):
+                kg, _, time_ms, key, ns = split_timer_key(stored_key)
+                found.append((time_ms, kg, key, ns, stored_key))
+        found.sort()
+        if remove and found:
+            buffer = self._buffer(_TIMERS)
+            for entry in found:
+                buffer[entry[4]] = None
+        return [Timer(t, kg, key, ns, time_domain) for t, kg, key, ns, _ in found]
 
     def next_timer(self, domain: DomainLike) -> int | None:
         """The earliest registered time in `domain`, or None when there is no timer."""

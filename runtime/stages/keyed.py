@@ -27,7 +27,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from streamer.columns import EVENT_TIME
+from streamer.columns import EVENT_TIME, HIDDEN_PREFIX
 from streamer.operators.direct import DIRECT_AGGREGATES, ipc_bytes
 from streamer.operators.stateless import union
 from streamer.runtime.keyed import DirectShape, KeyedResult, KeyedStage
@@ -293,10 +293,11 @@ def direct_plan(stage: KeyedStage, source: Any, source_schema: StructType,
                 consumers: int) -> DirectShape | str:
     """Whether `stage`'s subtasks can read `source` themselves (operators/direct.py), or
     why not. They can when the operator's only input is that source and nothing else reads
-    it; the source is local parquet files; the operator is a rolling aggregate or a tumbling
-    or sliding window without a `late:` output; its aggregates are count, or sum, min, max
-    and avg of numeric columns, or min and max of timestamps; its keys are string, integer,
-    boolean or date columns; its event time (if any) is a timestamp column as it is."""
+    it; the source is local parquet files; the operator is a rolling aggregate, a tumbling
+    or sliding window without a `late:` output, or a dedupe (whose columns Arrow holds as
+    Spark does); its aggregates are count, or sum, min, max and avg of numeric columns, or
+    min and max of timestamps; its keys are string, integer, boolean or date columns; its
+    event time (if any) is a timestamp column as it is."""
     shape = local_plan(stage)
     if isinstance(shape, str):
         return shape
@@ -316,7 +317,7 @@ def local_plan(stage: KeyedStage) -> DirectShape | str:
     `direct_plan`, over the stage's input (its event time is `__ts`)."""
     op = stage.op
     window = op.window
-    if stage.kind not in ("window", "aggregate"):
+    if stage.kind not in ("window", "aggregate", "dedupe"):
         return f"a {stage.kind} operator"
     if window is not None and (window.kind not in ("tumbling", "sliding") or window.late):
         return "a session or count window, or a late: output"
@@ -335,6 +336,14 @@ def _direct_shape(stage: KeyedStage, source_id: str, schema: StructType,
     op = stage.op
     types = {f.name: f.dataType for f in schema.fields}
     wanted: dict[str, Any] = {}
+    if stage.kind == "dedupe":  # the whole record goes on: every column
+        for f in schema.fields:
+            if f.name.startswith(HIDDEN_PREFIX) and f.name != ts_column:
+                return f"its input has the internal column {f.name!r}"
+            try:
+                wanted[f.name] = to_arrow_type(f.dataType, timezone="UTC")
+            except Exception:  # (a type Arrow cannot hold as Spark does)
+                return f"column {f.name!r} of type {f.dataType.simpleString()}"
     key_types = []
     for key in op.key_by:
         if key not in types or types[key].simpleString() not in PYTHON_HASHED_TYPES:

@@ -15,7 +15,7 @@ import pytest
 
 from streamer.pipeline.validate import load_pipeline_text
 from streamer.runtime.coordinator import JobRunner, RunOptions
-from streamer.state.keygroups import key_group_of
+from streamer.state.keygroups import key_group_of, key_groups_of_columns
 
 pytestmark = pytest.mark.spark
 
@@ -196,7 +196,8 @@ def test_a_checkpointed_job_can_switch_between_direct_and_spark_reads(
 
 
 def test_python_key_groups_agree_with_spark(spark) -> None:
-    """`key_group_of` is Spark's pmod(xxhash64(...)) for every type it accepts: strings of
+    """`key_group_of` (and `key_groups_of_columns` for integer-like keys) is Spark's
+    pmod(xxhash64(...)) for every type it accepts: strings of
     every length class of XXH64 (0-3, 4-7, 8-31, 32+ bytes, multi-byte UTF-8), ints of every
     width, bigints, booleans, dates, nulls, and several columns."""
     rng = random.Random(5)
@@ -224,3 +225,10 @@ def test_python_key_groups_agree_with_spark(spark) -> None:
             for n, cols in enumerate(combos):
                 mine = key_group_of([row[c] for c in cols], [types[c] for c in cols], mp)
                 assert mine == row[f"k{n}"], (cols, [row[c] for c in cols], mp)
+        # Integer-like keys, a whole column at a time (what direct reads use for them).
+        table = df.selectExpr("*", *exprs).toArrow()
+        for n, cols in enumerate(combos):
+            if "s" not in cols:
+                columnar = key_groups_of_columns([table.column(c) for c in cols],
+                                                 [types[c] for c in cols], mp)
+                assert columnar.tolist() == table.column(f"k{n}").to_pylist(), (cols, mp)
