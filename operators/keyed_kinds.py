@@ -27,6 +27,7 @@ from streamer.operators.keyed_rows import (
     _partials,
     ns_of,
 )
+from streamer.state.codec import encode_key_columns
 from streamer.state.names import WINDOW_KEYS
 
 
@@ -343,9 +344,9 @@ def _dedupe(cfg: KeyedConfig, backend: Any, rows: _Input, out: _Emitter) -> None
     firsts = np.sort(order[head])  # each key's first record, in arrival order
     picked = table.take(pa.array(firsts, pa.int64()))
     kgs = picked.column(KEY_GROUP).to_pylist()
-    keys = zip(*(picked.column(k).to_pylist() for k in cfg.keys), strict=True) if cfg.keys \
-        else itertools.repeat((), len(kgs))
-    cells = [(kg, _key_bytes(key), NS_ROLLING) for kg, key in zip(kgs, keys, strict=False)]
+    keys = encode_key_columns([picked.column(k) for k in cfg.keys]) if cfg.keys else \
+        [_key_bytes(())] * len(kgs)
+    cells = [(kg, key, NS_ROLLING) for kg, key in zip(kgs, keys, strict=True)]
     new = [i for i, old in enumerate(backend.get_many("acc", cells)) if old is None]
     if not new:
         return

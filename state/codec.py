@@ -31,7 +31,7 @@ import datetime as dt
 import math
 import pickle
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -128,6 +128,34 @@ def _unsupported(value: Any) -> None:
     msg = (f"cannot encode a key value of type {type(value).__name__!r} ({value!r}); key columns "
            "must be str, int, float, bool, None, bytes, date, datetime or Decimal")
     raise KeyEncodingError(msg)
+
+
+def encode_key_columns(columns: Sequence[Any]) -> list[bytes]:
+    """`encode_key` of every row of the Arrow arrays `columns` (the key columns): 64-bit and
+    narrower integer columns a column at a time in numpy, the others a value at a time."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    parts: list[list[bytes]] = []
+    for column in columns:
+        array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        if not (pa.types.is_signed_integer(array.type) or pa.types.is_uint8(array.type)
+                or pa.types.is_uint16(array.type) or pa.types.is_uint32(array.type)):
+            parts.append([encode_key((value,)) for value in array.to_pylist()])
+            continue
+        values = array.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        raw = (values.view(np.uint64) ^ np.uint64(_SIGN)).astype(">u8").tobytes()
+        head = bytes((_INT,))
+        encoded = [head + raw[i:i + 8] for i in range(0, len(raw), 8)]
+        if array.null_count:
+            none = bytes((_NONE,))
+            for i in np.flatnonzero(~pc.is_valid(array).to_numpy(zero_copy_only=False)).tolist():
+                encoded[i] = none
+        parts.append(encoded)
+    if len(parts) == 1:
+        return parts[0]
+    return [b"".join(row) for row in zip(*parts, strict=True)]
 
 
 def encode_key(key: Iterable[Any]) -> bytes:
