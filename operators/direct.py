@@ -23,7 +23,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from streamer.columns import EVENT_TIME, EVENT_TIME_MS, KEY_GROUP, WINDOW_START, partial
+from streamer.columns import (
+    EVENT_TIME,
+    EVENT_TIME_MS,
+    KEY_GROUP,
+    WINDOW_END,
+    WINDOW_START,
+    partial,
+)
 from streamer.spark_errors import UNREADABLE_FILE
 
 #: Per worker process: (key types, max_parallelism) -> key -> key group.
@@ -123,6 +130,33 @@ def _row_key_groups(table: Any, keys: tuple[str, ...], key_types: tuple[str, ...
     return _key_groups(distinct, key_types, max_parallelism)[code]
 
 
+def _session_rows(cfg: Any, d: DirectRead, table: Any, keep: Any, valid: Any, ts_ms: Any,
+                  info: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """(rows, their session's start, their own time + gap) of a session window's kept rows:
+    the epoch's partial sessions, as Spark's `session_window` aggregation gives them. Rows
+    of a key sorted by time; a session breaks where the next record comes more than `gap`
+    after the one before (records exactly `gap` apart touch, so they share a session, as
+    `operators.keyed_kinds._sessions` merges them). Late records (their session would end
+    at or before the watermark) are dropped and counted."""
+    import numpy as np
+    import pyarrow as pa
+
+    gap = cfg.gap_ms or 0
+    if cfg.domain == "event":
+        in_time = ts_ms + (gap - 1 + cfg.lateness_ms) > d.watermark
+        info["late"] = int(np.count_nonzero(valid & ~in_time))  # all rows: every subtask's
+        keep = keep & in_time
+    rows = np.flatnonzero(keep)
+    code, _ = _codes(table.take(pa.array(rows, pa.int64())), cfg.keys)
+    times = ts_ms[rows]
+    order = np.lexsort((times, code))
+    rows, code, times = rows[order], code[order], times[order]
+    head = np.ones(len(rows), dtype=bool)
+    head[1:] = (code[1:] != code[:-1]) | (times[1:] - times[:-1] > gap)
+    session = np.cumsum(head) - 1
+    return rows, times[head][session], times + gap
+
+
 def _records(cfg: Any, d: DirectRead, table: Any, rows: Any, kg: Any, ts_ms: Any) -> Any:
     """A dedupe's input: the `rows` of `table` (this subtask's, in arrival order) with
     their key group, the record's columns (its event time as `__ts`) and `__ts_ms`."""
@@ -186,7 +220,11 @@ def read_direct(cfg: Any, d: DirectRead, subtask: int) -> tuple[Any, dict[str, A
         if event:  # (the source made a row without event time a dead letter)
             keep &= valid
         return _records(cfg, d, table, np.flatnonzero(keep), kg, ts_ms), info
-    if cfg.kind == "window":
+    ends = None
+    if cfg.kind == "window" and cfg.window_kind == "session":
+        rows, starts, ends = _session_rows(cfg, d, table, keep & valid if event else keep,
+                                           valid, ts_ms, info)
+    elif cfg.kind == "window":
         if event:  # a row without event time has no window (the Spark plan drops it too)
             keep &= valid
         size, slide = cfg.size_ms or 0, cfg.slide_ms or cfg.size_ms or 0
@@ -217,6 +255,9 @@ def read_direct(cfg: Any, d: DirectRead, subtask: int) -> tuple[Any, dict[str, A
         columns[name] = picked.column(name)
     columns[WINDOW_START] = pa.array(starts, pa.int64())
     aggregations: list[tuple[Any, ...]] = []
+    if ends is not None:  # a session's end: its last record's time + gap
+        columns[WINDOW_END] = pa.array(ends, pa.int64())
+        aggregations.append((WINDOW_END, "max"))
     j = 0
     for spec in cfg.aggregates:
         for fn, arg in _partial_functions(spec.function, spec.arg):
@@ -240,6 +281,9 @@ def read_direct(cfg: Any, d: DirectRead, subtask: int) -> tuple[Any, dict[str, A
     for name in cfg.keys:
         out[name] = result.column(name)
     out[WINDOW_START] = result.column(WINDOW_START)
+    if ends is not None:
+        out[WINDOW_END] = result.column(f"{WINDOW_END}_max")
+        aggregations = aggregations[1:]
     for i, agg in enumerate(aggregations):
         out[partial(i)] = result.column(f"{agg[0]}_{agg[1]}")
     return pa.table(out), info

@@ -219,7 +219,8 @@ def _rolling(cfg: KeyedConfig, backend: Any, rows: _Input, out: _Emitter) -> Non
 
 def _sessions(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]],
               out: _Emitter) -> None:
-    """Session windows: the epoch's sessions (from Spark's session_window) are merged with
+    """Session windows: the epoch's partial sessions (Spark's session_window aggregation, or
+    `operators.direct._session_rows` where the subtasks read their input) are merged with
     the key's stored sessions; each session has a timer at end - 1 + lateness."""
     accs = _partials(cfg)
     due = backend.due_timers(cfg.domain, cfg.fire_up_to, remove=True)

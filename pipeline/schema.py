@@ -398,12 +398,12 @@ EXECUTION = Obj(
             "that reads only that operator (with pyarrow); false has Spark write them. "
             "Default true. $STREAMER_TASK_SINK overrides it.")),
         "staged_input": Field(Bool(
-            "In local mode, a rolling aggregate, tumbling or sliding window or dedupe whose input "
-            "Spark computes (a JSON, CSV or Kafka source, or a filter or derived column before "
-            "it) has Spark write that input once per epoch as local parquet files, which its "
-            "subtasks read themselves, in place of Spark's partial aggregation and "
-            "shuffles. Small epochs keep the Spark path. No effect on a cluster. Default "
-            "true. $STREAMER_STAGED_INPUT overrides it.")),
+            "In local mode, a rolling aggregate, a tumbling, sliding or session window or a "
+            "dedupe whose input Spark computes (a JSON, CSV or Kafka source, or a filter or "
+            "derived column before it) has Spark write that input once per epoch as local "
+            "parquet files, which its subtasks read themselves, in place of Spark's partial "
+            "aggregation and shuffles. Small epochs keep the Spark path. No effect on a "
+            "cluster. Default true. $STREAMER_STAGED_INPUT overrides it.")),
     },
     "Engine settings: how epochs run, not what they compute (results are the same either "
     "way). The environment variables named here override them for one run.",

@@ -293,8 +293,8 @@ def direct_plan(stage: KeyedStage, source: Any, source_schema: StructType,
                 consumers: int) -> DirectShape | str:
     """Whether `stage`'s subtasks can read `source` themselves (operators/direct.py), or
     why not. They can when the operator's only input is that source and nothing else reads
-    it; the source is local parquet files; the operator is a rolling aggregate, a tumbling
-    or sliding window without a `late:` output, or a dedupe (whose columns Arrow holds as
+    it; the source is local parquet files; the operator is a rolling aggregate, a tumbling,
+    sliding or session window without a `late:` output, or a dedupe (whose columns Arrow holds as
     Spark does); its aggregates are count, or sum, min, max and avg of numeric columns, or
     min and max of timestamps; its keys are string, integer, boolean or date columns; its
     event time (if any) is a timestamp column as it is."""
@@ -319,8 +319,9 @@ def local_plan(stage: KeyedStage) -> DirectShape | str:
     window = op.window
     if stage.kind not in ("window", "aggregate", "dedupe"):
         return f"a {stage.kind} operator"
-    if window is not None and (window.kind not in ("tumbling", "sliding") or window.late):
-        return "a session or count window, or a late: output"
+    if window is not None and (window.kind not in ("tumbling", "sliding", "session")
+                               or window.late):
+        return "a count window, or a late: output"
     return _direct_shape(stage, "", stage.input_schema,
                          EVENT_TIME if stage.domain == "event" else None)
 

@@ -115,6 +115,10 @@ CASES = {  # name: (parallelism, backend, keys, window)
     "tumbling-updates-rocksdb-p1": (1, "rocksdb", "[grp]",
                                     "window: {tumbling: 30s, emit: updates}"),
     "rolling-memory-p4": (4, "memory", "[grp, user]", ""),
+    "session-rocksdb-p2": (2, "rocksdb", "[user]", "window: {session: {gap: 20s}}"),
+    "session-lateness-updates-memory-p3": (
+        3, "memory", "[user, grp]",
+        "window: {session: {gap: 30s}, allowed_lateness: 20s, emit: updates}"),
 }
 
 

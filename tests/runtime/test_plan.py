@@ -128,9 +128,9 @@ def test_settings_turn_strategies_off_and_the_plan_says_which_variable(
     assert plan.task_sinks == {}
 
 
-def test_json_filter_session_to_json_plans_a_fused_chain_and_the_spark_path(
+def test_json_filter_session_to_json_plans_a_fused_chain_and_staged_input(
         spark, tmp_path: Path, monkeypatch) -> None:
-    for name in ("STREAMER_DIRECT_READ", "STREAMER_TASK_SINK"):
+    for name in ("STREAMER_DIRECT_READ", "STREAMER_TASK_SINK", "STREAMER_STAGED_INPUT"):
         monkeypatch.delenv(name, raising=False)
     (tmp_path / "in").mkdir()
     plan = plan_of(spark, JSON_SESSIONS, src=tmp_path / "in", out=tmp_path / "out")
@@ -139,9 +139,9 @@ def test_json_filter_session_to_json_plans_a_fused_chain_and_the_spark_path(
                      ("sink", "out")]
     assert stage(plan, "doubled")["operators"] == ["only_big", "doubled"]
     keyed = stage(plan, "sessions")
-    assert keyed["strategy"] == "spark-routed"
+    assert keyed["strategy"] == "local | spark-staged-files | spark-routed"
     why = {r["name"]: r["why"] for r in keyed["not_used"]}
-    assert why["local"] == "a session or count window, or a late: output"
+    assert why["subtasks-read-files"] == "its input is not a source it alone reads"
     assert why["writes its sink"] == "sink 'out' is not a local parquet files sink"
     text = render(plan)
     assert "stateless stage only_big -> doubled: spark-sql" in text
@@ -163,12 +163,14 @@ def test_json_filter_tumbling_stages_its_input_for_the_subtasks_in_local_mode(
     why = {r["name"]: r["why"] for r in keyed["not_used"]}
     assert why["spark-staged-files"] == (
         "job.execution.staged_input is off (set by STREAMER_STAGED_INPUT)")
-    # Sessions are not among the shapes the subtasks aggregate themselves.
+    # Count windows are not among the shapes the subtasks aggregate themselves.
     monkeypatch.delenv("STREAMER_STAGED_INPUT")
-    keyed = stage(plan_of(spark, JSON_SESSIONS, src=tmp_path / "in", out=tmp_path / "out"),
+    counted = JSON_SESSIONS.replace("{{session: {{gap: 30s}}}}", "{{count: 10}}")
+    keyed = stage(plan_of(spark, counted, src=tmp_path / "in", out=tmp_path / "out"),
                   "sessions")
+    assert keyed["strategy"] == "spark-routed"
     why = {r["name"]: r["why"] for r in keyed["not_used"]}
-    assert why["spark-staged-files"] == "a session or count window, or a late: output"
+    assert why["spark-staged-files"] == why["local"] == "a count window, or a late: output"
 
 
 def test_the_small_epoch_rule() -> None:

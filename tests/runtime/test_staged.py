@@ -50,6 +50,7 @@ CASES = {  # name: (parallelism, backend, keys, window, sink format)
         2, "memory", "[user, grp]",
         "window: {sliding: {size: 1m, slide: 20s}, allowed_lateness: 30s}", "parquet"),
     "rolling-rocksdb-p2": (2, "rocksdb", "[grp, user]", "", "jsonl"),
+    "session-rocksdb-p2": (2, "rocksdb", "[user]", "window: {session: {gap: 20s}}", "jsonl"),
 }
 
 
