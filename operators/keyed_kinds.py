@@ -348,6 +348,15 @@ def _dedupe(cfg: KeyedConfig, backend: Any, rows: _Input, out: _Emitter) -> None
     keys = encode_key_columns([picked.column(k) for k in cfg.keys]) if cfg.keys else \
         [_key_bytes(())] * len(kgs)
     cells = [(kg, key, NS_ROLLING) for kg, key in zip(kgs, keys, strict=True)]
+    if len(set(cells)) < len(cells):  # keys Arrow tells apart and state does not (-0.0, 0.0)
+        best: dict[tuple[int, bytes, bytes], int] = {}
+        for i, cell in enumerate(cells):
+            j = best.get(cell)
+            if j is None or (ts[firsts[i]], firsts[i]) < (ts[firsts[j]], firsts[j]):
+                best[cell] = i
+        kept = sorted(best.values())
+        firsts, cells = firsts[kept], [cells[i] for i in kept]
+        picked = picked.take(pa.array(kept, pa.int64()))
     new = [i for i, old in enumerate(backend.get_many("acc", cells)) if old is None]
     if not new:
         return

@@ -261,12 +261,15 @@ class RocksDBBackend(BufferedRocksDB):
     def delete_many(self, state: str, keys: Sequence[StateKey]) -> None:
         """Remove each (key group, key, namespace) entirely (a whole list or map included)."""
         cf_name, kind = self._state_cf(state)
+        if kind is StateKind.MAP:
+            for kg, key, ns in keys:
+                self._check_key_group(kg)
+                self._clear_map(cf_name, kg, key, ns)
+            return
+        buffer = self._buffer(cf_name)
         for kg, key, ns in keys:
             self._check_key_group(kg)
-            if kind is StateKind.MAP:
-                self._clear_map(cf_name, kg, key, ns)
-            else:
-                self._buffer(cf_name)[state_key(kg, key, ns)] = None
+            buffer[state_key(kg, key, ns)] = None
 
     def append_many(self, state: str, entries: Sequence[AppendEntry], *,
                     expires_at_ms: Expiry = None, now_ms: int | None = None) -> None:
