@@ -301,6 +301,13 @@ def _operator_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
         if "window" in value:
             ck.report((*path, "window"), f"a window join's window goes inside join: "
                       f"(join: {{window: ...}}); remove it from {what}", at_key=True)
+        join = value["join"]
+        if "late" in value and isinstance(join, dict) and join.get("table") is True:
+            ck.report((*path, "late"), f"{what} is a processing-time table join (table: "
+                      "true), which has no late records (each left record joins the row its "
+                      "key has when it is processed); remove late, or use table: {as_of: "
+                      "event_time} (a temporal join, whose late records go there)",
+                      at_key=True)
         return
     if "input" not in value:
         ck.report(path, f"{what} is missing required key 'input'")

@@ -125,26 +125,33 @@ def _bad_records(plan: JoinPlan, side: int, df: DataFrame, keys: tuple[str, ...]
     return df.where(~is_bad), (origin.on_error, dead)
 
 
-def split_late(join: JoinSpec, df: DataFrame, watermark: int
-               ) -> tuple[DataFrame, DataFrame | None]:
-    """(the records not behind `watermark`, the late ones with a `join_side` column saying
-    left or right). Late: an interval or temporal table join's record at or behind the
-    watermark; a window join's once its last window has closed (`W >= last window end - 1`);
-    never a processing-time table join's (None: its left records wait for nothing, its right
-    records upsert the table whatever their time)."""
+def late_condition(join: JoinSpec, watermark: int) -> Column | None:
+    """Whether a record is late: an interval or temporal table join's record at or behind
+    `watermark`; a window join's once its last window has closed (`W >= last window end -
+    1`); never a processing-time table join's (None: its left records wait for nothing, its
+    right records upsert the table whatever their time)."""
     from pyspark.sql import functions as F
 
     if join.mode == "table" and join.as_of is None:
-        return df, None
+        return None
     ts = F.col(EVENT_TIME_MS)
     if join.mode in ("interval", "table"):
-        is_late = ts <= F.lit(watermark)
-    else:
-        window = join.window
-        assert window is not None
-        size, slide = window.size_ms or 0, window.slide_ms or window.size_ms or 0
-        is_late = ts - F.expr(f"pmod({EVENT_TIME_MS}, {slide})") + F.lit(size - 1) <= F.lit(
-            watermark)
+        return ts <= F.lit(watermark)
+    window = join.window
+    assert window is not None
+    size, slide = window.size_ms or 0, window.slide_ms or window.size_ms or 0
+    return ts - F.expr(f"pmod({EVENT_TIME_MS}, {slide})") + F.lit(size - 1) <= F.lit(watermark)
+
+
+def split_late(join: JoinSpec, df: DataFrame, watermark: int
+               ) -> tuple[DataFrame, DataFrame | None]:
+    """(the records not behind `watermark` (`late_condition`), the late ones with a
+    `join_side` column saying left or right, or None when nothing can be late)."""
+    from pyspark.sql import functions as F
+
+    is_late = late_condition(join, watermark)
+    if is_late is None:
+        return df, None
     late = df.filter(is_late).withColumn(
         "join_side", F.when(F.col(JOIN_SIDE) == 0, F.lit("left")).otherwise(F.lit("right")))
     late = late.drop(*[c for c in late.columns if c.startswith(HIDDEN_PREFIX)])

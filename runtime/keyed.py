@@ -259,7 +259,7 @@ class KeyedStage:
         window = self.op.window
         lateness = window.allowed_lateness_ms if window else 0
         if self.kind in ("process", "join"):  # every record goes to the function or join
-            return (*self._unaggregated(df, watermark), None)
+            return self._unaggregated(df, epoch, watermark)
         if self.kind == "dedupe":
             return self._first_records(df, group, prerouted), None, None
         if window and window.kind in ("tumbling", "sliding") and self.domain == "event":
@@ -313,15 +313,26 @@ class KeyedStage:
             late = visible(late)
         return rows, late, late_seen
 
-    def _unaggregated(self, df: DataFrame, watermark: int
-                      ) -> tuple[DataFrame, DataFrame | None]:
+    def _unaggregated(self, df: DataFrame, epoch: int, watermark: int
+                      ) -> tuple[DataFrame, DataFrame | None, Any]:
         """A process function's records as they are; a join's, without the late ones
-        (`runtime.join.split_late`), and those."""
+        (`runtime.join.split_late`), and those for its `late:` output, or, without one, the
+        observation that counts the late ones it drops (as `_split_late` does a window's)."""
         if self.op.join is None:
-            return df, None
-        from streamer.runtime.join import split_late
+            return df, None, None
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
 
-        return split_late(self.op.join, df, watermark)
+        from streamer.runtime.join import late_condition, split_late
+
+        if self.op.join.late:
+            return (*split_late(self.op.join, df, watermark), None)
+        is_late = late_condition(self.op.join, watermark)
+        if is_late is None:  # (a processing-time table join: nothing is late)
+            return df, None, None
+        seen = Observation(f"late_{self.op.id}_{epoch}")
+        df = df.observe(seen, F.count_if(is_late).alias("late"))
+        return df.filter(~is_late), None, seen
 
     def _first_records(self, df: DataFrame, group: list[Any], prerouted: bool) -> DataFrame:
         """Dedupe: each key's first record of the epoch (by event time, then arrival)."""

@@ -244,7 +244,8 @@ class KeyedOperatorStage(Stage):
         if result.late is not None and late_sink:
             ctx.route(late_sink, result.late, LATE)
             ctx.late_to[node_id] = late_sink
-        elif stage.op.window is not None and not late_sink:  # dropped: counted all the same
+        elif (stage.op.window is not None or result.late_seen is not None) and not late_sink:
+            # dropped (a window's, or a join's without late:): counted all the same
             ctx.seen_late[node_id] = (result.late_seen if result.late_seen is not None
                                       else LateInMetas(result.metas))
         for name, sink_id in stage.op.side_outputs:

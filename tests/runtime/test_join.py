@@ -273,3 +273,79 @@ def test_table_join_enriches_and_restores_at_another_parallelism_and_backend(
         decisions = plan_restore(meta, load_pipeline_text(text(job).replace(old, new)))
         assert [(d.operator, d.action) for d in decisions] == [("enriched", "refuse")], old
         assert "the join changed" in decisions[0].reason
+
+
+#: Two jsonl files sources read one file an epoch (`{files}`: the files' directory), joined by
+#: `{join}` into `out`; the watermark is each source's newest event time (no out-of-orderness).
+FILES = """\
+name: join-files
+""" + JOB_HEAD + """sources:
+  - id: views
+    type: files
+    path: {files}/views/*.jsonl
+    format: jsonl
+    schema: {{user_id: bigint, page: string, ts: timestamp}}
+    event_time: ts
+    max_files_per_epoch: 1
+  - id: users
+    type: files
+    path: {files}/users/*.jsonl
+    format: jsonl
+    schema: {{user_id: bigint, name: string, updated: timestamp}}
+    event_time: updated
+    max_files_per_epoch: 1{users_extra}
+operators:
+  - id: j
+    join: {{left: views, right: users, on: [user_id], type: left, {join}}}
+sinks:
+  - id: out
+    type: files
+    input: j
+    path: {out}
+    format: jsonl
+"""
+
+
+def at(seconds: float) -> str:
+    """An ISO timestamp `seconds` after 2026-01-01T00:00:00Z (`BASE_MS`)."""
+    import datetime
+
+    moment = datetime.datetime.fromtimestamp(BASE_MS / 1000 + seconds, tz=datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def run_files(spark: Any, tmp: Path, join: str, *, users_extra: str = "",
+              backend: str = "memory", **options: Any) -> Any:
+    text = FILES.format(storage=tmp / "storage", parallelism=2, backend=backend,
+                        local=tmp / "local", files=tmp, out=tmp / "out", join=join,
+                        users_extra=users_extra)
+    return JobRunner(load_pipeline_text(text), RunOptions(ui=False, checkpoints=True,
+                                                          **options), spark=spark).run()
+
+
+def test_late_records_of_a_join_without_late_output_are_counted(spark: Any,
+                                                                tmp_path: Path) -> None:
+    """An interval join without `late:` drops its late records and counts them, as a window
+    does: the epoch's `late`, the operator's `late`, the run's `late`."""
+    write_jsonl(tmp_path / "views" / "a.jsonl",
+                [{"user_id": i, "page": f"/{i}", "ts": at(100)} for i in range(3)])
+    write_jsonl(tmp_path / "users" / "a.jsonl",
+                [{"user_id": i, "name": f"u{i}", "updated": at(100)} for i in range(3)])
+    # Behind the watermark (100 s) that the second epoch carries in: one late record a side.
+    write_jsonl(tmp_path / "views" / "b.jsonl", [{"user_id": 5, "page": "/5", "ts": at(1)},
+                                                 {"user_id": 6, "page": "/6", "ts": at(200)}])
+    write_jsonl(tmp_path / "users" / "b.jsonl", [{"user_id": 5, "name": "u5",
+                                                  "updated": at(2)}])
+    result = run_files(spark, tmp_path, "between: [-10s, 10s]")
+    assert result.status == "finished"
+    assert result.late == 2
+    assert [m.late for m in result.metrics][:2] == [0, 2]
+    assert result.metrics[1].operators["j"]["late"] == 2
+    rows = sorted((r["user_id"], r["name"]) for r in (
+        json.loads(line) for line in committed(tmp_path / "out").elements()))
+    assert rows == [(0, "u0"), (1, "u1"), (2, "u2"), (6, None)]
