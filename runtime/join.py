@@ -3,7 +3,8 @@
 A join is a keyed stage with two inputs: each epoch, each side's frame is projected onto the
 join's output columns (`project_sides`: the key columns under the left's names, the left's
 other columns, the right's with `right_prefix`, nulls for the other side's), tagged with
-`JOIN_SIDE`, and the two are unioned; from there the keyed stage routes the rows by key group
+`JOIN_SIDE` (`DELETE` for a right record that is a changelog's tombstone, which deletes its
+key's table row), and the two are unioned; from there the keyed stage routes the rows by key group
 as it does any keyed operator's. A record whose key or event time is null is a bad record: a
 dead letter of the source its side reads (through stateless operators) when that source has
 `on_error`, else the epoch fails with a message naming the join and the record.
@@ -15,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from streamer.columns import EVENT_TIME, EVENT_TIME_MS, HIDDEN_PREFIX, JOIN_SIDE
+from streamer.columns import EVENT_TIME, EVENT_TIME_MS, HIDDEN_PREFIX, JOIN_SIDE, TOMBSTONE
 from streamer.connectors.base import DECODE_ERROR_MARKER
-from streamer.operators.join import JoinColumns, join_columns
+from streamer.operators.join import DELETE, JoinColumns, join_columns
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -84,10 +85,13 @@ def project_sides(plan: JoinPlan, left: DataFrame | None, right: DataFrame | Non
             own.update((c, c) for c in cols.left)
         else:
             own.update(zip(cols.right, cols.right_sources, strict=True))
+        tag = F.lit(side)
+        if side == 1 and TOMBSTONE in df.columns:  # a changelog's tombstone deletes its key
+            tag = F.when(F.col(TOMBSTONE).isNotNull(), F.lit(DELETE)).otherwise(tag)
         frames.append(df.select(
             *[(F.col(f"`{own[name]}`") if name in own else F.lit(None)).cast(types[name])
               .alias(name) for name in (*cols.keys, *cols.left, *cols.right)],
-            F.col(EVENT_TIME), F.lit(side).alias(JOIN_SIDE)))
+            F.col(EVENT_TIME), tag.alias(JOIN_SIDE)))
     if not frames:
         return None, dead
     return (frames[0] if len(frames) == 1 else frames[0].union(frames[1])), dead
@@ -123,6 +127,16 @@ def _bad_records(plan: JoinPlan, side: int, df: DataFrame, keys: tuple[str, ...]
         F.lit(None).cast("string").alias("offset"), record.alias("record"),
         F.lit(reason).alias("error"))
     return df.where(~is_bad), (origin.on_error, dead)
+
+
+def table_load(plan: JoinPlan, slices: Mapping[str, Any]) -> int | None:
+    """The load of a table join's `reload:` files table read this epoch, or None (a table
+    join's right input is that source, through stateless operators: validation)."""
+    origin = plan.origins[1]
+    piece = slices.get(origin.id) if origin is not None and plan.op.join is not None and \
+        plan.op.join.mode == "table" else None
+    load = piece.payload.get("load") if piece is not None else None
+    return int(load) if load is not None else None
 
 
 def late_condition(join: JoinSpec, watermark: int) -> Column | None:

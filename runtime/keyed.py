@@ -348,14 +348,16 @@ class KeyedStage:
 
     def run(self, df: DataFrame | None, epoch: int, now_ms: int, watermark: int,
             fire_up_to: int, checkpointing: Any = None, small: bool = False,
-            write_to: Any = None, broadcast: DataFrame | None = None) -> KeyedResult:
+            write_to: Any = None, broadcast: DataFrame | None = None,
+            table_load: int | None = None) -> KeyedResult:
         """Run the keyed stage for one epoch (one Spark job); `watermark` decides lateness,
         `fire_up_to` which timers fire (the watermark, or wall clock for processing time).
         `small`: the epoch has few rows, so they are routed before they are aggregated (one
         shuffle, see `_prepare`). `write_to`: the tasks write the output rows to this
         files-sink `TaskTarget` (see `_launch`). `broadcast`: a process function's
         broadcast records of the epoch, one copy of each to every subtask
-        (`_broadcast_copies`)."""
+        (`_broadcast_copies`). `table_load`: a table join's `reload:` table was read whole
+        this epoch, as this load (`operators.join._drop_unloaded`)."""
         from pyspark.sql import functions as F
 
         if df is None:
@@ -381,6 +383,8 @@ class KeyedStage:
             rows = self._routed(rows)
         cfg = replace(self.base_config, epoch=epoch, fire_up_to=fire_up_to, now_ms=now_ms,
                       checkpointing=checkpointing, park=small)
+        if table_load is not None:
+            cfg = replace(cfg, extra={**cfg.extra, "table_load": table_load})
         return replace(self._launch(rows, cfg, late, write_to), late_seen=late_seen)
 
     def _broadcast_copies(self, df: DataFrame, epoch: int, now_ms: int) -> DataFrame:

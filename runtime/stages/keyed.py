@@ -68,9 +68,14 @@ class RoutedRun(KeyedRun):
         process function's broadcast input goes with it, to every subtask."""
         op = self.stage.op
         broadcast = ctx.frames.get(op.broadcast) if op.broadcast else None
+        load = None
+        if self.stage.join is not None:  # a `reload:` table's load read this epoch
+            from streamer.runtime.join import table_load
+
+            load = table_load(self.stage.join, ctx.slices)
         return self.stage.run(union(present) if present else None, ctx.epoch, ctx.now,
                               ctx.fire_watermark, fire, tasks, ctx.decision.small, write_to,
-                              broadcast)
+                              broadcast, table_load=load)
 
 
 class SubtaskReadRun(KeyedRun):

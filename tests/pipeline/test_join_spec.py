@@ -4,6 +4,7 @@ checks against the inputs' columns are in tests/runtime/test_join.py)."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
@@ -217,3 +218,71 @@ def test_cli_plan_names_the_right_input(tmp_path) -> None:
     assert result.exit_code == 0, result.output
     assert "left interval join orders x payments" in result.output
     assert "paid_orders (join right input, shown under orders)" in result.output
+
+
+TABLES = textwrap.dedent("""\
+    name: tables
+    sources:
+      - id: views
+        type: files
+        path: /data/views/*.jsonl
+        format: jsonl
+        schema: {user_id: bigint, ts: timestamp}
+        event_time: ts
+      - id: users
+        type: kafka
+        bootstrap_servers: 127.0.0.1:9092
+        topic: users
+        key: user_id
+        schema: {user_id: bigint, name: string, updated: timestamp}
+        event_time: updated
+      - id: files_users
+        type: files
+        path: /data/users/*.jsonl
+        format: jsonl
+        reload: true
+        schema: {user_id: bigint, name: string, updated: timestamp}
+        event_time: updated
+    operators:
+      - id: a
+        join: {left: views, right: users, on: [user_id], table: {as_of: event_time}}
+      - id: b
+        join: {left: views, right: files_users, on: [user_id], table: true}
+    sinks:
+      - {id: out_a, type: console, input: a}
+      - {id: out_b, type: console, input: b}
+    """)
+
+
+def test_table_sources_key_and_reload() -> None:
+    spec = load_pipeline_text(TABLES, file="p.yaml", env={})
+    assert spec.sources[1].option("key") == "user_id"
+    assert spec.sources[2].option("reload") is True
+    properties = json_schema()["properties"]["sources"]["items"]
+    assert "key" in json.dumps(properties) and "reload" in json.dumps(properties)
+
+
+@pytest.mark.parametrize(("old", "new", "expected"), [
+    ("key: user_id", "key: id",
+     "p.yaml:13:10: key 'id' is not a column of the source's schema (user_id, name, "
+     "updated); name the column the message key holds"),
+    ("right: users, on: [user_id]", "right: users, left_key: [user_id], right_key: [name]",
+     "p.yaml:13:5: source 'users' has key: user_id (its tombstones delete the table row of "
+     "their key), so it can only be the right input of a table join on [user_id]; 'a' reads "
+     "it otherwise: remove key:, or read the topic with a second source without it"),
+    ("{id: out_a, type: console, input: a}", "{id: out_a, type: console, input: [a, users]}",
+     "p.yaml:13:5: source 'users' has key: user_id (its tombstones delete the table row of "
+     "their key), so it can only be the right input of a table join on [user_id]; 'out_a' "
+     "reads it otherwise: remove key:, or read the topic with a second source without it"),
+    ("right: files_users, on: [user_id], table: true",
+     "right: files_users, on: [user_id], table: {as_of: event_time}",
+     "p.yaml:20:5: source 'files_users' has reload: true (each load replaces a table), so it "
+     "can only be the right input of a processing-time table join (table: true); 'b' reads it "
+     "otherwise: remove reload:, or use a Kafka changelog for a temporal join"),
+    ("    reload: true\n", "    reload: true\n    watch: true\n",
+     "p.yaml:21:5: 'watch' does not apply with reload: true, which watches the files and "
+     "reads them all at each change; remove 'watch'"),
+])
+def test_invalid_table_sources(old: str, new: str, expected: str) -> None:
+    assert old in TABLES
+    assert problems(TABLES.replace(old, new)) == [expected]
