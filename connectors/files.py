@@ -5,6 +5,10 @@ read: `{"files": [...]}`. Each epoch takes the next new files in name order (at 
 `max_files_per_epoch`). Without `watch` the source is bounded by the files present when it
 looks; with `watch: true` files that appear later are read by later epochs.
 
+With `reload: true` (a table join's table) the offset is `{"load": n, "files": {name:
+"size:mtime"}}` instead: when any file changed, appeared or went away since load n, the next
+epoch reads every file present as load n + 1, which replaces the table (`operators.join`).
+
 Local files are read by Spark in place. Files on other file systems (`memory://`, object
 stores) are copied to a local temporary directory first, since Spark in local mode has no
 Hadoop connector for them; this is meant for tests and small inputs.

@@ -22,7 +22,9 @@ Two clients read the ranges (`client:`):
 `format: json` decodes the value with the pipeline's `schema:` (undecodable values go to
 `on_error`); `format: raw` gives `key`, `value` (binary), `topic`, `partition`, `offset`,
 `timestamp`. `record_timestamp: <column>` adds the Kafka record timestamp as a column, for
-`event_time`. With `bounded: true` the source ends at the partitions' end offsets read when the
+`event_time`. `key: <column>` (a changelog read as a table join's table): a tombstone (null
+value) becomes a deletion of that column's key, taken from the message key (`_tombstones`).
+With `bounded: true` the source ends at the partitions' end offsets read when the
 job starts (smoke runs in CI).
 """
 
