@@ -133,9 +133,10 @@ def table_load(plan: JoinPlan, slices: Mapping[str, Any]) -> int | None:
     """The load of a table join's `reload:` files table read this epoch, or None (a table
     join's right input is that source, through stateless operators: validation)."""
     origin = plan.origins[1]
-    piece = slices.get(origin.id) if origin is not None and plan.op.join is not None and \
-        plan.op.join.mode == "table" else None
-    load = piece.payload.get("load") if piece is not None else None
+    if origin is None or origin.type != "files" or not origin.option("reload"):
+        return None
+    piece = slices.get(origin.id)
+    load = (piece.payload or {}).get("load") if piece is not None else None
     return int(load) if load is not None else None
 
 
