@@ -33,6 +33,9 @@ DUMMY = "__dummy"
 # --------------------------------------------------------------------------- joins
 #: Which input of a join a record comes from (int): 0 left, 1 right (`operators.join`).
 JOIN_SIDE = "__join_side"
+#: A changelog record that deletes its key (a Kafka tombstone of a source with `key:`): its
+#: Kafka record timestamp, which is also its event time; null on every other record.
+TOMBSTONE = "__tombstone"
 
 # --------------------------------------------------------------------------- broadcast
 #: A process function's broadcast record, as a struct of its input's visible columns (null on

@@ -5,6 +5,10 @@ read: `{"files": [...]}`. Each epoch takes the next new files in name order (at 
 `max_files_per_epoch`). Without `watch` the source is bounded by the files present when it
 looks; with `watch: true` files that appear later are read by later epochs.
 
+With `reload: true` (a table join's table) the offset is `{"load": n, "files": {name:
+"size:mtime"}}` instead: when any file changed, appeared or went away since load n, the next
+epoch reads every file present as load n + 1, which replaces the table (`operators.join`).
+
 Local files are read by Spark in place. Files on other file systems (`memory://`, object
 stores) are copied to a local temporary directory first, since Spark in local mode has no
 Hadoop connector for them; this is meant for tests and small inputs.
@@ -168,6 +172,8 @@ class FilesSource(Source):
         self.url: str = spec.option("path")
         self.format: str = spec.option("format")
         self.watch: bool = bool(spec.option("watch", False))
+        #: `reload: true`: a table's files, read whole again when any changes (`_Reload`).
+        self.reload: bool = bool(spec.option("reload", False))
         max_files = spec.option("max_files_per_epoch")
         self.max_files: int | None = None if max_files is None else int(max_files)
         self.header: bool = bool(spec.option("header", True))
@@ -185,8 +191,8 @@ class FilesSource(Source):
     # ------------------------------------------------------------------------- listing
     @property
     def bounded(self) -> bool:
-        """Bounded unless `watch: true`."""
-        return not self.watch
+        """Bounded unless `watch: true` or `reload: true`."""
+        return not (self.watch or self.reload)
 
     def _name(self, path: str) -> str:
         """How a file is named in offsets and dead letters: a local path or a full URL."""
@@ -213,15 +219,39 @@ class FilesSource(Source):
         return sorted(self._name(p) for p in visible)
 
     def initial_offsets(self) -> Offsets:
-        """No file read yet."""
-        return {SPLIT: []}
+        """No file read yet (`reload`: no load yet)."""
+        return {SPLIT: {"load": 0, "files": {}}} if self.reload else {SPLIT: []}
 
     def _new_files(self, offsets: Mapping[str, Any]) -> list[str]:
+        if self.reload:  # the files that changed since the last load, or went away
+            loaded = _loaded(offsets)["files"]
+            now = self.signatures()
+            return sorted(n for n in {*loaded, *now} if loaded.get(n) != now.get(n))
         done = set(offsets.get(SPLIT, []))
         return [p for p in self.list_files() if p not in done]
 
+    def signatures(self) -> dict[str, str]:
+        """`reload`: each file present now, with its size and modification time."""
+        out = {}
+        for name in self.list_files():
+            info = self.fs.info(name if self.local else self.fs._strip_protocol(name))
+            modified = next((info[k] for k in ("mtime", "LastModified", "last_modified",
+                                                "created") if info.get(k) is not None), "")
+            out[name] = f"{info.get('size')}:{modified}"
+        return out
+
     def plan(self, offsets: Mapping[str, Any], now_ms: int) -> SourceSlice | None:
-        """The next new files in name order, at most `max_files_per_epoch`; None if none."""
+        """The next new files in name order, at most `max_files_per_epoch`; None if none.
+        `reload`: when a file changed, appeared or went away since the last load, every
+        file present (the whole table, whatever `max_files_per_epoch`), as the next load:
+        the offsets record each file's size and modification time, and the load's number."""
+        if self.reload:
+            if not self._new_files(offsets):
+                return None
+            now, load = self.signatures(), int(_loaded(offsets)["load"]) + 1
+            return SourceSlice(source_id=self.spec.id, start=dict(offsets),
+                               end={SPLIT: {"load": load, "files": now}},
+                               payload={"files": sorted(now), "load": load})
         new = self._new_files(offsets)
         if self.max_files is not None:
             new = new[:self.max_files]
@@ -328,6 +358,8 @@ class FilesSource(Source):
     def read(self, piece: SourceSlice) -> SourceRead:
         """The records of the slice's files (lazy, one Spark scan per format)."""
         files: list[str] = list(piece.payload["files"])
+        if not files:  # a reload that found no file: an empty table
+            return SourceRead(records=self.ctx.spark.createDataFrame([], self.schema()))
         if self.format == "parquet":
             return self._read_parquet(files)
         schema = self.schema()
@@ -465,3 +497,10 @@ class FilesSource(Source):
         return SourceRead(records=records, dead_letters=self._dead_frame(dead),
                           position=((_SPLIT_COLUMN, _ROW_COLUMN) if self.spec.event_time
                                     else None))
+
+
+def _loaded(offsets: Mapping[str, Any]) -> dict[str, Any]:
+    """`reload`: the last load's number and files (a checkpoint of a run without `reload`
+    has a list of files: as no load yet, so the table is read whole)."""
+    found = offsets.get(SPLIT)
+    return found if isinstance(found, dict) else {"load": 0, "files": {}}

@@ -22,7 +22,9 @@ Two clients read the ranges (`client:`):
 `format: json` decodes the value with the pipeline's `schema:` (undecodable values go to
 `on_error`); `format: raw` gives `key`, `value` (binary), `topic`, `partition`, `offset`,
 `timestamp`. `record_timestamp: <column>` adds the Kafka record timestamp as a column, for
-`event_time`. With `bounded: true` the source ends at the partitions' end offsets read when the
+`event_time`. `key: <column>` (a changelog read as a table join's table): a tombstone (null
+value) becomes a deletion of that column's key, taken from the message key (`_tombstones`).
+With `bounded: true` the source ends at the partitions' end offsets read when the
 job starts (smoke runs in CI).
 """
 
@@ -35,12 +37,13 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from streamer.columns import TOMBSTONE
 from streamer.connectors.base import ConnectorContext, Offsets, Source, SourceRead, SourceSlice
 from streamer.connectors.exceptions import ConnectorError, ReadFailed
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import DataFrame
+    from pyspark.sql import Column, DataFrame
     from pyspark.sql.types import StructType
 
     from streamer.pipeline.spec import PipelineSpec, SourceSpec
@@ -115,6 +118,8 @@ class KafkaSource(Source):
             raise ConnectorError(msg)
         self.is_bounded: bool = bool(spec.option("bounded", False))
         self.record_timestamp: str | None = spec.option("record_timestamp")
+        #: A changelog's key column (`key:`): a tombstone deletes the row of its message key.
+        self.key: str | None = spec.option("key")
         cap = spec.option("max_records_per_epoch", DEFAULT_MAX_RECORDS_PER_EPOCH)
         self.cap: int = max(1, int(cap))
         self.conf = client_config(spec.options)
@@ -375,9 +380,14 @@ class KafkaSource(Source):
             carried.append(F.col("offset").cast("string").alias(_OFFSET))
         # (Invalid UTF-8 becomes U+FFFD: Spark's cast does not check it, and a string that
         # is not UTF-8 fails whatever converts it to Python, a console sink's print.)
-        lines = raw.select(F.make_valid_utf8(F.col("value").cast("string")).alias("value"),
-                           split.alias("split"), F.col("offset").alias("offset"), *carried)
-        extra = (_SPLIT, _TS, _OFFSET) if self.spec.event_time else (_SPLIT, _TS)
+        value = F.make_valid_utf8(F.col("value").cast("string"))
+        extra: tuple[str, ...] = (_SPLIT, _TS, _OFFSET) if self.spec.event_time else (_SPLIT, _TS)
+        if self.key:  # a tombstone: its key column from the message key, a TOMBSTONE time
+            value, tombstone = self._tombstones(value)
+            carried.append(tombstone)
+            extra = (*extra, TOMBSTONE)
+        lines = raw.select(value.alias("value"), split.alias("split"),
+                           F.col("offset").alias("offset"), *carried)
         decoded = decode_json_lines(self.ctx.spark, lines, self.schema_without_timestamp(),
                                     self.spec, extra=extra, local=local is not None,
                                     blank_is_record=True)
@@ -389,6 +399,25 @@ class KafkaSource(Source):
         return SourceRead(records=records, dead_letters=decoded.dead_letters,
                           split_column=_SPLIT, local=local is not None,
                           position=(_SPLIT, _OFFSET) if self.spec.event_time else None)
+
+    def _tombstones(self, value: Column) -> tuple[Column, Column]:
+        """(`value`, with a tombstone's (null value's) replaced by the JSON object of its
+        `key:` column from the message key's text, cast to the column's type; a tombstone
+        without a key, or whose key does not cast, by text that does not decode, so that it
+        is a dead letter of the source's `on_error` (the record: what its key was); the
+        `TOMBSTONE` column: a tombstone's Kafka timestamp, else null)."""
+        from pyspark.sql import functions as F
+
+        assert self.key is not None
+        types = {f.name: f.dataType for f in self.schema_without_timestamp().fields}
+        text = F.make_valid_utf8(F.col("key").cast("string"))
+        key = text.try_cast(types[self.key]) if self.key in types else text
+        is_tombstone = F.col("value").isNull()
+        synthetic = F.when(key.isNotNull(), F.to_json(F.struct(key.alias(self.key)))).otherwise(
+            F.coalesce(F.concat(F.lit(f"a tombstone whose key is not a {self.key}: "), text),
+                       F.lit("a tombstone without a key")))
+        return (F.when(is_tombstone, synthetic).otherwise(value),
+                F.when(is_tombstone, F.col("timestamp")).alias(TOMBSTONE))
 
     def schema_without_timestamp(self) -> StructType:
         """The decoded value's columns (the schema less `record_timestamp`)."""

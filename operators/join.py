@@ -46,6 +46,8 @@ from streamer.columns import SEQUENCE as SEQ
 #: The two states of a join's buffered records (kind VALUE), by side.
 STATES = ("join.left", "join.right")
 LEFT, RIGHT = 0, 1
+#: A table join's right record that deletes its key's row (a changelog's tombstone).
+DELETE = 2
 _NS = b""
 
 
@@ -104,7 +106,7 @@ def run_join(cfg: Any, backend: Any, rows: list[dict[str, Any]], out: Any) -> No
     """One epoch of a join for one subtask: match, buffer, fire closed windows, expire (with
     outer rows), as the module docstring says."""
     from streamer.state import StateDescriptor, StateKind
-    from streamer.state.codec import decode_key, encode_key
+    from streamer.state.codec import encode_key
 
     join, cols = cfg.join, cfg.join_columns
     for name in STATES:
@@ -116,19 +118,47 @@ def run_join(cfg: Any, backend: Any, rows: list[dict[str, Any]], out: Any) -> No
         kb = encode_key(tuple(row[k] for k in cols.keys))
         by_key.setdefault((row[KEY_GROUP], kb), []).append(row)
     cells = sorted(set(by_key) | {(t.key_group, t.key) for t in due})
-    if not cells:
-        return
+    load = cfg.extra.get("table_load") if join.mode == "table" else None
+    if cells:
+        _run_cells(cfg, backend, cells, by_key, out)
+    if load is not None:
+        _drop_unloaded(backend, load)
+
+
+def _drop_unloaded(backend: Any, load: int) -> None:
+    """A table's load `load` replaced it: delete the rows of earlier loads (of keys the load
+    no longer has) in the subtask's key groups."""
+    stale = [(kg, kb, ns) for kg in backend.key_groups
+             for kb, ns, row in backend.iterate(STATES[RIGHT], kg)
+             if row and _load_of(row[0]) < load]
+    if stale:
+        backend.delete_many(STATES[RIGHT], stale)
+
+
+def _load_of(record: list[Any]) -> int:
+    """The load of a table row (`reload:`): its record's last field (0: none)."""
+    return int(record[4] or 0)
+
+
+def _run_cells(cfg: Any, backend: Any, cells: list[tuple[int, bytes]],
+               by_key: dict[tuple[int, bytes], list[dict[str, Any]]], out: Any) -> None:
+    """`run_join` over the keys that have records or timers this epoch."""
+    from streamer.state.codec import decode_key
+
+    join, cols, wm = cfg.join, cfg.join_columns, cfg.fire_up_to
     addresses = [(kg, kb, _NS) for kg, kb in cells]
     stored = [backend.get_many(name, addresses) for name in STATES]
     puts: list[list[Any]] = [[], []]
     deletes: list[list[Any]] = [[], []]
     timers: set[tuple[int, int, bytes, bytes]] = set()
     logic: Any = {"interval": _Interval, "window": _Windowed, "table": _Table}[join.mode](join, wm)
+    if join.mode == "table":
+        logic.load = cfg.extra.get("table_load")
     for i, (kg, kb) in enumerate(cells):
         buffers = (list(stored[0][i] or ()), list(stored[1][i] or ()))
         emit = _Rows(out, decode_key(kb), cols)
         for row in sorted(by_key.get((kg, kb), ()), key=logic.order):
-            side = row[JOIN_SIDE]
+            side = row[JOIN_SIDE]  # (LEFT, RIGHT, or DELETE: a table's right side)
             own = cols.left if side == LEFT else cols.right
             record = [row[EVENT_TIME_MS], row[SEQ], [row[c] for c in own], False, None]
             for expiry in logic.add(record, side, buffers, emit):
@@ -279,6 +309,9 @@ class _Table:
 
     def __init__(self, join: Any, wm: int) -> None:
         self.wm, self.temporal, self.outer = wm, join.as_of is not None, join.outer_left
+        #: A `reload:` table's load read this epoch (None: none): its rows replace every
+        #: row of an earlier load, whatever their times; the others are deleted.
+        self.load: int | None = None
 
     def order(self, row: dict[str, Any]) -> tuple[int, ...]:
         """Right records before left ones (processing time), then event time, arrival."""
@@ -291,12 +324,22 @@ class _Table:
 
     def add(self, record: list[Any], side: int, buffers: tuple[list[Any], list[Any]],
             emit: _Rows) -> list[int]:
-        """Upsert a right record; join or buffer a left one (its timer: its ts)."""
+        """Upsert a right record (delete: a tombstone); join or buffer a left one (its
+        timer: its ts). A tombstone is a version without a row (temporal), or, processing
+        time, deletes the row unless the row is newer."""
         versions = buffers[RIGHT]
-        if side == RIGHT:
+        if side == DELETE:
+            record[2] = None
+        if self.load is not None:  # (processing time only: validation)
+            if side == RIGHT:
+                record[4] = self.load
+            elif versions and _load_of(versions[0]) < self.load:
+                versions[:] = []  # a row the load no longer has
+        if side != LEFT:
             if not self.temporal:
-                if not versions or (versions[0][0], versions[0][1]) <= (record[0], record[1]):
-                    versions[:] = [record]
+                if not versions or (_load_of(versions[0]), versions[0][0], versions[0][1]) <= (
+                        _load_of(record), record[0], record[1]):
+                    versions[:] = [record] if side == RIGHT else []
                 return []
             at = len(versions)
             while at and (versions[at - 1][0], versions[at - 1][1]) > (record[0], record[1]):
@@ -310,6 +353,8 @@ class _Table:
         return [record[0]]
 
     def _join(self, left: list[Any], right: list[Any] | None, emit: _Rows) -> None:
+        if right is not None and right[2] is None:  # a deleted row: none
+            right = None
         if right is not None or self.outer:
             emit.pair(left, right, left[0])
 
@@ -330,3 +375,5 @@ class _Table:
         current = sum(1 for v in versions if v[0] <= self.wm)
         if current > 1:
             del versions[:current - 1]
+        if versions and versions[0][2] is None and versions[0][0] <= self.wm:
+            del versions[0]  # (a deletion no left record can need: as no version at all)

@@ -149,6 +149,10 @@ FILES_SOURCE = _source(
         "header": Field(Bool("CSV only: the first line names the columns (default true).")),
         "delimiter": Field(Str("CSV only: the field separator (default ',').")),
         "max_files_per_epoch": Field(Int("At most this many new files per epoch.", minimum=1)),
+        "reload": Field(Bool("A table join's right input: when a file changes, appears or "
+                             "goes away (size, modification time), every file is read again "
+                             "and replaces the table (keys no longer present are deleted); "
+                             "unbounded; default false.")),
     },
     "Files read in name order; with watch: true, new files are picked up as they appear.",
     [_watermark_needs_event_time],
@@ -161,6 +165,12 @@ def _files_source_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
             if key in value:
                 ck.report((*path, key), f"format: text has one column `line` and cannot fail "
                           f"to decode; remove {key!r}", at_key=True)
+    if value.get("reload") is True:
+        for key in ("watch", "max_files_per_epoch"):
+            if key in value:
+                ck.report((*path, key), f"{key!r} does not apply with reload: true, which "
+                          "watches the files and reads them all at each change; remove "
+                          f"{key!r}", at_key=True)
     if value.get("format") != "csv":
         for key in ("header", "delimiter"):
             if key in value:
@@ -190,6 +200,11 @@ KAFKA_SOURCE = _source(
                                       pattern_hint=COLUMN_HINT)),
         "max_records_per_epoch": Field(Int("At most this many records per partition per "
                                            "epoch (default 1000000).", minimum=1)),
+        "key": Field(Str("A changelog read as a table join's right input: the column (of "
+                         "schema) that the message key holds, as text (as the Kafka sink's "
+                         "key: writes it); a tombstone (null value) then deletes the table "
+                         "row of that key.", pattern=COLUMN_PATTERN,
+                         pattern_hint=COLUMN_HINT)),
     },
     "Kafka topic partitions; offsets are the source's state.",
     [_watermark_needs_event_time, _exactly_one(("topic", "topics"), "a kafka source")],
@@ -203,6 +218,14 @@ def _kafka_source_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
     if value.get("format") == "raw" and "on_error" in value:
         ck.report((*path, "on_error"), "format: raw cannot fail to decode; remove "
                   "'on_error'", at_key=True)
+    key, schema = value.get("key"), value.get("schema")
+    if isinstance(key, str) and value.get("format") == "raw":
+        ck.report((*path, "key"), "format: raw has the message key as its column key; "
+                  "remove 'key' (it applies to format: json)", at_key=True)
+    elif isinstance(key, str) and isinstance(schema, dict) and key not in schema:
+        ck.report((*path, "key"), f"key {key!r} is not a column of the source's schema "
+                  f"({', '.join(map(str, schema)) or 'none'}); name the column the message "
+                  "key holds")
 
 
 KAFKA_SOURCE.rules.append(_kafka_source_rules)
@@ -301,6 +324,13 @@ def _operator_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
         if "window" in value:
             ck.report((*path, "window"), f"a window join's window goes inside join: "
                       f"(join: {{window: ...}}); remove it from {what}", at_key=True)
+        join = value["join"]
+        if "late" in value and isinstance(join, dict) and join.get("table") is True:
+            ck.report((*path, "late"), f"{what} is a processing-time table join (table: "
+                      "true), which has no late records (each left record joins the row its "
+                      "key has when it is processed); remove late, or use table: {as_of: "
+                      "event_time} (a temporal join, whose late records go there)",
+                      at_key=True)
         return
     if "input" not in value:
         ck.report(path, f"{what} is missing required key 'input'")

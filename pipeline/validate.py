@@ -275,6 +275,8 @@ def check_references(data: Mapping[str, Any], ck: Checker) -> None:
                       f"used; add a sink or operator with input: {node_id}, or remove the "
                       f"{kind}")
 
+    _check_changelogs(data, ck)
+
     for i, test in _items(data, "tests"):
         for key, kind in (("inputs", "source"), ("expect", "sink")):
             rows = test.get(key)
@@ -286,6 +288,55 @@ def check_references(data: Mapping[str, Any], ck: Checker) -> None:
                     ck.report(("tests", i, key, ref), f"{key} of test {test.get('name')!r} names "
                               f"{ref!r}, which is not a {kind}"
                               f"{did_you_mean(ref, wanted, listing=kind + 's')}", at_key=True)
+
+
+def _check_changelogs(data: Mapping[str, Any], ck: Checker) -> None:
+    """A table source is read only as the right input of table joins: a Kafka source with
+    `key:` (a changelog whose tombstones delete their key: rows of nulls anywhere else) of
+    joins on that column; a files source with `reload: true` (whose loads replace the
+    table) of processing-time ones (`table: true`)."""
+    # input id -> (reader id, the join's table: and right key columns when it is a join's
+    # right input, else None)
+    readers: dict[str, list[tuple[str, tuple[Any, Any] | None]]] = {}
+    for section in ("operators", "sinks"):
+        for _, raw in _items(data, section):
+            reader = str(raw.get("id"))
+            join = raw.get("join") if section == "operators" else None
+            if isinstance(join, dict):
+                keys = join.get("right_key", join.get("on"))
+                right = (join.get("table"), [keys] if isinstance(keys, str) else keys)
+                for side in ("left", "right"):
+                    readers.setdefault(str(join.get(side)), []).append(
+                        (reader, right if side == "right" else None))
+                continue
+            for name in ("input", "broadcast"):
+                for ref, _ in _ref_paths(raw, (section,), name):
+                    readers.setdefault(ref, []).append((reader, None))
+    for i, raw in _items(data, "sources"):
+        key: str | None = raw.get("key")
+        source = f"source {raw.get('id')!r}"
+        schema = raw.get("schema")
+        if isinstance(schema, dict) and isinstance(key, str) and key not in schema:
+            continue  # (reported as the source's)
+        if raw.get("type") == "kafka" and isinstance(key, str):
+            where: Path = ("sources", i, "key")
+            why = (f"{source} has key: {key} (its tombstones delete the table row of their "
+                   f"key), so it can only be the right input of a table join on [{key}]")
+            fix = "remove key:, or read the topic with a second source without it"
+        elif raw.get("type") == "files" and raw.get("reload") is True:
+            key, where = None, ("sources", i, "reload")
+            why = (f"{source} has reload: true (each load replaces a table), so it can only "
+                   "be the right input of a processing-time table join (table: true)")
+            fix = "remove reload:, or use a Kafka changelog for a temporal join"
+        else:
+            continue
+        for reader, table in readers.get(str(raw.get("id")), []):
+            fits = table is not None and (table[0] is True if key is None else (
+                table[0] is not None and table[1] == [key]))
+            if not fits:
+                ck.report(where, f"{why}; {reader!r} reads it otherwise: {fix}",
+                          at_key=True)
+                break
 
 
 def validate_data(data: Any, positions: Positions,

@@ -206,14 +206,20 @@ class EpochRunner:
                 f"{len(restored) - local} from checkpoint storage (slowest {slowest:,.0f} ms)")
 
     def _advance(self, ctx: EpochContext) -> None:
-        """The sources' offsets move past the epoch's slices; the watermark follows."""
+        """The sources' offsets move past the epoch's slices; the watermark follows. A
+        bounded source whose slice was its last no longer holds the watermark back from
+        this epoch on (Flink's end-of-input watermark), not from the next one's planning:
+        a temporal join's left records do not wait an epoch more for a table read whole."""
         job = self.job
         for sid, piece in ctx.slices.items():
             job.offsets[sid] = dict(piece.end)
-            if job.sources[sid].spec.event_time:
+            source = job.sources[sid]
+            if source.spec.event_time:
                 got = ctx.seen_in[sid].get
                 job.tracker.observe(sid, {str(split): got.get(f"ts{i}")
                                           for i, split in enumerate(piece.end)}, ctx.now)
+                if source.bounded and source.exhausted(job.offsets[sid]):
+                    job.tracker.finish(sid)
         job.tracker.advance(now_ms())
 
     def _complete(self, ctx: EpochContext, started: float) -> float | None:

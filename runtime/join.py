@@ -3,7 +3,8 @@
 A join is a keyed stage with two inputs: each epoch, each side's frame is projected onto the
 join's output columns (`project_sides`: the key columns under the left's names, the left's
 other columns, the right's with `right_prefix`, nulls for the other side's), tagged with
-`JOIN_SIDE`, and the two are unioned; from there the keyed stage routes the rows by key group
+`JOIN_SIDE` (`DELETE` for a right record that is a changelog's tombstone, which deletes its
+key's table row), and the two are unioned; from there the keyed stage routes the rows by key group
 as it does any keyed operator's. A record whose key or event time is null is a bad record: a
 dead letter of the source its side reads (through stateless operators) when that source has
 `on_error`, else the epoch fails with a message naming the join and the record.
@@ -15,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from streamer.columns import EVENT_TIME, EVENT_TIME_MS, HIDDEN_PREFIX, JOIN_SIDE
+from streamer.columns import EVENT_TIME, EVENT_TIME_MS, HIDDEN_PREFIX, JOIN_SIDE, TOMBSTONE
 from streamer.connectors.base import DECODE_ERROR_MARKER
-from streamer.operators.join import JoinColumns, join_columns
+from streamer.operators.join import DELETE, JoinColumns, join_columns
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -84,10 +85,13 @@ def project_sides(plan: JoinPlan, left: DataFrame | None, right: DataFrame | Non
             own.update((c, c) for c in cols.left)
         else:
             own.update(zip(cols.right, cols.right_sources, strict=True))
+        tag = F.lit(side)
+        if side == 1 and TOMBSTONE in df.columns:  # a changelog's tombstone deletes its key
+            tag = F.when(F.col(TOMBSTONE).isNotNull(), F.lit(DELETE)).otherwise(tag)
         frames.append(df.select(
             *[(F.col(f"`{own[name]}`") if name in own else F.lit(None)).cast(types[name])
               .alias(name) for name in (*cols.keys, *cols.left, *cols.right)],
-            F.col(EVENT_TIME), F.lit(side).alias(JOIN_SIDE)))
+            F.col(EVENT_TIME), tag.alias(JOIN_SIDE)))
     if not frames:
         return None, dead
     return (frames[0] if len(frames) == 1 else frames[0].union(frames[1])), dead
@@ -125,26 +129,44 @@ def _bad_records(plan: JoinPlan, side: int, df: DataFrame, keys: tuple[str, ...]
     return df.where(~is_bad), (origin.on_error, dead)
 
 
-def split_late(join: JoinSpec, df: DataFrame, watermark: int
-               ) -> tuple[DataFrame, DataFrame | None]:
-    """(the records not behind `watermark`, the late ones with a `join_side` column saying
-    left or right). Late: an interval or temporal table join's record at or behind the
-    watermark; a window join's once its last window has closed (`W >= last window end - 1`);
-    never a processing-time table join's (None: its left records wait for nothing, its right
-    records upsert the table whatever their time)."""
+def table_load(plan: JoinPlan, slices: Mapping[str, Any]) -> int | None:
+    """The load of a table join's `reload:` files table read this epoch, or None (a table
+    join's right input is that source, through stateless operators: validation)."""
+    origin = plan.origins[1]
+    if origin is None or origin.type != "files" or not origin.option("reload"):
+        return None
+    piece = slices.get(origin.id)
+    load = (piece.payload or {}).get("load") if piece is not None else None
+    return int(load) if load is not None else None
+
+
+def late_condition(join: JoinSpec, watermark: int) -> Column | None:
+    """Whether a record is late: an interval or temporal table join's record at or behind
+    `watermark`; a window join's once its last window has closed (`W >= last window end -
+    1`); never a processing-time table join's (None: its left records wait for nothing, its
+    right records upsert the table whatever their time)."""
     from pyspark.sql import functions as F
 
     if join.mode == "table" and join.as_of is None:
-        return df, None
+        return None
     ts = F.col(EVENT_TIME_MS)
     if join.mode in ("interval", "table"):
-        is_late = ts <= F.lit(watermark)
-    else:
-        window = join.window
-        assert window is not None
-        size, slide = window.size_ms or 0, window.slide_ms or window.size_ms or 0
-        is_late = ts - F.expr(f"pmod({EVENT_TIME_MS}, {slide})") + F.lit(size - 1) <= F.lit(
-            watermark)
+        return ts <= F.lit(watermark)
+    window = join.window
+    assert window is not None
+    size, slide = window.size_ms or 0, window.slide_ms or window.size_ms or 0
+    return ts - F.expr(f"pmod({EVENT_TIME_MS}, {slide})") + F.lit(size - 1) <= F.lit(watermark)
+
+
+def split_late(join: JoinSpec, df: DataFrame, watermark: int
+               ) -> tuple[DataFrame, DataFrame | None]:
+    """(the records not behind `watermark` (`late_condition`), the late ones with a
+    `join_side` column saying left or right, or None when nothing can be late)."""
+    from pyspark.sql import functions as F
+
+    is_late = late_condition(join, watermark)
+    if is_late is None:
+        return df, None
     late = df.filter(is_late).withColumn(
         "join_side", F.when(F.col(JOIN_SIDE) == 0, F.lit("left")).otherwise(F.lit("right")))
     late = late.drop(*[c for c in late.columns if c.startswith(HIDDEN_PREFIX)])

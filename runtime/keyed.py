@@ -259,7 +259,7 @@ class KeyedStage:
         window = self.op.window
         lateness = window.allowed_lateness_ms if window else 0
         if self.kind in ("process", "join"):  # every record goes to the function or join
-            return (*self._unaggregated(df, watermark), None)
+            return self._unaggregated(df, epoch, watermark)
         if self.kind == "dedupe":
             return self._first_records(df, group, prerouted), None, None
         if window and window.kind in ("tumbling", "sliding") and self.domain == "event":
@@ -313,15 +313,26 @@ class KeyedStage:
             late = visible(late)
         return rows, late, late_seen
 
-    def _unaggregated(self, df: DataFrame, watermark: int
-                      ) -> tuple[DataFrame, DataFrame | None]:
+    def _unaggregated(self, df: DataFrame, epoch: int, watermark: int
+                      ) -> tuple[DataFrame, DataFrame | None, Any]:
         """A process function's records as they are; a join's, without the late ones
-        (`runtime.join.split_late`), and those."""
+        (`runtime.join.split_late`), and those for its `late:` output, or, without one, the
+        observation that counts the late ones it drops (as `_split_late` does a window's)."""
         if self.op.join is None:
-            return df, None
-        from streamer.runtime.join import split_late
+            return df, None, None
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
 
-        return split_late(self.op.join, df, watermark)
+        from streamer.runtime.join import late_condition, split_late
+
+        if self.op.join.late:
+            return (*split_late(self.op.join, df, watermark), None)
+        is_late = late_condition(self.op.join, watermark)
+        if is_late is None:  # (a processing-time table join: nothing is late)
+            return df, None, None
+        seen = Observation(f"late_{self.op.id}_{epoch}")
+        df = df.observe(seen, F.count_if(is_late).alias("late"))
+        return df.filter(~is_late), None, seen
 
     def _first_records(self, df: DataFrame, group: list[Any], prerouted: bool) -> DataFrame:
         """Dedupe: each key's first record of the epoch (by event time, then arrival)."""
@@ -337,14 +348,16 @@ class KeyedStage:
 
     def run(self, df: DataFrame | None, epoch: int, now_ms: int, watermark: int,
             fire_up_to: int, checkpointing: Any = None, small: bool = False,
-            write_to: Any = None, broadcast: DataFrame | None = None) -> KeyedResult:
+            write_to: Any = None, broadcast: DataFrame | None = None,
+            table_load: int | None = None) -> KeyedResult:
         """Run the keyed stage for one epoch (one Spark job); `watermark` decides lateness,
         `fire_up_to` which timers fire (the watermark, or wall clock for processing time).
         `small`: the epoch has few rows, so they are routed before they are aggregated (one
         shuffle, see `_prepare`). `write_to`: the tasks write the output rows to this
         files-sink `TaskTarget` (see `_launch`). `broadcast`: a process function's
         broadcast records of the epoch, one copy of each to every subtask
-        (`_broadcast_copies`)."""
+        (`_broadcast_copies`). `table_load`: a table join's `reload:` table was read whole
+        this epoch, as this load (`operators.join._drop_unloaded`)."""
         from pyspark.sql import functions as F
 
         if df is None:
@@ -370,6 +383,8 @@ class KeyedStage:
             rows = self._routed(rows)
         cfg = replace(self.base_config, epoch=epoch, fire_up_to=fire_up_to, now_ms=now_ms,
                       checkpointing=checkpointing, park=small)
+        if table_load is not None:
+            cfg = replace(cfg, extra={**cfg.extra, "table_load": table_load})
         return replace(self._launch(rows, cfg, late, write_to), late_seen=late_seen)
 
     def _broadcast_copies(self, df: DataFrame, epoch: int, now_ms: int) -> DataFrame:

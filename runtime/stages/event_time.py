@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from streamer.columns import EVENT_TIME, HIDDEN_PREFIX
+from streamer.columns import EVENT_TIME, HIDDEN_PREFIX, TOMBSTONE
 from streamer.connectors.base import DECODE_ERROR_MARKER
 
 if TYPE_CHECKING:
@@ -69,8 +69,11 @@ def with_event_time(records: DataFrame, read: SourceRead, spec: SourceSpec
     from pyspark.sql import functions as F
 
     assert spec.event_time
+    event_time = F.expr(spec.event_time)
+    if TOMBSTONE in records.columns:  # a tombstone has no value: its Kafka timestamp
+        event_time = F.coalesce(F.col(TOMBSTONE), event_time)
     with lenient(records.sparkSession):  # (withColumn analyzes at once)
-        records = records.withColumn(EVENT_TIME, F.expr(spec.event_time))
+        records = records.withColumn(EVENT_TIME, event_time)
     hidden = {c for c in (read.split_column, *(read.position or ())) if c}
     shown = [c for c in records.columns
              if c not in hidden and not c.startswith(HIDDEN_PREFIX)]

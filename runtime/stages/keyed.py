@@ -68,9 +68,14 @@ class RoutedRun(KeyedRun):
         process function's broadcast input goes with it, to every subtask."""
         op = self.stage.op
         broadcast = ctx.frames.get(op.broadcast) if op.broadcast else None
+        load = None
+        if self.stage.join is not None:  # a `reload:` table's load read this epoch
+            from streamer.runtime.join import table_load
+
+            load = table_load(self.stage.join, ctx.slices)
         return self.stage.run(union(present) if present else None, ctx.epoch, ctx.now,
                               ctx.fire_watermark, fire, tasks, ctx.decision.small, write_to,
-                              broadcast)
+                              broadcast, table_load=load)
 
 
 class SubtaskReadRun(KeyedRun):
@@ -244,7 +249,8 @@ class KeyedOperatorStage(Stage):
         if result.late is not None and late_sink:
             ctx.route(late_sink, result.late, LATE)
             ctx.late_to[node_id] = late_sink
-        elif stage.op.window is not None and not late_sink:  # dropped: counted all the same
+        elif (stage.op.window is not None or result.late_seen is not None) and not late_sink:
+            # dropped (a window's, or a join's without late:): counted all the same
             ctx.seen_late[node_id] = (result.late_seen if result.late_seen is not None
                                       else LateInMetas(result.metas))
         for name, sink_id in stage.op.side_outputs:

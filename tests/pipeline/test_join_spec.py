@@ -4,6 +4,7 @@ checks against the inputs' columns are in tests/runtime/test_join.py)."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
@@ -100,7 +101,7 @@ def test_window_join_with_left_and_right_keys_and_negative_bounds() -> None:
      "p.yaml:21:7: a table join is inner or left, not full: a table has no unmatched rows "
      "to emit (its rows are upserts of the current value of their key); use type: inner or "
      "left"),
-    ("type: left\n      between: [0s, 1h]", "type: right\n      table: true",
+    ("type: left\n      between: [0s, 1h]", "type: right\n      table: true\n    uid: x",
      "p.yaml:21:7: a table join is inner or left, not right: a table has no unmatched rows "
      "to emit (its rows are upserts of the current value of their key); use type: inner or "
      "left"),
@@ -142,10 +143,19 @@ def test_window_join_with_left_and_right_keys_and_negative_bounds() -> None:
     ("    late: too_late\n", "    late: too_late\n    broadcast: payments\n",
      "p.yaml:24:5: 'broadcast' does not apply to a join; remove it from operator "
      "'paid_orders'"),
+    ("between: [0s, 1h]", "table: true",
+     "p.yaml:23:5: operator 'paid_orders' is a processing-time table join (table: true), "
+     "which has no late records (each left record joins the row its key has when it is "
+     "processed); remove late, or use table: {as_of: event_time} (a temporal join, whose "
+     "late records go there)"),
 ])
 def test_invalid_join(old: str, new: str, expected: str) -> None:
     assert old in BASE
-    assert problems(BASE.replace(old, new)) == [expected]
+    text = BASE.replace(old, new)
+    if "uid: x" in new:  # (a case of its own: no late output, which table: true refuses)
+        text = text.replace("    late: too_late\n", "").replace("  - id: too_late\n", "  - "
+                                                                "id: too_late\n    input: orders\n")
+    assert problems(text) == [expected]
 
 
 def test_late_outside_a_join_is_reported() -> None:
@@ -169,8 +179,9 @@ def test_schema_has_the_join_operator() -> None:
 
 
 def test_table_join_spec() -> None:
-    spec = load_pipeline_text(BASE.replace("between: [0s, 1h]", "table: true"), file="p.yaml",
-                              env={})
+    text = BASE.replace("between: [0s, 1h]", "table: true").replace("    late: too_late\n", "")
+    spec = load_pipeline_text(text.replace("  - id: too_late\n", "  - id: too_late\n"
+                                           "    input: orders\n"), file="p.yaml", env={})
     join = spec.operators[0].join
     assert join is not None and (join.mode, join.as_of, join.type) == ("table", None, "left")
     assert compile_dataflow(spec).node("paid_orders").detail == (
@@ -207,3 +218,71 @@ def test_cli_plan_names_the_right_input(tmp_path) -> None:
     assert result.exit_code == 0, result.output
     assert "left interval join orders x payments" in result.output
     assert "paid_orders (join right input, shown under orders)" in result.output
+
+
+TABLES = textwrap.dedent("""\
+    name: tables
+    sources:
+      - id: views
+        type: files
+        path: /data/views/*.jsonl
+        format: jsonl
+        schema: {user_id: bigint, ts: timestamp}
+        event_time: ts
+      - id: users
+        type: kafka
+        bootstrap_servers: 127.0.0.1:9092
+        topic: users
+        key: user_id
+        schema: {user_id: bigint, name: string, updated: timestamp}
+        event_time: updated
+      - id: files_users
+        type: files
+        path: /data/users/*.jsonl
+        format: jsonl
+        reload: true
+        schema: {user_id: bigint, name: string, updated: timestamp}
+        event_time: updated
+    operators:
+      - id: a
+        join: {left: views, right: users, on: [user_id], table: {as_of: event_time}}
+      - id: b
+        join: {left: views, right: files_users, on: [user_id], table: true}
+    sinks:
+      - {id: out_a, type: console, input: a}
+      - {id: out_b, type: console, input: b}
+    """)
+
+
+def test_table_sources_key_and_reload() -> None:
+    spec = load_pipeline_text(TABLES, file="p.yaml", env={})
+    assert spec.sources[1].option("key") == "user_id"
+    assert spec.sources[2].option("reload") is True
+    properties = json_schema()["properties"]["sources"]["items"]
+    assert "key" in json.dumps(properties) and "reload" in json.dumps(properties)
+
+
+@pytest.mark.parametrize(("old", "new", "expected"), [
+    ("key: user_id", "key: id",
+     "p.yaml:13:10: key 'id' is not a column of the source's schema (user_id, name, "
+     "updated); name the column the message key holds"),
+    ("right: users, on: [user_id]", "right: users, left_key: [user_id], right_key: [name]",
+     "p.yaml:13:5: source 'users' has key: user_id (its tombstones delete the table row of "
+     "their key), so it can only be the right input of a table join on [user_id]; 'a' reads "
+     "it otherwise: remove key:, or read the topic with a second source without it"),
+    ("{id: out_a, type: console, input: a}", "{id: out_a, type: console, input: [a, users]}",
+     "p.yaml:13:5: source 'users' has key: user_id (its tombstones delete the table row of "
+     "their key), so it can only be the right input of a table join on [user_id]; 'out_a' "
+     "reads it otherwise: remove key:, or read the topic with a second source without it"),
+    ("right: files_users, on: [user_id], table: true",
+     "right: files_users, on: [user_id], table: {as_of: event_time}",
+     "p.yaml:20:5: source 'files_users' has reload: true (each load replaces a table), so it "
+     "can only be the right input of a processing-time table join (table: true); 'b' reads it "
+     "otherwise: remove reload:, or use a Kafka changelog for a temporal join"),
+    ("    reload: true\n", "    reload: true\n    watch: true\n",
+     "p.yaml:21:5: 'watch' does not apply with reload: true, which watches the files and "
+     "reads them all at each change; remove 'watch'"),
+])
+def test_invalid_table_sources(old: str, new: str, expected: str) -> None:
+    assert old in TABLES
+    assert problems(TABLES.replace(old, new)) == [expected]

@@ -273,3 +273,208 @@ def test_table_join_enriches_and_restores_at_another_parallelism_and_backend(
         decisions = plan_restore(meta, load_pipeline_text(text(job).replace(old, new)))
         assert [(d.operator, d.action) for d in decisions] == [("enriched", "refuse")], old
         assert "the join changed" in decisions[0].reason
+
+
+#: Two jsonl files sources read one file an epoch (`{files}`: the files' directory), joined by
+#: `{join}` into `out`; the watermark is each source's newest event time (no out-of-orderness).
+FILES = """\
+name: join-files
+""" + JOB_HEAD + """sources:
+  - id: views
+    type: files
+    path: {files}/views/*.jsonl
+    format: jsonl
+    schema: {{user_id: bigint, page: string, ts: timestamp}}
+    event_time: ts
+    max_files_per_epoch: 1
+  - id: users
+    type: files
+    path: {files}/users/*.jsonl
+    format: jsonl
+    schema: {{user_id: bigint, name: string, updated: timestamp}}
+    event_time: updated{users_extra}
+operators:
+  - id: j
+    join: {{left: views, right: users, on: [user_id], type: left, {join}}}
+sinks:
+  - id: out
+    type: files
+    input: j
+    path: {out}
+    format: jsonl
+"""
+
+
+def at(seconds: float) -> str:
+    """An ISO timestamp `seconds` after 2026-01-01T00:00:00Z (`BASE_MS`)."""
+    import datetime
+
+    moment = datetime.datetime.fromtimestamp(BASE_MS / 1000 + seconds, tz=datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def run_files(spark: Any, tmp: Path, join: str, *,
+              users_extra: str = "\n    max_files_per_epoch: 1",
+              backend: str = "memory", **options: Any) -> Any:
+    text = FILES.format(storage=tmp / "storage", parallelism=2, backend=backend,
+                        local=tmp / "local", files=tmp, out=tmp / "out", join=join,
+                        users_extra=users_extra)
+    return JobRunner(load_pipeline_text(text), RunOptions(ui=False, checkpoints=True,
+                                                          **options), spark=spark).run()
+
+
+def test_late_records_of_a_join_without_late_output_are_counted(spark: Any,
+                                                                tmp_path: Path) -> None:
+    """An interval join without `late:` drops its late records and counts them, as a window
+    does: the epoch's `late`, the operator's `late`, the run's `late`."""
+    write_jsonl(tmp_path / "views" / "a.jsonl",
+                [{"user_id": i, "page": f"/{i}", "ts": at(100)} for i in range(3)])
+    write_jsonl(tmp_path / "users" / "a.jsonl",
+                [{"user_id": i, "name": f"u{i}", "updated": at(100)} for i in range(3)])
+    # Behind the watermark (100 s) that the second epoch carries in: one late record a side.
+    write_jsonl(tmp_path / "views" / "b.jsonl", [{"user_id": 5, "page": "/5", "ts": at(1)},
+                                                 {"user_id": 6, "page": "/6", "ts": at(200)}])
+    write_jsonl(tmp_path / "users" / "b.jsonl", [{"user_id": 5, "name": "u5",
+                                                  "updated": at(2)}])
+    result = run_files(spark, tmp_path, "between: [-10s, 10s]")
+    assert result.status == "finished"
+    assert result.late == 2
+    assert [m.late for m in result.metrics][:2] == [0, 2]
+    assert result.metrics[1].operators["j"]["late"] == 2
+    rows = sorted((r["user_id"], r["name"]) for r in (
+        json.loads(line) for line in committed(tmp_path / "out").elements()))
+    assert rows == [(0, "u0"), (1, "u1"), (2, "u2"), (6, None)]
+
+
+def test_temporal_join_with_a_bounded_table_is_not_held_back(spark: Any, tmp_path: Path) -> None:
+    """A bounded table read whole no longer holds the watermark back from the epoch that
+    read it on (its watermark, 100 s before the views, would hold every view back): each
+    view is joined in the epoch after the one that read it."""
+    write_jsonl(tmp_path / "users" / "a.jsonl",
+                [{"user_id": i, "name": f"u{i}", "updated": at(-100)} for i in range(3)])
+    for n in range(3):
+        write_jsonl(tmp_path / "views" / f"{n}.jsonl",
+                    [{"user_id": i, "page": f"/{n}", "ts": at(10 * n + i)} for i in range(3)])
+    result = run_files(spark, tmp_path, "table: {as_of: event_time}")
+    assert result.status == "finished"
+    assert [m.records_out.get("out", 0) for m in result.metrics] == [0, 3, 3, 3]
+    assert [m.watermark for m in result.metrics][:3] == [BASE_MS + 2000, BASE_MS + 12000,
+                                                         2**62]
+    rows = {(r["user_id"], r["page"], r["name"]) for r in (
+        json.loads(line) for line in committed(tmp_path / "out").elements())}
+    assert rows == {(i, f"/{n}", f"u{i}") for i in range(3) for n in range(3)}
+
+
+#: Views (files, one a epoch) enriched by two table joins of one users changelog (a Kafka
+#: topic read with `key: user_id`, two records a epoch): `now` (processing time) and `asof`
+#: (temporal), each into its own sink; undecodable users go to `dead`.
+CHANGELOG = """\
+name: join-changelog
+""" + JOB_HEAD + """sources:
+  - id: views
+    type: files
+    path: {files}/views/*.jsonl
+    format: jsonl
+    schema: {{user_id: bigint, page: string, ts: timestamp}}
+    event_time: ts
+    max_files_per_epoch: 1
+  - id: users
+    type: kafka
+    bootstrap_servers: {bootstrap}
+    topic: {topic}
+    bounded: true
+    max_records_per_epoch: 2
+    key: user_id
+    schema: {{user_id: bigint, name: string, updated: timestamp}}
+    event_time: updated
+    on_error: dead
+operators:
+  - id: now
+    join: {{left: views, right: users, on: [user_id], type: left, table: true}}
+  - id: asof
+    join: {{left: views, right: users, on: [user_id], type: left, table: {{as_of: event_time}}}}
+sinks:
+  - {{id: now_out, type: files, input: now, path: {files}/now, format: jsonl}}
+  - {{id: asof_out, type: files, input: asof, path: {files}/asof, format: jsonl}}
+  - {{id: dead, type: files, path: {files}/dead, format: jsonl}}
+"""
+
+
+@pytest.mark.kafka
+def test_a_changelog_tombstone_deletes_the_table_row(spark: Any, kafka: Any,
+                                                     tmp_path: Path) -> None:
+    """Epoch 1 reads users 1 and 2 and the views at 1 s; epoch 2 the tombstone of user 1
+    (Kafka timestamp 5 s), one of a key that is not a number, and the views at 3 s and 10 s.
+    Processing time: the views after the tombstone's epoch find no row of user 1. Temporal:
+    the deletion is a version at 5 s, so the view at 3 s still joins user 1's row."""
+    from confluent_kafka import Producer
+
+    topic = kafka.create_topic(f"users-{tmp_path.name}")
+    producer = Producer({"bootstrap.servers": kafka.bootstrap})
+    for key, value, seconds in (
+            (b"1", {"user_id": 1, "name": "a", "updated": at(0)}, 0),
+            (b"2", {"user_id": 2, "name": "b", "updated": at(0)}, 0),
+            (b"1", None, 5), (b"x", None, 5)):
+        producer.produce(topic, key=key, value=None if value is None else json.dumps(value),
+                         timestamp=BASE_MS + seconds * 1000)
+    assert producer.flush(30) == 0
+    write_jsonl(tmp_path / "views" / "a.jsonl",
+                [{"user_id": u, "page": "/a", "ts": at(1)} for u in (1, 2)])
+    write_jsonl(tmp_path / "views" / "b.jsonl", [
+        {"user_id": 1, "page": "/b3", "ts": at(3)}, {"user_id": 1, "page": "/b10", "ts": at(10)},
+        {"user_id": 2, "page": "/b10", "ts": at(10)}])
+    text = CHANGELOG.format(storage=tmp_path / "storage", parallelism=2, backend="rocksdb",
+                            local=tmp_path / "local", files=tmp_path, bootstrap=kafka.bootstrap,
+                            topic=topic)
+    result = JobRunner(load_pipeline_text(text), RunOptions(ui=False, checkpoints=True),
+                       spark=spark).run()
+    assert result.status == "finished", result.reason
+    del producer
+
+    def rows(name: str) -> set[tuple[Any, ...]]:
+        return {(r["user_id"], r["page"], r["name"]) for r in (
+            json.loads(line) for line in committed(tmp_path / name).elements())}
+
+    assert rows("now") == {(1, "/a", "a"), (2, "/a", "b"), (1, "/b3", None),
+                           (1, "/b10", None), (2, "/b10", "b")}
+    assert rows("asof") == {(1, "/a", "a"), (2, "/a", "b"), (1, "/b3", "a"),
+                            (1, "/b10", None), (2, "/b10", "b")}
+    dead = [json.loads(line) for line in committed(tmp_path / "dead").elements()]
+    assert [(d["source"], d["record"]) for d in dead] == [
+        ("users", "a tombstone whose key is not a user_id: x")]
+
+
+@pytest.mark.parametrize("backend", ["rocksdb", "memory"])
+def test_a_reloaded_files_table_replaces_the_table(spark: Any, tmp_path: Path,
+                                                   backend: str) -> None:
+    """`reload: true`: three runs of one job, one epoch each, each resuming from the last's
+    checkpoint. 1: the table (users 1-3) is loaded with the first views. 2: new views, the
+    table unchanged: not read again (the checkpoint has its files' sizes and times). 3: the
+    users file replaced (user 1 renamed with an older `updated`, user 3 gone): read whole
+    again, it replaces the table, so user 3 has no row."""
+    users = tmp_path / "users" / "a.jsonl"
+    write_jsonl(users, [{"user_id": i, "name": f"u{i}", "updated": at(0)} for i in (1, 2, 3)])
+
+    def run(n: int) -> int:
+        """Run with views `n` (three); the users read."""
+        write_jsonl(tmp_path / "views" / f"{n}.jsonl",
+                    [{"user_id": i, "page": f"/{n}", "ts": at(n)} for i in (1, 2, 3)])
+        result = run_files(spark, tmp_path, "table: true", backend=backend, max_epochs=1,
+                           users_extra="\n    reload: true\n    watermark: {idle_timeout: 1ms}")
+        assert result.status == "stopped", result.reason
+        return int(result.records_in) - 3
+
+    assert run(1) == 3
+    assert run(2) == 0
+    write_jsonl(users, [{"user_id": 1, "name": "v1", "updated": at(-10)},
+                        {"user_id": 2, "name": "u2", "updated": at(0)}])
+    assert run(3) == 2
+    rows = {(r["user_id"], r["page"], r["name"]) for r in (
+        json.loads(line) for line in committed(tmp_path / "out").elements())}
+    assert rows == {*((i, f"/{n}", f"u{i}") for i in (1, 2, 3) for n in (1, 2)),
+                    (1, "/3", "v1"), (2, "/3", "u2"), (3, "/3", None)}
