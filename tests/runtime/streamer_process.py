@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -43,11 +44,12 @@ def quick_jvm() -> str:
 
 
 def spark_scratch(stderr_file: Path) -> Path:
-    """The Spark scratch directory of the run whose stderr goes to `stderr_file`
-    (`SPARK_LOCAL_DIRS`: the driver's `spark-*` directory, with its `userFiles`, block
+    """A new Spark scratch directory for the run whose stderr goes to `stderr_file`, next to
+    it (`SPARK_LOCAL_DIRS`: the driver's `spark-*` directory, with its `userFiles`, block
     manager and PySpark files). A killed JVM never removes its own, which under /tmp piles up
     (with the S3A jars, about 660 MB a run); `run_streamer` removes it when the run ends."""
-    return stderr_file.with_name(f"{stderr_file.stem}.spark-local")
+    return Path(tempfile.mkdtemp(prefix=f"{stderr_file.stem}.spark-local-",
+                                 dir=stderr_file.parent))
 
 
 @dataclass
@@ -117,7 +119,7 @@ def run_streamer(pipeline: Path, *args: str, env: Mapping[str, str] | None = Non
     environment.update(env or {})
     err_path = stderr_file or pipeline.with_suffix(".stderr")
     scratch = spark_scratch(err_path)
-    environment.setdefault("SPARK_LOCAL_DIRS", str(scratch))
+    environment.setdefault("SPARK_LOCAL_DIRS", str(scratch))  # (one of its own per run)
     started = time.monotonic()
     crashed = False
     events: list[dict[str, Any]] = []
