@@ -27,6 +27,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from streamer import failpoints
 from streamer.columns import EVENT_TIME, HIDDEN_PREFIX
 from streamer.operators.direct import DIRECT_AGGREGATES, ipc_bytes
 from streamer.operators.stateless import union
@@ -131,6 +132,7 @@ class StagedRun(KeyedRun):
             write_to: Any, collected: Any = None) -> KeyedResult:
         """Stage `present` (a Spark job now), then one Spark task per subtask reads it."""
         files = self.stage_input(ctx.epoch, union(present)) if present else ()
+        failpoints.reached("staged", ctx.epoch)
         read = self.shape.read(ctx.watermark, files=files)
         result = self.stage.run_direct(read, ctx.epoch, ctx.now, fire, tasks, write_to)
         ctx.ran_staged.append(self.stage.op.id)

@@ -10,9 +10,11 @@ import contextlib
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -39,6 +41,15 @@ def quick_jvm() -> str:
     key = "spark.driver.extraJavaOptions"
     options = f"{DEFAULT_CONF[key]} -XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
     return f"spark:\n  {key}: {json.dumps(options)}\n"
+
+
+def spark_scratch(stderr_file: Path) -> Path:
+    """A new Spark scratch directory for the run whose stderr goes to `stderr_file`, next to
+    it (`SPARK_LOCAL_DIRS`: the driver's `spark-*` directory, with its `userFiles`, block
+    manager and PySpark files). A killed JVM never removes its own, which under /tmp piles up
+    (with the S3A jars, about 660 MB a run); `run_streamer` removes it when the run ends."""
+    return Path(tempfile.mkdtemp(prefix=f"{stderr_file.stem}.spark-local-",
+                                 dir=stderr_file.parent))
 
 
 @dataclass
@@ -107,6 +118,8 @@ def run_streamer(pipeline: Path, *args: str, env: Mapping[str, str] | None = Non
     environment = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
     environment.update(env or {})
     err_path = stderr_file or pipeline.with_suffix(".stderr")
+    scratch = spark_scratch(err_path)
+    environment.setdefault("SPARK_LOCAL_DIRS", str(scratch))  # (one of its own per run)
     started = time.monotonic()
     crashed = False
     events: list[dict[str, Any]] = []
@@ -156,6 +169,7 @@ def run_streamer(pipeline: Path, *args: str, env: Mapping[str, str] | None = Non
             crash(proc.pid)
             proc.wait()
             reader.join(timeout=30)
+            shutil.rmtree(scratch, ignore_errors=True)
         err.seek(0)
         stderr = err.read()
     err_path.with_suffix(".jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))

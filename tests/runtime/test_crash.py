@@ -11,15 +11,17 @@ duplicated), with nothing staged left behind. Both state backends run the same s
 rocksdb writes jsonl (Spark writes the sink's files), memory parquet (the keyed tasks write
 them, `connectors/files_sink.TaskFile`), whose reference run has Spark write them.
 
-Kills per backend: `STREAMER_CRASH_KILLS` (default 10, so 20 in all; raise it for longer local
-runs). A lap runs the job from scratch to its end with at most one kill per epoch on average;
-laps follow each other until the kills are all done. The kills are chosen by a seeded RNG:
-`STREAMER_CRASH_SEED` repeats the same choices (the moment of a random kill still depends on
-how fast epochs run). The seed and every run are printed, and repeated in every failure
-message.
+Kills per backend: `STREAMER_CRASH_KILLS` (default 8, so 16 in all: every fail point once and
+two random kills per backend; raise it for longer local runs). A lap runs the job from scratch
+to its end with at most one kill per epoch on average; laps follow each other until the kills
+are all done. The kills are chosen by a seeded RNG: `STREAMER_CRASH_SEED` repeats the same
+choices (the moment of a random kill still depends on how fast epochs run). The seed and every
+run are printed, and repeated in every failure message.
 
-Each `streamer run` pays seconds of JVM start, so the reference run and the two backends'
-campaigns run side by side.
+Each `streamer run` pays seconds of JVM start, so the reference run (one, writing both
+formats, shared with test_s3_jobs.py) and the two backends' campaigns run side by side. The
+campaigns of other sinks and jobs (test_*_crash.py) use this module's harness:
+`crash_campaign` with a `LapJob`, its epochs and the kinds of kill it deals.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import os
 import random
 import statistics
+import threading
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -41,7 +44,7 @@ from streamer.checkpoint.metadata import CheckpointStore
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-KILLS = int(os.environ.get("STREAMER_CRASH_KILLS", "10"))
+KILLS = int(os.environ.get("STREAMER_CRASH_KILLS", "8"))
 SEED = int(os.environ.get("STREAMER_CRASH_SEED") or random.SystemRandom().randrange(2**32))
 JOB = "crash"
 #: records per split, and per epoch over both splits: 10 epochs of data, then the final one
@@ -103,23 +106,59 @@ FORMATS = {"rocksdb": "jsonl", "memory": "parquet"}
 EPOCHS = 2 * LIMIT // PER_EPOCH + 1
 
 
+#: The reference job: the windows into a jsonl and a parquet files sink, both written by Spark.
+REFERENCE = JOB_HEAD + "sinks:\n" + "".join(f"""\
+  - id: out_{fmt}
+    type: files
+    input: per_window
+    path: {{root}}/out-{fmt}
+    format: {fmt}
+""" for fmt in ("jsonl", "parquet")) + quick_jvm().replace("{", "{{").replace("}", "}}")
+_references: dict[str, Counter[str]] = {}
+_references_lock = threading.Lock()
+
+
+def reference_outputs(root: Path) -> dict[str, Counter[str]]:
+    """What one uninterrupted `streamer run --no-checkpoints` of the job commits, per format
+    (Spark writing the files, also in parquet). One run in `root` writes both formats, once
+    per test session: the campaigns of this module and of test_s3_jobs.py share it."""
+    with _references_lock:
+        if not _references:
+            root.mkdir(parents=True, exist_ok=True)
+            path = root / "job.yaml"
+            path.write_text(REFERENCE.format(job=JOB, root=root, backend="rocksdb",
+                                             limit=LIMIT, per_epoch=PER_EPOCH))
+            run = run_streamer(path, "--no-checkpoints", env={"STREAMER_TASK_SINK": "0"})
+            assert run.returncode == 0 and run.finished, run.describe()
+            assert run.finished["epochs"] == EPOCHS, run.finished
+            rows = {f: FilesOutput(root / f"out-{f}", f).committed() for f in FORMATS.values()}
+            assert rows["jsonl"] and sum(rows["parquet"].values()) == sum(
+                rows["jsonl"].values()) > 100
+            _references.update(rows)
+    return _references
+
+
 def reference_output(root: Path, fmt: str = "jsonl") -> Counter[str]:
-    """What one uninterrupted `streamer run --no-checkpoints` of the job commits (Spark
-    writing the files, also in parquet)."""
-    run = run_streamer(write_job(root, "rocksdb", fmt), "--no-checkpoints",
-                       env={"STREAMER_TASK_SINK": "0"})
-    assert run.returncode == 0 and run.finished, run.describe()
-    assert run.finished["epochs"] == EPOCHS, run.finished
-    rows = FilesOutput(root / "out", fmt).committed()
-    assert sum(rows.values()) > 100
-    return rows
+    """The reference output in `fmt` (`reference_outputs`)."""
+    return reference_outputs(root)[fmt]
 
 
 # ------------------------------------------------------------------------------ kill plans
 #: Fail point -> what its number counts, and how many checkpoints complete before it fires
 #: when armed for the run's first epoch or checkpoint.
-POINTS = {"epoch-start": ("epoch", 0), "in-task": ("epoch", 0), "mid-upload": ("chk", 0),
-          "after-snapshot": ("chk", 0), "after-metadata": ("chk", 1), "mid-commit": ("chk", 1)}
+POINTS = {"epoch-start": ("epoch", 0), "staged": ("epoch", 0), "in-task": ("epoch", 0),
+          "mid-upload": ("chk", 0), "after-snapshot": ("chk", 0), "after-metadata": ("chk", 1),
+          "mid-commit": ("chk", 1)}
+#: The kinds of kill a campaign deals from its deck by default: every fail point every job
+#: reaches (`staged` only fires where a keyed stage's input is staged) once, random kills twice.
+KINDS = ("epoch-start", "in-task", "mid-upload", "after-snapshot", "after-metadata",
+         "mid-commit", "random", "random")
+#: The kinds that put a sink's two-phase commit at risk, for the campaigns of other sinks on
+#: this module's job (whose keyed stage this module's campaign covers with every kind): the
+#: epoch's output written but not staged (in-task), staged but no `_metadata`
+#: (after-snapshot), `_metadata` but not committed (after-metadata), one sink committed but not
+#: the next (mid-commit), and anywhere.
+SINK_KINDS = ("in-task", "after-snapshot", "after-metadata", "mid-commit", "random", "random")
 
 
 @dataclass
@@ -188,16 +227,18 @@ class Timing:
 
 
 class Planner:
-    """Chooses the kills of a campaign. The kinds come from a shuffled deck (every fail point
-    once, random kills twice), so a backend's first eight kills cover every kind; each kill
-    lets about `remaining epochs / kills left` epochs complete, so the kills spread over the
-    whole job (its final checkpoint included), and the job never finishes while kills are
+    """Chooses the kills of a campaign of a job of `epochs` epochs. The kinds come from a
+    shuffled deck (`kinds`: by default every fail point once, random kills twice) in its
+    order, so a campaign's first `len(kinds)` kills cover every kind; each kill lets about
+    `remaining epochs / kills left` epochs complete, so the kills spread over the whole job
+    (its final epoch and checkpoint included), and the job never finishes while kills are
     still due."""
 
-    KINDS = (*POINTS, "random", "random")
-
-    def __init__(self, rng: random.Random) -> None:
+    def __init__(self, rng: random.Random, epochs: int = EPOCHS,
+                 kinds: tuple[str, ...] = KINDS) -> None:
         self.rng = rng
+        self.epochs = epochs
+        self.kinds = kinds
         self.deck: list[str] = []
         self.timing = Timing()
 
@@ -220,10 +261,11 @@ class Planner:
                 kill = Kill(kind, after, rng.uniform(0.0, self.timing.window(after)), resumed_at)
             else:
                 counts, base = POINTS[kind]
-                # A base-0 point fires in epoch `resumed_at + 1 + done`, which must exist; a
-                # base-1 point once its checkpoint (one more epoch) is complete.
-                done = min(max(progress, base), cap) - base
-                if done < 0 or resumed_at + 1 + done > EPOCHS:
+                # A base-0 point fires in epoch `resumed_at + 1 + done`, which must exist (the
+                # last kill of a lap, which may let every epoch complete, fires it in the final
+                # one); a base-1 point once its checkpoint (one more epoch) is complete.
+                done = min(max(progress, base), cap, self.epochs - resumed_at - 1 + base) - base
+                if done < 0:
                     continue
                 first = resumed_at + 1 if counts == "epoch" else next_id
                 kill = Kill(kind, first + done, resumed_at=resumed_at)
@@ -235,7 +277,7 @@ class Planner:
 
     def shuffled(self) -> list[str]:
         """A new deck."""
-        deck = list(self.KINDS)
+        deck = list(self.kinds)
         self.rng.shuffle(deck)
         return deck
 
@@ -290,6 +332,9 @@ class LapJob:
     collect: Callable[[Path, Lap], None]
     #: The storage URL of the lap in a directory (test_s3_jobs.py: a prefix on S3).
     storage: Callable[[Path], str] = lambda root: str(root / "storage")
+    #: The job's epochs (its final one included), and the kinds of kill its campaign deals.
+    epochs: int = EPOCHS
+    kinds: tuple[str, ...] = KINDS
 
 
 def files_job(backend: str, fmt: str = "jsonl") -> LapJob:
@@ -314,8 +359,9 @@ def run_lap(campaign: Campaign, root: Path, kills_wanted: int, planner: Planner,
         resumed_at = latest.epoch if latest else 0
         kills_left = kills_wanted - len(lap.kills)
         kill = None
-        if kills_left > 0 and resumed_at < EPOCHS:
-            kill = planner.next(EPOCHS - resumed_at, kills_left, resumed_at, store.next_id())
+        if kills_left > 0 and resumed_at < job.epochs:
+            kill = planner.next(job.epochs - resumed_at, kills_left, resumed_at,
+                                store.next_id())
         watch = RandomCrash(kill.number, kill.delay) if kill and kill.point == "random" \
             else None
         run = run_streamer(pipeline, env=kill.env() if kill else {}, watch=watch,
@@ -345,24 +391,45 @@ def run_lap(campaign: Campaign, root: Path, kills_wanted: int, planner: Planner,
         return lap
 
 
-def crash_campaign(label: str, root: Path, job: LapJob, kills: int = KILLS) -> Campaign:
-    """Laps of `job` (log and seed named `label`) until `kills` kills are done."""
+def crash_campaign(label: str, root: Path, job: LapJob, kills: int = KILLS,
+                   per_lap: int | None = None) -> Campaign:
+    """Laps of `job` (log and seed named `label`) until `kills` kills are done, at most
+    `per_lap` in a lap (by default one per epoch of the job)."""
     campaign = Campaign(label)
-    planner = Planner(random.Random(f"{SEED}-{label}"))
+    planner = Planner(random.Random(f"{SEED}-{label}"), job.epochs, job.kinds)
+    per_lap = min(per_lap or job.epochs, job.epochs)
     try:
         while len(campaign.kills) < kills:
             assert len(campaign.laps) < 2 * kills, "the kills do not take effect"
             run_lap(campaign, root / f"lap-{len(campaign.laps) + 1}",
-                    min(kills - len(campaign.kills), EPOCHS), planner, job)
+                    min(kills - len(campaign.kills), per_lap), planner, job)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{campaign.schedule}") from exc
     return campaign
 
 
+def check_campaign(campaign: Campaign, reference: Counter[str], kills: int,
+                   epochs: int = EPOCHS, kinds: tuple[str, ...] = ()) -> None:
+    """Every lap committed exactly `reference`, left nothing staged and ended with the
+    checkpoint of its final epoch (`epochs`); `kills` kills were done, of every kind in
+    `kinds` among them when there were as many as kinds. Failures name the seed and every
+    run."""
+    for lap in campaign.laps:
+        assert lap.rows == reference, f"{diff(lap.rows, reference)}\n{campaign.schedule}"
+        assert lap.leftovers == [], f"{lap.root.name}: {lap.leftovers}\n{campaign.schedule}"
+        assert lap.final_epoch == epochs, campaign.schedule
+    points = Counter(kill.point for kill in campaign.kills)
+    print(f"{campaign.backend}: {len(campaign.kills)} kills in {len(campaign.laps)} lap(s): "
+          f"{dict(sorted(points.items()))}")
+    assert len(campaign.kills) >= kills, campaign.schedule
+    missing = set(kinds) - set(points) if kills >= len(kinds) else set()
+    assert not missing, f"kinds not dealt: {missing}\n{campaign.schedule}"
+
+
 @pytest.fixture(scope="module")
 def campaigns(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-              ) -> tuple[dict[str, Future[Counter[str]]], dict[str, Future[Campaign]]]:
-    """The reference runs (one per sink format) and the kill campaigns of the backends the
+              ) -> tuple[Future[dict[str, Counter[str]]], dict[str, Future[Campaign]]]:
+    """The reference run (both sink formats) and the kill campaigns of the backends the
     selected tests need, run side by side (each run pays seconds of JVM start; together they
     share the machine better than one after another)."""
     selected = {getattr(item, "callspec", None) and item.callspec.params.get("backend")
@@ -371,10 +438,8 @@ def campaigns(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     backends = [backend for backend in BACKENDS if backend in selected]
     root = tmp_path_factory.mktemp("crash")
     print(f"crash test seed {SEED} (STREAMER_CRASH_SEED), {KILLS} kills per backend in {root}")
-    formats = sorted({FORMATS[backend] for backend in backends})
-    with ThreadPoolExecutor(max_workers=len(formats) + len(backends)) as pool:
-        references = {fmt: pool.submit(reference_output, root / f"reference-{fmt}", fmt)
-                      for fmt in formats}
+    with ThreadPoolExecutor(max_workers=1 + len(backends)) as pool:
+        references = pool.submit(reference_outputs, root / "reference")
         runs = {backend: pool.submit(crash_campaign, backend, root / backend,
                                      files_job(backend, FORMATS[backend]))
                 for backend in backends}
@@ -384,15 +449,8 @@ def campaigns(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
 # ------------------------------------------------------------------------------ the tests
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_sigkill_at_any_moment_then_restart_commits_exactly_the_reference_output(
-        campaigns: tuple[dict[str, Future[Counter[str]]], dict[str, Future[Campaign]]],
+        campaigns: tuple[Future[dict[str, Counter[str]]], dict[str, Future[Campaign]]],
         backend: str) -> None:
-    reference = campaigns[0][FORMATS[backend]].result()
-    campaign = campaigns[1][backend].result()
-    for lap in campaign.laps:
-        assert lap.rows == reference, f"{diff(lap.rows, reference)}\n{campaign.schedule}"
-        assert lap.leftovers == [], f"{lap.root.name}: {lap.leftovers}\n{campaign.schedule}"
-        assert lap.final_epoch == EPOCHS, campaign.schedule
-    points = Counter(kill.point for kill in campaign.kills)
-    print(f"{backend}: {len(campaign.kills)} kills in {len(campaign.laps)} lap(s): "
-          f"{dict(sorted(points.items()))}")
-    assert len(campaign.kills) >= KILLS, campaign.schedule
+    reference = campaigns[0].result()[FORMATS[backend]]
+    check_campaign(campaigns[1][backend].result(), reference, KILLS,
+                   kinds=KINDS)

@@ -1,27 +1,44 @@
-"""Joins' exactly-once recovery under SIGKILL, through the CLI: a bounded job with an interval
-join and a table join after it (three datagen sources -> left interval join -> inner table join
-with a customers table, at parallelism 2 -> jsonl, a checkpoint every epoch) is
-killed at a fail point (`failpoints.py`), every process at once, then run again to its end; the
-committed output must equal an uninterrupted run's, row for row, with nothing staged left
-behind. (The random-moment campaign of test_crash.py covers the keyed stage with windows.)"""
+"""Joins' exactly-once recovery under SIGKILL, through the CLI: test_crash.py's campaign on a
+bounded job with an interval join and a table join after it (three datagen sources -> left
+interval join -> inner table join with a customers table, at parallelism 2 -> jsonl, a
+checkpoint every epoch). `streamer run` is killed, every process at once, at fail points
+(`failpoints.py`: inside a keyed task, in the middle of a snapshot upload, between a
+checkpoint's `_metadata` and the sink commit) and at random moments (seeded: the seed and
+every run are printed and repeated in a failure's message; `STREAMER_CRASH_SEED` repeats the
+choices), and run again until a run finishes; every lap's committed output must equal an
+uninterrupted run's, row for row, with nothing staged left behind. The laps alternate the
+state backends (rocksdb, then memory).
+
+Kills: `STREAMER_JOIN_CRASH_KILLS` (default 5: each of the three fail points once, two random
+kills), at most 3 per lap of the job's 5 epochs (so two laps).
+"""
 
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from streamer_process import FilesOutput, diff, quick_jvm, run_streamer
+from streamer_process import FilesOutput, quick_jvm, run_streamer
+from test_crash import BACKENDS, SEED, Lap, LapJob, check_campaign, crash_campaign
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+KILLS = int(os.environ.get("STREAMER_JOIN_CRASH_KILLS", "5"))
+KINDS = ("in-task", "mid-upload", "after-metadata", "random", "random")
+JOB = "join-crash"
+#: 4 epochs of data, then the final one.
+EPOCHS = 5
 
 #: Orders one a second; payment i for order i, 0/15/30/45 s after it: a left join within
 #: [0s, 30s] pairs three in four. 4 epochs of data (60 records per source each), then the end.
 #: Each order's customer (order_id % 8) is enriched from a table of customers 0-6 read in the
 #: first epoch (an inner table join): customer 7's 30 orders are not output.
 PIPELINE = """\
-name: join-crash
+name: {job}
 storage: {root}/storage
 job:
   parallelism: 2
@@ -69,34 +86,45 @@ sinks:
 def write_job(root: Path, backend: str) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     path = root / "job.yaml"
-    path.write_text(PIPELINE.format(root=root, backend=backend))
+    path.write_text(PIPELINE.format(job=JOB, root=root, backend=backend))
     return path
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Counter[str]:
-    root = tmp_path_factory.mktemp("reference")
+def reference_output(root: Path) -> Counter[str]:
+    """What one uninterrupted run without checkpoints commits."""
     run = run_streamer(write_job(root, "rocksdb"), "--no-checkpoints")
     assert run.returncode == 0 and run.finished, run.describe()
+    assert run.finished["epochs"] == EPOCHS, run.finished
     rows = FilesOutput(root / "out").committed()
     assert sum(rows.values()) == 210  # every order of customers 0-6 once, paid or not
     assert {(r["customer"], r["tier"]) for r in map(json.loads, rows)} == {
         (c, f"t{c % 3}") for c in range(7)}
+    assert sum(1 for r in map(json.loads, rows) if r.get("pts") is None) > 0  # unpaid too
     return rows
 
 
-@pytest.mark.parametrize(("point", "backend"), [
-    ("in-task:3", "rocksdb"), ("mid-upload:2", "rocksdb"), ("after-metadata:2", "memory"),
-])
-def test_killed_at_a_fail_point_then_rerun_commits_exactly_the_reference(
-        tmp_path: Path, reference: Counter[str], point: str, backend: str) -> None:
-    job = write_job(tmp_path, backend)
-    killed = run_streamer(job, env={"STREAMER_FAILPOINTS": point})
-    assert killed.killed, killed.describe()
-    again = run_streamer(job)
-    assert again.returncode == 0 and again.finished, again.describe()
-    assert again.finished["restored_from"] is not None, again.describe()  # (it resumed)
-    out = FilesOutput(tmp_path / "out")
-    got = out.committed()
-    assert got == reference, diff(got, reference)
-    assert out.leftovers() == []
+def join_job() -> LapJob:
+    """The join job for test_crash.py's campaign: lap n on `BACKENDS[(n - 1) % 2]`."""
+
+    def write(root: Path) -> Path:
+        lap = int(root.name.rpartition("-")[2])
+        return write_job(root, BACKENDS[(lap - 1) % len(BACKENDS)])
+
+    def collect(root: Path, lap: Lap) -> None:
+        output = FilesOutput(root / "out")
+        lap.rows, lap.leftovers = output.committed(), output.leftovers()
+
+    return LapJob(JOB, write, collect, epochs=EPOCHS, kinds=KINDS)
+
+
+def test_sigkill_at_fail_points_and_random_moments_then_rerun_commits_exactly_the_reference(
+        tmp_path: Path) -> None:
+    print(f"join crash test seed {SEED} (STREAMER_CRASH_SEED), {KILLS} kills in {tmp_path}")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        reference_f = pool.submit(reference_output, tmp_path / "reference")
+        campaign_f = pool.submit(crash_campaign, "join", tmp_path / "join", join_job(), KILLS,
+                                 per_lap=3)
+        reference, campaign = reference_f.result(), campaign_f.result()
+    check_campaign(campaign, reference, KILLS, EPOCHS,
+                   kinds=KINDS)
+    assert len(campaign.laps) >= 2, campaign.schedule  # both backends

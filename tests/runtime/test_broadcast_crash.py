@@ -1,0 +1,120 @@
+"""Broadcast state's exactly-once recovery under SIGKILL, through the CLI: test_crash.py's
+campaign on test_broadcast.py's job (a keyed process function with a `broadcast:` input of
+rules, r0, r1 and r2 one per epoch in epochs 1-3, and 600 events, 100 per epoch, at
+parallelism 2 on the memory backend -> jsonl, a checkpoint every epoch). `streamer run` is
+killed, every process at once, at fail points (inside a keyed task, in the middle of a
+snapshot upload, between `_metadata` and the sink commit) and at a random moment (seeded:
+`STREAMER_CRASH_SEED` repeats the choices; the seed and every run are in a failure's
+message), and run again until a run finishes. Each event's row names the rules its subtask
+had and its key group: the committed rows must equal an uninterrupted run's, row for row, so
+every subtask applied every rule after each recovery, the restored ones included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from streamer_process import FilesOutput, quick_jvm, run_streamer
+from test_broadcast import check_rules_in_order
+from test_crash import SEED, Lap, LapJob, check_campaign, crash_campaign
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+KILLS = int(os.environ.get("STREAMER_BROADCAST_CRASH_KILLS", "4"))
+KINDS = ("in-task", "mid-upload", "after-metadata", "random")
+JOB = "bc-crash"
+#: 6 epochs of events (the rules in the first 3); no final epoch (no timers to fire).
+EPOCHS = 6
+PROCESS = Path(__file__).with_name("broadcast_process.py")
+
+PIPELINE = """\
+name: {job}
+storage: {root}/storage
+job:
+  parallelism: 2
+  checkpoint: {{interval: 1ms, retain: 2}}
+  state: {{backend: memory, local_dir: {root}/local}}
+  restart: {{attempts: 0, delay: 0s}}
+sources:
+  - id: events
+    type: datagen
+    limit: 600
+    max_records_per_epoch: 100
+    fields:
+      k: "cast(offset % 24 as string)"
+      n: "offset"
+      ts: "timestamp_millis(1767225600000 + offset * 100)"
+    event_time: ts
+    watermark: {{max_out_of_orderness: 1s}}
+  - id: rules
+    type: datagen
+    limit: 3
+    max_records_per_epoch: 1
+    fields:
+      name: "concat('r', cast(offset as string))"
+      value: "offset * 10 + 1"
+operators:
+  - id: tagged
+    uid: tagged-v1
+    input: events
+    key_by: [k]
+    process: "broadcast_process:SeenRules"
+    broadcast: rules
+sinks:
+  - id: out
+    type: files
+    input: tagged
+    path: {root}/out
+    format: jsonl
+""" + quick_jvm().replace("{", "{{").replace("}", "}}")
+
+
+def write_job(root: Path) -> Path:
+    """The pipeline file in `root`, with the process function's module next to it."""
+    root.mkdir(parents=True, exist_ok=True)
+    shutil.copy(PROCESS, root / PROCESS.name)
+    path = root / "job.yaml"
+    path.write_text(PIPELINE.format(job=JOB, root=root))
+    return path
+
+
+def reference_output(root: Path) -> Counter[str]:
+    """What one uninterrupted run without checkpoints commits: every event once, with the
+    rules of its epoch and before, on both subtasks."""
+    run = run_streamer(write_job(root), "--no-checkpoints")
+    assert run.returncode == 0 and run.finished, run.describe()
+    assert run.finished["epochs"] == EPOCHS, run.finished
+    rows = FilesOutput(root / "out").committed()
+    check_rules_in_order([json.loads(row) for row in rows.elements()], 2)
+    assert sorted(json.loads(row)["n"] for row in rows.elements()) == list(range(600))
+    return rows
+
+
+def broadcast_job() -> LapJob:
+    def collect(root: Path, lap: Lap) -> None:
+        output = FilesOutput(root / "out")
+        lap.rows, lap.leftovers = output.committed(), output.leftovers()
+
+    return LapJob(JOB, write_job, collect, epochs=EPOCHS, kinds=KINDS)
+
+
+def test_sigkill_with_broadcast_state_then_every_subtask_applies_the_restored_rules(
+        tmp_path: Path) -> None:
+    print(f"broadcast crash test seed {SEED} (STREAMER_CRASH_SEED), {KILLS} kills in "
+          f"{tmp_path}")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        reference_f = pool.submit(reference_output, tmp_path / "reference")
+        campaign_f = pool.submit(crash_campaign, "broadcast", tmp_path / "broadcast",
+                                 broadcast_job(), KILLS)
+        reference, campaign = reference_f.result(), campaign_f.result()
+    check_campaign(campaign, reference, KILLS, EPOCHS,
+                   kinds=KINDS)
+    # A run restored broadcast state holding a rule or more (a checkpoint of epoch 1-5) and
+    # went on to process events (each fail point's kill lets an epoch or more complete).
+    assert any(1 <= kill.resumed_at < EPOCHS for kill in campaign.kills), campaign.schedule
