@@ -22,9 +22,9 @@ from streamer.savepoint.metadata import read_metadata
 pytestmark = pytest.mark.spark
 
 #: 600 events, 100 per epoch (epochs 1..6); the rules r0, r1, r2 one per epoch (epochs 1..3).
-PIPELINE = """
-name: bc-test
-""" + JOB_HEAD + """sources:
+#: The events, the rules and the process operator that reads both (a format string; also
+#: the job of tests/runtime/test_broadcast_crash.py).
+SOURCES_AND_OPERATOR = """sources:
   - id: events
     type: datagen
     limit: 600
@@ -49,7 +49,11 @@ operators:
     key_by: [k]
     process: "broadcast_process:SeenRules"
     broadcast: rules
-sinks:
+"""
+
+PIPELINE = """
+name: bc-test
+""" + JOB_HEAD + SOURCES_AND_OPERATOR + """sinks:
   - id: out
     type: files
     input: tagged

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from streamer_process import FilesOutput, quick_jvm, run_streamer
-from test_broadcast import check_rules_in_order
+from test_broadcast import SOURCES_AND_OPERATOR, check_rules_in_order
 from test_crash import SEED, Lap, LapJob, check_campaign, crash_campaign
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -41,32 +41,7 @@ job:
   checkpoint: {{interval: 1ms, retain: 2}}
   state: {{backend: memory, local_dir: {root}/local}}
   restart: {{attempts: 0, delay: 0s}}
-sources:
-  - id: events
-    type: datagen
-    limit: 600
-    max_records_per_epoch: 100
-    fields:
-      k: "cast(offset % 24 as string)"
-      n: "offset"
-      ts: "timestamp_millis(1767225600000 + offset * 100)"
-    event_time: ts
-    watermark: {{max_out_of_orderness: 1s}}
-  - id: rules
-    type: datagen
-    limit: 3
-    max_records_per_epoch: 1
-    fields:
-      name: "concat('r', cast(offset as string))"
-      value: "offset * 10 + 1"
-operators:
-  - id: tagged
-    uid: tagged-v1
-    input: events
-    key_by: [k]
-    process: "broadcast_process:SeenRules"
-    broadcast: rules
-sinks:
+""" + SOURCES_AND_OPERATOR + """sinks:
   - id: out
     type: files
     input: tagged

@@ -275,19 +275,22 @@ def test_table_join_enriches_and_restores_at_another_parallelism_and_backend(
         assert "the join changed" in decisions[0].reason
 
 
-#: Two jsonl files sources read one file an epoch (`{files}`: the files' directory), joined by
-#: `{join}` into `out`; the watermark is each source's newest event time (no out-of-orderness).
-FILES = """\
-name: join-files
-""" + JOB_HEAD + """sources:
-  - id: views
+#: Views, one jsonl file an epoch (`{files}`: the files' directory), as the left input.
+VIEWS = """  - id: views
     type: files
     path: {files}/views/*.jsonl
     format: jsonl
     schema: {{user_id: bigint, page: string, ts: timestamp}}
     event_time: ts
     max_files_per_epoch: 1
-  - id: users
+"""
+
+#: Two jsonl files sources read one file an epoch (`{files}`: the files' directory), joined by
+#: `{join}` into `out`; the watermark is each source's newest event time (no out-of-orderness).
+FILES = """\
+name: join-files
+""" + JOB_HEAD + """sources:
+""" + VIEWS + """  - id: users
     type: files
     path: {files}/users/*.jsonl
     format: jsonl
@@ -376,14 +379,7 @@ def test_temporal_join_with_a_bounded_table_is_not_held_back(spark: Any, tmp_pat
 CHANGELOG = """\
 name: join-changelog
 """ + JOB_HEAD + """sources:
-  - id: views
-    type: files
-    path: {files}/views/*.jsonl
-    format: jsonl
-    schema: {{user_id: bigint, page: string, ts: timestamp}}
-    event_time: ts
-    max_files_per_epoch: 1
-  - id: users
+""" + VIEWS + """  - id: users
     type: kafka
     bootstrap_servers: {bootstrap}
     topic: {topic}
