@@ -136,19 +136,15 @@ class BufferedRocksDB(KeyedStateBackend):
         """Timers with time <= `up_to_ms`, sorted by (time, key group, key, namespace); with
         `remove`, they are also deleted (a buffered write, like any other).
 
-        (Hot for operators with a timer per key: the committed keys of each key group's range
-        come from one bounded scan, sort as plain tuples, and are deleted by their stored key.)
+        (Hot for operators with a timer per key: the committed timers of each key group's
+        range come from one bounded scan (`_read_db`), sort as plain tuples, and are deleted
+        by their stored key.)
         """
         self._check_open()
         time_domain = as_domain(domain)
         found: list[tuple[int, int, bytes, bytes, bytes]] = []
-        timers = self._cfs[_TIMERS]
         for _, lo, hi in self._timer_ranges(time_domain, up_to_ms):
-            options = ReadOptions()
-            if hi is not None:
-                options.set_iterate_upper_bound(hi)
-            committed = [(cast(bytes, k), b"") for k in timers.keys(from_key=lo,
-                                                                     read_opt=options)]
+            committed = self._read_db(_TIMERS, lo, hi, None)
             for stored_key, _ in _merge(committed, self._buffered_range(_TIMERS, lo, hi)):
                 kg, _, time_ms, key, ns = split_timer_key(stored_key)
                 found.append((time_ms, kg, key, ns, stored_key))
