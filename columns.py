@@ -19,6 +19,8 @@ EVENT_TIME = "__ts"
 EVENT_TIME_MS = "__ts_ms"
 #: A record's order of arrival within the job (long); breaks ties of equal event times.
 SEQUENCE = "__seq"
+#: A record's `SEQUENCE` is `epoch * EPOCH_SEQ` + its place in the epoch's input.
+EPOCH_SEQ = 1 << 40
 
 # --------------------------------------------------------------------------- routing
 #: The key group of a record's key (int): `pmod(xxhash64(keys), max_parallelism)`.

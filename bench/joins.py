@@ -1,33 +1,37 @@
-"""Interval join: streamer's join operator versus Spark Structured Streaming's stream-stream
-inner join with watermarks and a time range, on the same parquet files, in one process.
+"""Joins: streamer's join operator versus Spark Structured Streaming on the same parquet
+files, in one process, alternating runs and taking medians.
 
-    .venv/bin/python -m bench.joins [--rows 200000] [--files 4] [--keys 0]
+    .venv/bin/python -m bench.joins [--rows 1000000] [--files 5] [--repeat 3] [--cell all]
 
-Input: `--rows` orders (order_id bigint, amount double, ts: one order a millisecond) and as
-many payments (order_id, paid, pts = ts + 0..45 s by order_id % 4), each written as `--files`
-parquet files; read one file of each side per epoch / trigger. Query: inner join on order_id
-where pts - ts is within [0 s, 30 s] (three payments in four match), watermark 1 s on both
-sides, parquet output, `local[2]`, parallelism / shuffle partitions 2.
+`--cell interval`: `--rows` orders (order_id bigint, amount double, ts: one order a
+millisecond) and as many payments (order_id, paid, pts = ts + 0..45 s by order_id % 4), each
+written as `--files` parquet files; read one file of each side per epoch / trigger. Query:
+inner join on order_id where pts - ts is within [0 s, 30 s] (three payments in four match),
+watermark 1 s on both sides, parquet output, `local[2]`, parallelism / shuffle partitions 2.
 
-- streamer: `join: {between: [0s, 30s], type: inner}`, rocksdb state, a bounded run.
+- streamer: `join: {between: [0s, 30s], type: inner}`, rocksdb state.
 - Spark Structured Streaming: `withWatermark` on both sides, `join(..., expr(order_id =
   order_id AND pts BETWEEN ts AND ts + 30 seconds))`, append mode, `trigger(availableNow)`,
   the default (HDFS-backed) state store.
-Throughput is 2 x rows / wall time of the whole run. The output row counts are checked (both
-must give 3/4 of the orders). Prints a table; not a test.
+Throughput is 2 x rows / wall time of the whole run; both must give 3/4 of the orders.
 
-`--cell table` (or `all`, the default: both cells, one after the other in the same process):
-table enrichment. `--rows` page views (view_id, user = view_id % `--users`, ts: one a
-millisecond) as `--files` parquet files, one per epoch / trigger, and a users table of `--users`
-rows (user, country, plan, updated) in one parquet file. Query: each view with its user's row
-(inner join on user; every user exists).
+`--cell table`: table enrichment. `--rows` page views (view_id, user = view_id % `--users`,
+ts: one a millisecond) as `--files` parquet files, one per epoch / trigger, and a users table
+of `--users` rows (user, country, plan, updated) in one parquet file. Query: each view with
+its user's row (inner join on user; every user exists).
 
 - streamer: `join: {table: true}` with the users as a bounded files source (read in the first
-  epoch), rocksdb state, a checkpoint every epoch; the state bytes per buffered record are the
-  largest checkpoint's state size over the table's rows.
+  epoch), rocksdb state.
 - Spark Structured Streaming: the stream-static join (`views.join(static users, "user")`),
-  append mode, `trigger(availableNow)`, checkpointing (its static side has no state).
+  append mode, `trigger(availableNow)` (its static side has no state).
 Throughput is rows / wall time.
+
+Both engines checkpoint every epoch / trigger. Each cell runs one warm-up round, then
+`--repeat` rounds alternating which engine goes first; the table shows medians. The state
+bytes per buffered record: one more streamer run stopped after half the epochs, its working
+RocksDB state kept: the bytes of the join's state and timer keys and values (not the epoch
+outputs kept for replays) over the records buffered in it (interval: both sides' records
+waiting for a partner; table: the table's rows). Prints a table; not a test.
 """
 
 from __future__ import annotations
@@ -35,7 +39,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -62,35 +65,91 @@ def write_inputs(root: Path, rows: int, files: int) -> None:
                        root / "payments" / f"part-{i:04d}.parquet")
 
 
-def run_streamer(spark: Any, root: Path) -> tuple[float, int]:
+INTERVAL = """\
+name: bench-join
+storage: {root}/storage
+job: {{parallelism: 2, checkpoint: {{interval: 1ms}},
+       state: {{backend: rocksdb, local_dir: {root}/state}}}}
+sources:
+  - {{id: orders, type: files, path: "{root}/orders/*.parquet", format: parquet,
+      max_files_per_epoch: 1, event_time: ts, watermark: {{max_out_of_orderness: 1s}}}}
+  - {{id: payments, type: files, path: "{root}/payments/*.parquet", format: parquet,
+      max_files_per_epoch: 1, event_time: pts, watermark: {{max_out_of_orderness: 1s}}}}
+operators:
+  - id: paid
+    join: {{left: orders, right: payments, on: [order_id], between: [0s, 30s]}}
+sinks:
+  - {{id: out, type: files, input: paid, path: "{root}/out-streamer", format: parquet}}
+"""
+
+TABLE = """\
+name: bench-table-join
+storage: {root}/storage
+job: {{parallelism: 2, checkpoint: {{interval: 1ms}},
+       state: {{backend: rocksdb, local_dir: {root}/state}}}}
+sources:
+  - {{id: views, type: files, path: "{root}/views/*.parquet", format: parquet,
+      max_files_per_epoch: 1, event_time: ts, watermark: {{max_out_of_orderness: 1s}}}}
+  - {{id: users, type: files, path: "{root}/users/*.parquet", format: parquet,
+      event_time: updated}}
+operators:
+  - id: enriched
+    join: {{left: views, right: users, on: [user], table: true}}
+sinks:
+  - {{id: out, type: files, input: enriched, path: "{root}/out-streamer", format: parquet}}
+"""
+
+
+def run_streamer(spark: Any, root: Path, pipeline: str, max_epochs: int | None = None
+                 ) -> tuple[float, int]:
+    """(seconds, rows out) of one streamer run of `pipeline` from scratch."""
     from streamer.pipeline.validate import load_pipeline_text
     from streamer.runtime.coordinator import JobRunner, RunOptions
 
-    text = textwrap.dedent(f"""\
-        name: bench-join
-        storage: {root / 'storage'}
-        job: {{parallelism: 2, checkpoint: {{interval: 1h}},
-               state: {{backend: rocksdb, local_dir: {root / 'state'}}}}}
-        sources:
-          - {{id: orders, type: files, path: "{root}/orders/*.parquet", format: parquet,
-              max_files_per_epoch: 1, event_time: ts, watermark: {{max_out_of_orderness: 1s}}}}
-          - {{id: payments, type: files, path: "{root}/payments/*.parquet", format: parquet,
-              max_files_per_epoch: 1, event_time: pts, watermark: {{max_out_of_orderness: 1s}}}}
-        operators:
-          - id: paid
-            join: {{left: orders, right: payments, on: [order_id], between: [0s, 30s]}}
-        sinks:
-          - {{id: out, type: files, input: paid, path: "{root}/out-streamer", format: parquet}}
-        """)
+    for name in ("storage", "state", "out-streamer"):
+        shutil.rmtree(root / name, ignore_errors=True)
+    spec = load_pipeline_text(pipeline.format(root=root))
     started = time.perf_counter()
-    result = JobRunner(load_pipeline_text(text), RunOptions(ui=False), spark=spark).run()
+    result = JobRunner(spec, RunOptions(ui=False, checkpoints=True, max_epochs=max_epochs,
+                                        keep_state=max_epochs is not None), spark=spark).run()
     return time.perf_counter() - started, result.records_out
+
+
+def join_state(state: Path) -> tuple[int, int]:
+    """(bytes, records): the keys and values of the join's states and timers in the kept
+    RocksDB working state of every subtask under `state`, and the records buffered in the
+    join's states."""
+    from rocksdict import AccessType, Options, Rdict
+
+    from streamer.state.codec import decode_value
+    from streamer.state.rocksdb_format import _unframe
+
+    size = records = 0
+    for path in sorted(p for p in state.rglob("subtask-*") if (p / "CURRENT").exists()):
+        names = [n for n in Rdict.list_cf(str(path)) if n == "_timers" or n.startswith(
+            "state:join.")]
+        db = Rdict(str(path), options=Options(raw_mode=True),
+                   column_families={n: Options(raw_mode=True) for n in names},
+                   access_type=AccessType.read_only())
+        try:
+            for name in names:
+                for key, value in db.get_column_family(name).items():
+                    assert isinstance(key, bytes) and isinstance(value, bytes)
+                    size += len(key) + len(value)
+                    if name != "_timers":  # (a value: the key's list of records)
+                        payload = _unframe(value, None)
+                        records += len(decode_value(payload)) if payload else 0
+        finally:
+            db.close()
+    return size, records
 
 
 def run_sss(spark: Any, root: Path) -> tuple[float, int]:
     from pyspark.sql import functions as F
 
     spark.conf.set("spark.sql.shuffle.partitions", "2")
+    for name in ("out-sss", "chk-sss"):
+        shutil.rmtree(root / name, ignore_errors=True)
     started = time.perf_counter()
     orders = (spark.readStream.schema("order_id bigint, amount double, ts timestamp")
               .option("maxFilesPerTrigger", 1).parquet(str(root / "orders"))
@@ -130,52 +189,10 @@ def write_table_inputs(root: Path, rows: int, files: int, users: int) -> None:
         root / "users" / "users.parquet")
 
 
-def run_streamer_table(spark: Any, root: Path) -> tuple[float, int, int]:
-    """(seconds, rows out, largest checkpoint's state bytes)."""
-    import json
-
-    from streamer.pipeline.validate import load_pipeline_text
-    from streamer.runtime.coordinator import JobRunner, RunOptions
-    from streamer.runtime.metrics import JsonReporter
-
-    text = textwrap.dedent(f"""\
-        name: bench-table-join
-        storage: {root / 'storage'}
-        job: {{parallelism: 2, checkpoint: {{interval: 1ms}},
-               state: {{backend: rocksdb, local_dir: {root / 'state'}}}}}
-        sources:
-          - {{id: views, type: files, path: "{root}/views/*.parquet", format: parquet,
-              max_files_per_epoch: 1, event_time: ts, watermark: {{max_out_of_orderness: 1s}}}}
-          - {{id: users, type: files, path: "{root}/users/*.parquet", format: parquet,
-              event_time: updated}}
-        operators:
-          - id: enriched
-            join: {{left: views, right: users, on: [user], table: true}}
-        sinks:
-          - {{id: out, type: files, input: enriched, path: "{root}/out-streamer-table",
-              format: parquet}}
-        """)
-    sizes = [0]
-
-    class Sizes:
-        def write(self, line: str) -> None:
-            for item in filter(None, line.splitlines()):
-                event = json.loads(item)
-                if event.get("event") == "checkpoint" and event.get("state_size"):
-                    sizes.append(int(event["state_size"]))
-
-        def flush(self) -> None:
-            pass
-
-    started = time.perf_counter()
-    result = JobRunner(load_pipeline_text(text), RunOptions(ui=False, checkpoints=True),
-                       spark=spark, reporter=JsonReporter(Sizes())  # type: ignore[arg-type]
-                       ).run()
-    return time.perf_counter() - started, result.records_out, max(sizes)
-
-
 def run_sss_table(spark: Any, root: Path) -> tuple[float, int]:
     spark.conf.set("spark.sql.shuffle.partitions", "2")
+    for name in ("out-sss-table", "chk-sss-table"):
+        shutil.rmtree(root / name, ignore_errors=True)
     started = time.perf_counter()
     users = spark.read.parquet(str(root / "users"))
     views = (spark.readStream.schema("view_id bigint, user bigint, ts timestamp")
@@ -189,33 +206,50 @@ def run_sss_table(spark: Any, root: Path) -> tuple[float, int]:
     return elapsed, spark.read.parquet(str(root / "out-sss-table")).count()
 
 
-def table_cell(spark: Any, root: Path, rows: int, files: int, users: int) -> Any:
-    """The table-enrichment rows: streamer and SSS on the same files."""
+def cell(spark: Any, root: Path, title: str, events: int, expected: int, pipeline: str,
+         sss: Any, sss_name: str, files: int, repeat: int) -> Any:
+    """One cell: a warm-up round, `repeat` alternating rounds, medians; then the state
+    measurement run."""
+    import statistics
+
     from rich.table import Table
 
-    write_table_inputs(root, rows, files, users)
-    table = Table(title=f"table enrichment of {rows:,} views with {users:,} users (local[2])")
-    for column in ("engine", "seconds", "events/s", "rows out", "ok", "state B/record"):
+    runs: dict[str, list[tuple[float, int]]] = {"streamer": [], "sss": []}
+    engines = {"streamer": lambda: run_streamer(spark, root, pipeline),
+               "sss": lambda: sss(spark, root)}
+    for round_ in range(repeat + 1):
+        order = ("streamer", "sss") if round_ % 2 == 0 else ("sss", "streamer")
+        for name in order:
+            result = engines[name]()
+            if round_:  # (round 0 warms both up)
+                runs[name].append(result)
+    run_streamer(spark, root, pipeline, max_epochs=max(1, files // 2))
+    size, records = join_state(root / "state")
+    table = Table(title=f"{title} (local[2], median of {repeat} alternating runs)")
+    for column in ("engine", "seconds", "events/s", "rows out", "ok", "vs SSS",
+                   "state B/record"):
         table.add_column(column)
-    seconds, out, state = run_streamer_table(spark, root)
-    table.add_row("streamer (rocksdb, table: true)", f"{seconds:.1f}", f"{rows / seconds:,.0f}",
-                  f"{out:,}", "yes" if out == rows else f"no ({rows:,})",
-                  f"{state / users:,.1f}")
-    seconds, out = run_sss_table(spark, root)
-    table.add_row("Spark SS (stream-static join)", f"{seconds:.1f}", f"{rows / seconds:,.0f}",
-                  f"{out:,}", "yes" if out == rows else f"no ({rows:,})", "-")
+    medians = {name: statistics.median(t for t, _ in results) for name, results in runs.items()}
+    for name, label in (("streamer", "streamer (rocksdb)"), ("sss", sss_name)):
+        outs = {out for _, out in runs[name]}
+        ok = "yes" if outs == {expected} else f"no ({sorted(outs)} != {expected:,})"
+        table.add_row(label, f"{medians[name]:.1f}", f"{events / medians[name]:,.0f}",
+                      f"{max(outs):,}", ok,
+                      f"{medians['sss'] / medians[name]:.2f}x" if name == "streamer" else "1x",
+                      f"{size / records:,.1f} ({records:,} records)"
+                      if name == "streamer" and records else "-")
     return table
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=200_000)
-    parser.add_argument("--files", type=int, default=4)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--files", type=int, default=5)
     parser.add_argument("--users", type=int, default=10_000)
+    parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--cell", choices=("interval", "table", "all"), default="all")
     args = parser.parse_args()
     from rich.console import Console
-    from rich.table import Table
 
     from streamer.runtime.spark import create_session
 
@@ -224,20 +258,17 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="bench-joins-"))
     try:
         if args.cell in ("table", "all"):
-            Console().print(table_cell(spark, root, args.rows, args.files, args.users))
-        if args.cell == "table":
-            return
-        write_inputs(root, args.rows, args.files)
-        expected = args.rows * 3 // 4
-        table = Table(title=f"interval join of 2 x {args.rows:,} events (local[2])")
-        for column in ("engine", "seconds", "events/s", "rows out", "ok"):
-            table.add_column(column)
-        for name, run in (("streamer (rocksdb)", run_streamer),
-                          ("Spark SS (HDFS state store)", run_sss)):
-            seconds, out = run(spark, root)
-            table.add_row(name, f"{seconds:.1f}", f"{2 * args.rows / seconds:,.0f}",
-                          f"{out:,}", "yes" if out == expected else f"no ({expected:,})")
-        Console().print(table)
+            write_table_inputs(root, args.rows, args.files, args.users)
+            Console().print(cell(
+                spark, root, f"table enrichment of {args.rows:,} views with {args.users:,} "
+                "users", args.rows, args.rows, TABLE, run_sss_table,
+                "Spark SS (stream-static join)", args.files, args.repeat))
+        if args.cell in ("interval", "all"):
+            write_inputs(root, args.rows, args.files)
+            Console().print(cell(
+                spark, root, f"interval join of 2 x {args.rows:,} events", 2 * args.rows,
+                args.rows * 3 // 4, INTERVAL, run_sss, "Spark SS (HDFS state store)",
+                args.files, args.repeat))
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

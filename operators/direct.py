@@ -24,13 +24,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamer.columns import (
+    EPOCH_SEQ,
     EVENT_TIME,
     EVENT_TIME_MS,
     KEY_GROUP,
+    SEQUENCE,
     WINDOW_END,
     WINDOW_START,
     partial,
 )
+from streamer.operators.keyed_rows import key_codes
 from streamer.spark_errors import UNREADABLE_FILE
 
 #: Per worker process: (key types, max_parallelism) -> key -> key group.
@@ -94,29 +97,6 @@ def _read(d: DirectRead) -> Any:
     return pa.concat_tables(tables)
 
 
-def _codes(table: Any, keys: tuple[str, ...]) -> tuple[Any, list[tuple[Any, ...]]]:
-    """(per row the index of its distinct key, the distinct keys as tuples)."""
-    import numpy as np
-    import pyarrow.compute as pc
-
-    code: Any = None
-    distinct: list[tuple[Any, ...]] = [()]
-    for name in keys:
-        encoded = pc.dictionary_encode(table.column(name).combine_chunks())
-        values = [*encoded.dictionary.to_pylist(), None]  # the last stands for null
-        index = encoded.indices.fill_null(len(values) - 1).to_numpy().astype(np.int64)
-        if code is None:
-            code, distinct = index, [(v,) for v in values]
-            continue
-        # Combine with the columns before, then renumber densely.
-        combined = code * len(values) + index
-        uniq, code = np.unique(combined, return_inverse=True)
-        distinct = [(*distinct[c // len(values)], values[c % len(values)]) for c in uniq.tolist()]
-    if code is None:
-        code = np.zeros(table.num_rows, dtype=np.int64)
-    return code, distinct
-
-
 def _row_key_groups(table: Any, keys: tuple[str, ...], key_types: tuple[str, ...],
                     max_parallelism: int) -> Any:
     """The key group of every row of `table`: integer keys hashed a column at a time, others
@@ -126,7 +106,7 @@ def _row_key_groups(table: Any, keys: tuple[str, ...], key_types: tuple[str, ...
     if keys and all(t in INTEGER_HASHED_TYPES for t in key_types):
         return key_groups_of_columns([table.column(k) for k in keys], key_types,
                                      max_parallelism)
-    code, distinct = _codes(table, keys)
+    code, distinct = key_codes(table, keys)
     return _key_groups(distinct, key_types, max_parallelism)[code]
 
 
@@ -147,7 +127,7 @@ def _session_rows(cfg: Any, d: DirectRead, table: Any, keep: Any, valid: Any, ts
         info["late"] = int(np.count_nonzero(valid & ~in_time))  # all rows: every subtask's
         keep = keep & in_time
     rows = np.flatnonzero(keep)
-    code, _ = _codes(table.take(pa.array(rows, pa.int64())), cfg.keys)
+    code, _ = key_codes(table.take(pa.array(rows, pa.int64())), cfg.keys)
     times = ts_ms[rows]
     order = np.lexsort((times, code))
     rows, code, times = rows[order], code[order], times[order]
@@ -158,8 +138,9 @@ def _session_rows(cfg: Any, d: DirectRead, table: Any, keep: Any, valid: Any, ts
 
 
 def _records(cfg: Any, d: DirectRead, table: Any, rows: Any, kg: Any, ts_ms: Any) -> Any:
-    """A dedupe's input: the `rows` of `table` (this subtask's, in arrival order) with
-    their key group, the record's columns (its event time as `__ts`) and `__ts_ms`."""
+    """A dedupe's (and, with `__seq` added, a join's) input: the `rows` of `table` (this
+    subtask's, in arrival order) with their key group, the record's columns (its event time
+    as `__ts`) and `__ts_ms`."""
     import pyarrow as pa
 
     picked = table.take(pa.array(rows, pa.int64()))
@@ -216,10 +197,20 @@ def read_direct(cfg: Any, d: DirectRead, subtask: int) -> tuple[Any, dict[str, A
     owner = kg.astype(np.int64) * cfg.parallelism // cfg.max_parallelism
     keep = owner == subtask
     event = cfg.domain == "event"
-    if cfg.kind == "dedupe":
+    if cfg.kind in ("dedupe", "join"):
         if event:  # (the source made a row without event time a dead letter)
             keep &= valid
-        return _records(cfg, d, table, np.flatnonzero(keep), kg, ts_ms), info
+        if cfg.kind == "dedupe":
+            return _records(cfg, d, table, np.flatnonzero(keep), kg, ts_ms), info
+        from streamer.operators.join import late_mask
+
+        late = late_mask(cfg.join, ts_ms, d.watermark) if event else None
+        if late is not None:  # dropped and counted (a join with `late:` is routed)
+            info["late"] = int(np.count_nonzero(valid & late))  # all rows: every subtask's
+            keep &= ~late
+        rows = np.flatnonzero(keep)
+        records = _records(cfg, d, table, rows, kg, ts_ms)
+        return records.append_column(SEQUENCE, pa.array(cfg.epoch * EPOCH_SEQ + rows)), info
     ends = None
     if cfg.kind == "window" and cfg.window_kind == "session":
         rows, starts, ends = _session_rows(cfg, d, table, keep & valid if event else keep,

@@ -102,15 +102,56 @@ def join_columns(join: Any, left: Any, right: Any
     return cols, problems, fields
 
 
-def run_join(cfg: Any, backend: Any, rows: list[dict[str, Any]], out: Any) -> None:
-    """One epoch of a join for one subtask: match, buffer, fire closed windows, expire (with
-    outer rows), as the module docstring says."""
+def late_mask(join: Any, ts_ms: Any, watermark: int) -> Any:
+    """Which of the event times `ts_ms` (numpy, ms) are late at `watermark`, or None when
+    nothing can be: `runtime.join.late_condition`'s rule, for the subtasks' own reads."""
+    import numpy as np
+
+    if join.mode == "table" and join.as_of is None:
+        return None
+    if join.mode in ("interval", "table"):
+        return ts_ms <= watermark
+    window = join.window
+    size, slide = window.size_ms or 0, window.slide_ms or window.size_ms or 0
+    return ts_ms - np.mod(ts_ms, slide) + (size - 1) <= watermark
+
+
+def run_join(cfg: Any, backend: Any, rows: Any, out: Any) -> None:
+    """One epoch of a join for one subtask over its input rows (`keyed_rows._Input`): match,
+    buffer, fire closed windows, expire (with outer rows), as the module docstring says. A
+    processing-time table join's left records are joined a column at a time
+    (`_lookup_table`); everything else goes record by record."""
     from streamer.state import StateDescriptor, StateKind
+
+    for name in STATES:
+        backend.declare(StateDescriptor(name, StateKind.VALUE))
+    join = cfg.join
+    table = rows.table
+    if join.mode == "table" and join.as_of is None and len(rows) and not any(
+            pa_floating(table.column(k).type) for k in cfg.join_columns.keys):
+        # (floating keys go record by record: there -0.0 joins and comes out as 0.0)
+        import pyarrow as pa
+
+        is_left = table.column(JOIN_SIDE).to_numpy(zero_copy_only=False) == LEFT
+        _run_rows(cfg, backend, table.filter(pa.array(~is_left)).to_pylist(), out)
+        if is_left.any():
+            _lookup_table(cfg, backend, table.filter(pa.array(is_left)), out)
+        return
+    _run_rows(cfg, backend, table.to_pylist() if len(rows) else [], out)
+
+
+def pa_floating(dtype: Any) -> bool:
+    """Whether the Arrow type `dtype` is a floating-point type."""
+    import pyarrow as pa
+
+    return bool(pa.types.is_floating(dtype))
+
+
+def _run_rows(cfg: Any, backend: Any, rows: list[dict[str, Any]], out: Any) -> None:
+    """`run_join` record by record, over `rows` (dicts) and the keys with due timers."""
     from streamer.state.codec import encode_key
 
     join, cols = cfg.join, cfg.join_columns
-    for name in STATES:
-        backend.declare(StateDescriptor(name, StateKind.VALUE))
     wm = cfg.fire_up_to
     due = backend.due_timers("event", wm, remove=True)
     by_key: dict[tuple[int, bytes], list[dict[str, Any]]] = {}
@@ -123,6 +164,51 @@ def run_join(cfg: Any, backend: Any, rows: list[dict[str, Any]], out: Any) -> No
         _run_cells(cfg, backend, cells, by_key, out)
     if load is not None:
         _drop_unloaded(backend, load)
+
+
+def _lookup_table(cfg: Any, backend: Any, left: Any, out: Any) -> None:
+    """A processing-time table join's left records (an Arrow table of the stage's input
+    columns), a column at a time: each distinct key's row looked up once (after the epoch's
+    upserts: `_run_rows` ran them), the right columns taken from it for every record, one
+    output chunk. The same rows `_Table.add` would emit record by record: a record joins its
+    key's current row (none when deleted, or of an earlier `reload:` load), and without a
+    row is emitted with nulls on the right only when the join is left outer."""
+    import numpy as np
+    import pyarrow as pa
+
+    from streamer.operators.keyed_rows import key_codes
+    from streamer.state.codec import encode_key_columns
+
+    cols, load = cfg.join_columns, cfg.extra.get("table_load")
+    code, _ = key_codes(left, cols.keys)
+    _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+    firsts = pa.array(first, pa.int64())
+    kgs = left.column(KEY_GROUP).take(firsts).to_pylist()
+    keys = encode_key_columns([left.column(k).take(firsts) for k in cols.keys])
+    found = backend.get_many(STATES[RIGHT], [(kg, kb, _NS)
+                                             for kg, kb in zip(kgs, keys, strict=True)])
+    rows: list[list[Any] | None] = []
+    for versions in found:
+        row = versions[0] if versions else None
+        if row is not None and (row[2] is None or (load is not None and _load_of(row) < load)):
+            row = None  # (deleted, or a row the load no longer has: `_drop_unloaded`)
+        rows.append(row[2] if row is not None else None)
+    has_row = np.array([r is not None for r in rows], dtype=bool)
+    picked = np.arange(left.num_rows) if cfg.join.outer_left else np.flatnonzero(
+        has_row[inverse])
+    if not len(picked):
+        return
+    at = pa.array(inverse[picked], pa.int64())
+    take = pa.array(picked, pa.int64())
+    types = {f.name: f.type for f in cfg.out_schema}
+    columns: dict[str, Any] = {name: left.column(name).take(take)
+                               for name in (*cols.keys, *cols.left)}
+    for j, name in enumerate(cols.right):
+        values = pa.array([r[j] if r is not None else None for r in rows], types[name])
+        columns[name] = values.take(at)
+    ts = left.column(EVENT_TIME_MS).take(take).to_numpy(zero_copy_only=False)
+    columns[EVENT_TIME] = pa.array(ts * 1000, pa.int64()).cast(types[EVENT_TIME])
+    out.table(pa.table(columns))
 
 
 def _drop_unloaded(backend: Any, load: int) -> None:

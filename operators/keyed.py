@@ -97,7 +97,7 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
     else:
         rows = _read_input(cfg, batches, subtask)
         began = time.perf_counter()  # after the input arrived: the stage's own work
-    if not (cfg.kind in ("aggregate", "dedupe") or (cfg.kind == "window"
+    if not (cfg.kind in ("aggregate", "dedupe", "join") or (cfg.kind == "window"
                                         and cfg.window_kind in ("tumbling", "sliding"))):
         rows = rows.table.to_pylist()  # the operators that work row by row
     from streamer import failpoints

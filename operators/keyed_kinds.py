@@ -25,6 +25,7 @@ from streamer.operators.keyed_rows import (
     _merge,
     _namespaces,
     _partials,
+    key_codes,
     ns_of,
 )
 from streamer.state.codec import encode_key_columns
@@ -329,7 +330,6 @@ def _dedupe(cfg: KeyedConfig, backend: Any, rows: _Input, out: _Emitter) -> None
     import numpy as np
     import pyarrow as pa
 
-    from streamer.operators.direct import _codes
 
     due = backend.due_timers(cfg.domain, cfg.fire_up_to, remove=True)
     if due:
@@ -338,7 +338,7 @@ def _dedupe(cfg: KeyedConfig, backend: Any, rows: _Input, out: _Emitter) -> None
     if not len(rows):
         return
     ts = table.column(EVENT_TIME_MS).to_numpy()
-    code, _ = _codes(table, cfg.keys)
+    code, _ = key_codes(table, cfg.keys)
     order = np.lexsort((np.arange(len(code)), ts, code))
     head = np.ones(len(order), dtype=bool)
     head[1:] = code[order][1:] != code[order][:-1]

@@ -171,6 +171,30 @@ class _Input:
         return list(zip(*(self.column(k) for k in names), strict=True))
 
 
+def key_codes(table: Any, keys: tuple[str, ...]) -> tuple[Any, list[tuple[Any, ...]]]:
+    """(per row of the Arrow `table` the index of its distinct key over the columns
+    `keys`, the distinct keys as tuples): dictionary codes, combined across columns."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    code: Any = None
+    distinct: list[tuple[Any, ...]] = [()]
+    for name in keys:
+        encoded = pc.dictionary_encode(table.column(name).combine_chunks())
+        values = [*encoded.dictionary.to_pylist(), None]  # the last stands for null
+        index = encoded.indices.fill_null(len(values) - 1).to_numpy().astype(np.int64)
+        if code is None:
+            code, distinct = index, [(v,) for v in values]
+            continue
+        # Combine with the columns before, then renumber densely.
+        combined = code * len(values) + index
+        uniq, code = np.unique(combined, return_inverse=True)
+        distinct = [(*distinct[c // len(values)], values[c % len(values)]) for c in uniq.tolist()]
+    if code is None:
+        code = np.zeros(table.num_rows, dtype=np.int64)
+    return code, distinct
+
+
 def _encode_keys(keys: list[tuple[Any, ...]]) -> list[bytes]:
     """`encode_key` of every key, once per distinct key.
 

@@ -4,10 +4,11 @@ A join is a keyed stage with two inputs: each epoch, each side's frame is projec
 join's output columns (`project_sides`: the key columns under the left's names, the left's
 other columns, the right's with `right_prefix`, nulls for the other side's), tagged with
 `JOIN_SIDE` (`DELETE` for a right record that is a changelog's tombstone, which deletes its
-key's table row), and the two are unioned; from there the keyed stage routes the rows by key group
-as it does any keyed operator's. A record whose key or event time is null is a bad record: a
-dead letter of the source its side reads (through stateless operators) when that source has
-`on_error`, else the epoch fails with a message naming the join and the record.
+key's table row); the keyed stage unions the two and routes the rows by key group (or stages
+them for its subtasks) as it does any keyed operator's. A record whose key or event time is
+null is a bad record: a dead letter of the source its side reads (through stateless
+operators) when that source has `on_error`, else the epoch fails with a message naming the
+join and the record.
 `split_late` takes the records behind the watermark out for the `late:` output.
 """
 
@@ -64,9 +65,9 @@ def _origin(flow: Dataflow, node_id: str) -> SourceSpec | None:
 
 
 def project_sides(plan: JoinPlan, left: DataFrame | None, right: DataFrame | None
-                  ) -> tuple[DataFrame | None, list[tuple[str, DataFrame]]]:
-    """(both sides' records as one frame of `plan.schema`, or None without any; the dead
-    letters of records with a null key or event time, as (on_error sink, frame))."""
+                  ) -> tuple[list[DataFrame], list[tuple[str, DataFrame]]]:
+    """(each side's records as a frame of `plan.schema`, the keyed stage unions them; the
+    dead letters of records with a null key or event time, as (on_error sink, frame))."""
     from pyspark.sql import functions as F
 
     join, cols = plan.op.join, plan.columns
@@ -92,9 +93,7 @@ def project_sides(plan: JoinPlan, left: DataFrame | None, right: DataFrame | Non
             *[(F.col(f"`{own[name]}`") if name in own else F.lit(None)).cast(types[name])
               .alias(name) for name in (*cols.keys, *cols.left, *cols.right)],
             F.col(EVENT_TIME), tag.alias(JOIN_SIDE)))
-    if not frames:
-        return None, dead
-    return (frames[0] if len(frames) == 1 else frames[0].union(frames[1])), dead
+    return frames, dead
 
 
 def _bad_records(plan: JoinPlan, side: int, df: DataFrame, keys: tuple[str, ...]

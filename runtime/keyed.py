@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from streamer.runtime.join import JoinPlan
 
-EPOCH_SEQ = 1 << 40
+EPOCH_SEQ = C.EPOCH_SEQ
 
 
 def route_values(spark: SparkSession, parallelism: int) -> list[int]:
@@ -407,15 +407,15 @@ class KeyedStage:
             F.lit(False).alias(C.DUMMY))
 
     def run_direct(self, read: DirectRead, epoch: int, now_ms: int, fire_up_to: int,
-                   checkpointing: Any = None, write_to: Any = None) -> KeyedResult:
+                   checkpointing: Any = None, write_to: Any = None,
+                   table_load: int | None = None) -> KeyedResult:
         """Run the keyed stage for one epoch whose subtasks read the epoch's files
         themselves (`direct_plan` said they can): one Spark task per subtask, no scan and no
         shuffle; each task's metadata carries the epoch's `records_in` and `max_ts`. Every
         epoch parks the subtask's state open in its worker (big ones too): its p tasks
         usually land on the same p workers, and the open + close it saves was ~10 % of the
         keyed-windows benchmark (bench/keyed_windows.py: 1.69 -> 1.53 s)."""
-        cfg = replace(self.base_config, epoch=epoch, fire_up_to=fire_up_to, now_ms=now_ms,
-                      checkpointing=checkpointing, park=True, direct=read)
+        cfg = self._direct_config(read, epoch, now_ms, fire_up_to, checkpointing, table_load)
         if write_to is not None:  # nothing reads the output through Spark
             return self._launch(None, cfg, None, write_to)
         if self._starts is None:
@@ -424,7 +424,8 @@ class KeyedStage:
         return self._launch(self._starts, cfg, None)
 
     def run_local(self, read: DirectRead, epoch: int, now_ms: int, fire_up_to: int,
-                  checkpointing: Any = None, write_to: Any = None) -> KeyedResult:
+                  checkpointing: Any = None, write_to: Any = None,
+                  table_load: int | None = None) -> KeyedResult:
         """Run the keyed stage for a local epoch (`runtime.local`): `read` holds the
         epoch's few rows, collected on the driver without a job. With `in_driver` (local
         mode: the driver reaches the subtasks' state directories) the driver runs the
@@ -432,8 +433,7 @@ class KeyedStage:
         RDD job of one task per subtask runs now and brings the output rows back to the
         driver. Either way the output becomes a local relation, so what reads it runs no job
         either (or the subtasks write it to `write_to`)."""
-        cfg = replace(self.base_config, epoch=epoch, fire_up_to=fire_up_to, now_ms=now_ms,
-                      checkpointing=checkpointing, park=True, direct=read)
+        cfg = self._direct_config(read, epoch, now_ms, fire_up_to, checkpointing, table_load)
         if self.in_driver and not cfg.executor_scoped:
             texts: list[str] = []
             parts: list[Any] = []
@@ -462,6 +462,16 @@ class KeyedStage:
             parts = [pa.ipc.open_stream(b).read_all() for b in result.run_job()]
             metas = result.metas
         return KeyedResult(self._local_output(parts), None, metas)
+
+    def _direct_config(self, read: DirectRead, epoch: int, now_ms: int, fire_up_to: int,
+                       checkpointing: Any, table_load: int | None) -> KeyedConfig:
+        """The subtasks' config of an epoch whose input they read (`run_direct`,
+        `run_local`)."""
+        cfg = replace(self.base_config, epoch=epoch, fire_up_to=fire_up_to, now_ms=now_ms,
+                      checkpointing=checkpointing, park=True, direct=read)
+        if table_load is not None:
+            cfg = replace(cfg, extra={**cfg.extra, "table_load": table_load})
+        return cfg
 
     def _local_output(self, parts: list[Any]) -> DataFrame:
         """A local relation of the output rows `parts` (Arrow tables or batches)."""

@@ -236,8 +236,6 @@ def _task_written_sink(spec: PipelineSpec, flow: Dataflow, node_id: str, stage: 
 
     if not settings.task_sink:
         return None, f"job.execution.task_sink is off{_set_by(settings, 'task_sink')}"
-    if stage.join is not None:
-        return None, "a join's output goes through Spark to its sinks"
     if stage.side_schemas:
         return None, "the operator has side outputs"
     consumers = flow.consumers(node_id)

@@ -28,7 +28,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from streamer import failpoints
-from streamer.columns import EVENT_TIME, HIDDEN_PREFIX
+from streamer.columns import EVENT_TIME, HIDDEN_PREFIX, JOIN_SIDE
 from streamer.operators.direct import DIRECT_AGGREGATES, ipc_bytes
 from streamer.operators.stateless import union
 from streamer.runtime.keyed import DirectShape, KeyedResult, KeyedStage
@@ -57,6 +57,15 @@ class KeyedRun(ABC):
             write_to: Any, collected: Any = None) -> KeyedResult:
         """Run the subtasks for the epoch `ctx` over `present` (the input frames)."""
 
+    def table_load(self, ctx: EpochContext) -> int | None:
+        """A table join's `reload:` table load read this epoch (`runtime.join.table_load`),
+        or None."""
+        if self.stage.join is None:
+            return None
+        from streamer.runtime.join import table_load
+
+        return table_load(self.stage.join, ctx.slices)
+
 
 class RoutedRun(KeyedRun):
     """Spark pre-aggregates, routes by key group and runs the subtasks in `mapInArrow`."""
@@ -69,14 +78,9 @@ class RoutedRun(KeyedRun):
         process function's broadcast input goes with it, to every subtask."""
         op = self.stage.op
         broadcast = ctx.frames.get(op.broadcast) if op.broadcast else None
-        load = None
-        if self.stage.join is not None:  # a `reload:` table's load read this epoch
-            from streamer.runtime.join import table_load
-
-            load = table_load(self.stage.join, ctx.slices)
         return self.stage.run(union(present) if present else None, ctx.epoch, ctx.now,
                               ctx.fire_watermark, fire, tasks, ctx.decision.small, write_to,
-                              broadcast, table_load=load)
+                              broadcast, table_load=self.table_load(ctx))
 
 
 class SubtaskReadRun(KeyedRun):
@@ -112,7 +116,8 @@ class LocalRun(KeyedRun):
             write_to: Any, collected: Any = None) -> KeyedResult:
         """Run the subtasks over `collected` (an Arrow table of the epoch's input)."""
         inline = self.shape.read(ctx.fire_watermark, table=ipc_bytes(collected))
-        result = self.stage.run_local(inline, ctx.epoch, ctx.now, fire, tasks, write_to)
+        result = self.stage.run_local(inline, ctx.epoch, ctx.now, fire, tasks, write_to,
+                                      table_load=self.table_load(ctx))
         ctx.ran_local.append(self.stage.op.id)
         return result
 
@@ -134,7 +139,8 @@ class StagedRun(KeyedRun):
         files = self.stage_input(ctx.epoch, union(present)) if present else ()
         failpoints.reached("staged", ctx.epoch)
         read = self.shape.read(ctx.watermark, files=files)
-        result = self.stage.run_direct(read, ctx.epoch, ctx.now, fire, tasks, write_to)
+        result = self.stage.run_direct(read, ctx.epoch, ctx.now, fire, tasks, write_to,
+                                       table_load=self.table_load(ctx))
         ctx.ran_staged.append(self.stage.op.id)
         return result
 
@@ -204,11 +210,8 @@ class KeyedOperatorStage(Stage):
 
                 collected = pa.schema(list(columns)).empty_table()
             elif present and ctx.ran_local:
-                from pyspark.sql import functions as F
-
                 collected = ctx.guard(f"operator {self.node_id!r}", partial(
-                    local_table, union(present).select(
-                        *[F.col(f"`{name}`") for name, _ in columns])))
+                    _local_input, present, [name for name, _ in columns]))
         if present:  # whether this epoch's input was small enough to collect
             self.small_input = collected is not None
         if collected is not None:
@@ -224,10 +227,10 @@ class KeyedOperatorStage(Stage):
         if stage.join is not None:  # both sides as one frame (`runtime.join`)
             from streamer.runtime.join import project_sides
 
-            both, dead = project_sides(stage.join, *(ctx.frames.get(i) for i in stage.op.inputs))
+            present, dead = project_sides(stage.join,
+                                          *(ctx.frames.get(i) for i in stage.op.inputs))
             for sink_id, frame in dead:
                 ctx.route(sink_id, frame, DEAD)
-            present = [both] if both is not None else []
         else:
             present = ctx.inputs(stage.op.inputs)
         fire = ctx.flush if ctx.flush is not None else (
@@ -251,7 +254,8 @@ class KeyedOperatorStage(Stage):
         if result.late is not None and late_sink:
             ctx.route(late_sink, result.late, LATE)
             ctx.late_to[node_id] = late_sink
-        elif (stage.op.window is not None or result.late_seen is not None) and not late_sink:
+        elif (stage.op.window is not None or stage.op.join is not None
+              or result.late_seen is not None) and not late_sink:
             # dropped (a window's, or a join's without late:): counted all the same
             ctx.seen_late[node_id] = (result.late_seen if result.late_seen is not None
                                       else LateInMetas(result.metas))
@@ -274,6 +278,22 @@ class KeyedOperatorStage(Stage):
                                 "how": f"each record copied to all {self.stage.parallelism} "
                                        "subtasks before the routing shuffle"}
         return out
+
+
+def _local_input(present: list[DataFrame], columns: list[str]) -> Any:
+    """The input frames' `columns` as one Arrow table collected without a Spark job, or
+    None when a frame needs one (a union of local relations is collected a frame at a time:
+    Spark plans it as a union, not one local relation)."""
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+
+    tables = []
+    for frame in present:
+        table = local_table(frame.select(*[F.col(f"`{name}`") for name in columns]))
+        if table is None:
+            return None
+        tables.append(table)
+    return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
 
 
 class LateInMetas:
@@ -325,11 +345,13 @@ def local_plan(stage: KeyedStage) -> DirectShape | str:
     `direct_plan`, over the stage's input (its event time is `__ts`)."""
     op = stage.op
     window = op.window
-    if stage.kind not in ("window", "aggregate", "dedupe"):
+    if stage.kind not in ("window", "aggregate", "dedupe", "join"):
         return f"a {stage.kind} operator"
     if window is not None and (window.kind not in ("tumbling", "sliding", "session")
                                or window.late):
         return "a count window, or a late: output"
+    if op.join is not None and op.join.late:
+        return "a join with a late: output"
     return _direct_shape(stage, "", stage.input_schema,
                          EVENT_TIME if stage.domain == "event" else None)
 
@@ -345,9 +367,10 @@ def _direct_shape(stage: KeyedStage, source_id: str, schema: StructType,
     op = stage.op
     types = {f.name: f.dataType for f in schema.fields}
     wanted: dict[str, Any] = {}
-    if stage.kind == "dedupe":  # the whole record goes on: every column
+    if stage.kind in ("dedupe", "join"):  # the whole record goes on: every column
         for f in schema.fields:
-            if f.name.startswith(HIDDEN_PREFIX) and f.name != ts_column:
+            if f.name.startswith(HIDDEN_PREFIX) and f.name not in (ts_column, *(
+                    (EVENT_TIME, JOIN_SIDE) if stage.kind == "join" else ())):
                 return f"its input has the internal column {f.name!r}"
             try:
                 wanted[f.name] = to_arrow_type(f.dataType, timezone="UTC")
