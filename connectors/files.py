@@ -151,15 +151,28 @@ def _event_times_plain(path: str, ts_column: str) -> bool:
     field = next(f for f in meta.schema.to_arrow_schema() if f.name.lower() == ts_column.lower())
     if not (pa.types.is_timestamp(field.type) and field.type.tz):
         return False
+    return _no_nulls(path, (field.name,), meta)
+
+
+def _no_nulls(path: str, columns: tuple[str, ...], meta: Any = None) -> bool:
+    """Whether the statistics of the local parquet file say that `columns` (names matched
+    without case) have no null in any row group (one footer read)."""
+    import pyarrow.parquet as pq
+
+    if meta is None:
+        meta = pq.ParquetFile(path).metadata
+    wanted = {c.lower() for c in columns}
+    seen = set()
     for i in range(meta.num_row_groups):
         group = meta.row_group(i)
         for j in range(group.num_columns):
             chunk = group.column(j)
-            if chunk.path_in_schema == field.name:
+            if chunk.path_in_schema.lower() in wanted:
+                seen.add(chunk.path_in_schema.lower())
                 stats = chunk.statistics
                 if stats is None or not stats.has_null_count or stats.null_count:
                     return False
-    return True
+    return seen == wanted or meta.num_row_groups == 0
 
 
 class FilesSource(Source):
@@ -458,19 +471,23 @@ class FilesSource(Source):
             return None
         return self.ctx.spark.createDataFrame(dead, DEAD_LETTER_DDL)
 
-    def plain_parquet(self, piece: SourceSlice, ts_column: str | None
+    def plain_parquet(self, piece: SourceSlice, ts_column: str | None,
+                      not_null: tuple[str, ...] = ()
                       ) -> tuple[list[str], DataFrame | None] | None:
         """For a keyed stage that reads the slice itself (`operators/direct.py`): (the local
         parquet files it can read, the dead letters of the others), or None when it cannot,
         so Spark reads the slice: a file's event-time column is a timestamp without a time
         zone (whose instant Spark derives from its session time zone), or its footer does
         not say that the column has no nulls (a record without event time is a bad record,
-        which the Spark path sends to `on_error` or reports: `runtime.stages.event_time`)."""
+        which the Spark path sends to `on_error` or reports: `runtime.stages.event_time`), or
+        does not say that the `not_null` columns (a join's keys) have none."""
         if self.format != "parquet" or not self.local:
             return None
         good, dead = self._sort_parquet(list(piece.payload["files"]))
         if ts_column is not None and not all(_event_times_plain(name, ts_column)
                                              for name in good):
+            return None
+        if not_null and not all(_no_nulls(name, not_null) for name in good):
             return None
         return good, self._dead_frame(dead) if dead else None
 

@@ -58,6 +58,25 @@ class DirectRead:
     #: A local epoch's rows instead of files (an Arrow IPC stream, collected on the driver:
     #: `runtime.local`), or None.
     table: bytes | None = None
+    #: A join reading both its sources' files: each side's files and column mapping (its
+    #: rows are the stage's input columns, `columns`, with `__ts` and `__join_side`).
+    sides: tuple[JoinSide, ...] = ()
+
+
+@dataclass(frozen=True)
+class JoinSide:
+    """One input of a join whose subtasks read both sources' parquet files themselves: the
+    stage's input columns of its records (the keys under the left's names, the left's other
+    columns, the right's with `right_prefix`), as `runtime.join.project_sides` projects
+    them in Spark."""
+
+    #: Local parquet files of the epoch, in the source's order.
+    files: tuple[str, ...]
+    #: Per column of `DirectRead.columns`: the source's column it is read from, or None (a
+    #: column of the other side, `__ts` and `__join_side`: filled in here).
+    sources: tuple[str | None, ...]
+    #: The source's event-time column (a timestamp), or None (processing time).
+    ts_column: str | None
 
 
 def ipc_bytes(data: Any) -> bytes:
@@ -74,27 +93,67 @@ def _read(d: DirectRead) -> Any:
     """The wanted columns of every file, cast to their types (names matched without case,
     as Spark does)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     schema = pa.schema([pa.field(name, dtype) for name, dtype in d.columns])
     if d.table is not None:
         table = pa.ipc.open_stream(d.table).read_all()
         return table.select([name for name, _ in d.columns]).cast(schema)
-    tables = []
-    for path in d.files:
-        found = pq.ParquetFile(path).schema_arrow.names
-        by_lower = {n.lower(): n for n in found}
-        names = [by_lower[name.lower()] for name, _ in d.columns]
-        try:
-            table = pq.read_table(path, columns=names)
-        except (OSError, pa.ArrowException) as exc:  # a damaged page: name the file
-            reason = " ".join(str(exc).split())
-            msg = f"{UNREADABLE_FILE}{path!r}: {type(exc).__name__}: {reason}"
-            raise OSError(msg) from exc
-        tables.append(table.rename_columns([n for n, _ in d.columns]).cast(schema))
+    if d.sides:
+        return pa.concat_tables([_read_side(d, i, side, schema)
+                                 for i, side in enumerate(d.sides)])
+    tables = [_read_file(path, d.columns, schema) for path in d.files]
     if not tables:
         return schema.empty_table()
     return pa.concat_tables(tables)
+
+
+def _read_file(path: str, columns: Any, schema: Any) -> Any:
+    """`columns` ((name, Arrow type) pairs) of the local parquet file `path` as `schema`
+    (names matched without case, as Spark does)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    found = pq.ParquetFile(path).schema_arrow.names
+    by_lower = {n.lower(): n for n in found}
+    names = [by_lower[name.lower()] for name, _ in columns]
+    try:
+        table = pq.read_table(path, columns=names)
+    except (OSError, pa.ArrowException) as exc:  # a damaged page: name the file
+        reason = " ".join(str(exc).split())
+        msg = f"{UNREADABLE_FILE}{path!r}: {type(exc).__name__}: {reason}"
+        raise OSError(msg) from exc
+    return table.rename_columns([n for n, _ in columns]).cast(schema)
+
+
+def _read_side(d: DirectRead, index: int, side: JoinSide, schema: Any) -> Any:
+    """Join side `index`'s records of the epoch as the stage's input columns (`schema`):
+    its own columns read, the other side's null, `__ts` its event time, `__join_side`
+    `index`."""
+    import numpy as np
+    import pyarrow as pa
+
+    from streamer.columns import JOIN_SIDE
+
+    types = dict(d.columns)
+    wanted = {source: types[name] for (name, _), source in zip(d.columns, side.sources,
+                                                                strict=True) if source}
+    if side.ts_column is not None:
+        wanted[side.ts_column] = pa.timestamp("us", tz="UTC")
+    own = pa.schema([pa.field(name, dtype) for name, dtype in wanted.items()])
+    parts = [_read_file(path, tuple(wanted.items()), own) for path in side.files]
+    read = pa.concat_tables(parts) if parts else own.empty_table()
+    n = read.num_rows
+    columns = []
+    for (name, dtype), source in zip(d.columns, side.sources, strict=True):
+        if source is not None:
+            columns.append(read.column(source).cast(dtype))
+        elif name == EVENT_TIME and side.ts_column is not None:
+            columns.append(read.column(side.ts_column).cast(dtype))
+        elif name == JOIN_SIDE:
+            columns.append(pa.array(np.full(n, index, dtype=np.int32)).cast(dtype))
+        else:
+            columns.append(pa.nulls(n, dtype))
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def _row_key_groups(table: Any, keys: tuple[str, ...], key_types: tuple[str, ...],
@@ -152,6 +211,22 @@ def _records(cfg: Any, d: DirectRead, table: Any, rows: Any, kg: Any, ts_ms: Any
     return pa.table(columns)
 
 
+def _side_info(table: Any, valid: Any, ts_ms: Any, sides: int) -> list[dict[str, Any]]:
+    """Per join side, its records in the epoch and their newest event time (or None)."""
+    import numpy as np
+
+    from streamer.columns import JOIN_SIDE
+
+    side = table.column(JOIN_SIDE).to_numpy(zero_copy_only=False)
+    out = []
+    for i in range(sides):
+        mine = side == i
+        timed = mine & valid
+        out.append({"records_in": int(np.count_nonzero(mine)),
+                    "max_ts": int(ts_ms[timed].max()) if timed.any() else None})
+    return out
+
+
 def _key_groups(distinct: list[tuple[Any, ...]], key_types: tuple[str, ...],
                 max_parallelism: int) -> Any:
     import numpy as np
@@ -197,6 +272,8 @@ def read_direct(cfg: Any, d: DirectRead, subtask: int) -> tuple[Any, dict[str, A
     owner = kg.astype(np.int64) * cfg.parallelism // cfg.max_parallelism
     keep = owner == subtask
     event = cfg.domain == "event"
+    if d.sides:  # a join reading both sources: each source's records in and newest time
+        info["sides"] = _side_info(table, valid, ts_ms, len(d.sides))
     if cfg.kind in ("dedupe", "join"):
         if event:  # (the source made a row without event time a dead letter)
             keep &= valid

@@ -132,8 +132,12 @@ def run_join(cfg: Any, backend: Any, rows: Any, out: Any) -> None:
         # (floating keys go record by record: there -0.0 joins and comes out as 0.0)
         import pyarrow as pa
 
-        is_left = table.column(JOIN_SIDE).to_numpy(zero_copy_only=False) == LEFT
-        _run_rows(cfg, backend, table.filter(pa.array(~is_left)).to_pylist(), out)
+        side = table.column(JOIN_SIDE).to_numpy(zero_copy_only=False)
+        is_left = side == LEFT
+        if (side == DELETE).any():  # (a changelog's deletes: record by record)
+            _run_rows(cfg, backend, table.filter(pa.array(~is_left)).to_pylist(), out)
+        else:
+            _upsert_table(cfg, backend, table.filter(pa.array(~is_left)))
         if is_left.any():
             _lookup_table(cfg, backend, table.filter(pa.array(is_left)), out)
         return
@@ -162,6 +166,46 @@ def _run_rows(cfg: Any, backend: Any, rows: list[dict[str, Any]], out: Any) -> N
     load = cfg.extra.get("table_load") if join.mode == "table" else None
     if cells:
         _run_cells(cfg, backend, cells, by_key, out)
+    if load is not None:
+        _drop_unloaded(backend, load)
+
+
+def _upsert_table(cfg: Any, backend: Any, right: Any) -> None:
+    """A processing-time table join's right records (an Arrow table of the stage's input
+    columns, no deletes), a column at a time: each key's newest record of the epoch (by
+    load, event time, arrival) replaces the key's stored row unless that is newer, as
+    `_Table.add` does record by record; with a `reload:` load, the rows of earlier loads
+    the load does not have are deleted (`_drop_unloaded`)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from streamer.operators.keyed_rows import key_codes
+    from streamer.state.codec import encode_key_columns
+
+    cols, load = cfg.join_columns, cfg.extra.get("table_load")
+    if right.num_rows:
+        ts = right.column(EVENT_TIME_MS).to_numpy(zero_copy_only=False)
+        seq = right.column(SEQ).to_numpy(zero_copy_only=False)
+        code, _ = key_codes(right, cols.keys)
+        order = np.lexsort((seq, ts, code))
+        last = np.ones(len(order), dtype=bool)
+        last[:-1] = code[order][1:] != code[order][:-1]
+        at = pa.array(order[last], pa.int64())
+        newest = right.take(at)
+        cells = [(kg, kb, _NS) for kg, kb in zip(
+            newest.column(KEY_GROUP).to_pylist(),
+            encode_key_columns([newest.column(k) for k in cols.keys]), strict=True)]
+        values = zip(*[newest.column(c).to_pylist() for c in cols.right], strict=True) \
+            if cols.right else iter([()] * len(cells))
+        puts = []
+        for cell, stored, t, s, row in zip(cells, backend.get_many(STATES[RIGHT], cells),
+                                           ts[order[last]].tolist(), seq[order[last]].tolist(),
+                                           values, strict=True):
+            old = stored[0] if stored else None
+            if old is None or (_load_of(old), old[0], old[1]) <= (load or 0, t, s):
+                puts.append((*cell, [[t, s, list(row), False, load]]))
+        if puts:
+            backend.put_many(STATES[RIGHT], puts)
     if load is not None:
         _drop_unloaded(backend, load)
 

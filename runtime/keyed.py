@@ -21,7 +21,7 @@ from pyspark.accumulators import AccumulatorParam
 from streamer import columns as C
 from streamer.columns import META, OUT
 from streamer.operators.aggregates import accumulator
-from streamer.operators.direct import DirectRead, ipc_bytes
+from streamer.operators.direct import DirectRead, JoinSide, ipc_bytes
 from streamer.operators.keyed import output_schema, run_task
 from streamer.operators.keyed_config import KeyedConfig
 from streamer.pipeline.spec import JobSpec, OperatorSpec
@@ -110,13 +110,27 @@ class DirectShape:
     columns: tuple[tuple[str, Any], ...]
     key_types: tuple[str, ...]
     ts_column: str | None
+    #: A join reading both sources: per side (source id, the source's column of each of
+    #: `columns` or None, the source's event-time column or None, its key columns);
+    #: `source_id` is the left's.
+    sides: tuple[tuple[str, tuple[str | None, ...], str | None, tuple[str, ...]], ...] = ()
+
+    @property
+    def source_ids(self) -> tuple[str, ...]:
+        """The sources whose files the subtasks read."""
+        return tuple(side[0] for side in self.sides) if self.sides else (self.source_id,)
 
     def read(self, watermark: int, files: tuple[str, ...] = (),
-             table: bytes | None = None) -> DirectRead:
+             table: bytes | None = None,
+             side_files: tuple[tuple[str, ...], ...] = ()) -> DirectRead:
         """One epoch's `DirectRead` of these columns: `files`, or a local epoch's `table`
-        (Arrow IPC), or neither (no input)."""
+        (Arrow IPC), or a join's `side_files` (per side), or none (no input)."""
+        sides = tuple(JoinSide(side_files[i] if side_files else (), columns, ts)
+                      for i, (_, columns, ts, _) in enumerate(self.sides)) if table is None \
+            else ()
         return DirectRead(files=files, columns=self.columns, key_types=self.key_types,
-                          ts_column=self.ts_column, watermark=watermark, table=table)
+                          ts_column=self.ts_column, watermark=watermark, table=table,
+                          sides=sides)
 
 
 class KeyedStage:

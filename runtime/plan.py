@@ -24,6 +24,7 @@ from streamer.runtime.stages.keyed import (
     StagedRun,
     SubtaskReadRun,
     direct_plan,
+    join_direct_plan,
     local_plan,
 )
 from streamer.runtime.stages.sinks import SparkWriterSink, SubtaskWrittenSink
@@ -160,16 +161,21 @@ def _keyed_stage(spec: PipelineSpec, flow: Dataflow, spark: SparkSession, node: 
                         "why": f"job.execution.direct_read is off{off}"})
     else:
         source_id = op.inputs[0]
-        if len(op.inputs) == 1 and source_id in sources:
+        if op.join is not None:
+            found = join_direct_plan(stage, sources, schemas,
+                                     lambda i: len(flow.consumers(i)))
+        elif len(op.inputs) == 1 and source_id in sources:
             found = direct_plan(stage, sources[source_id], schemas[source_id],
                                 len(flow.consumers(source_id)))
         else:
             found = "its input is not a source it alone reads"
         if isinstance(found, DirectShape):
             stage.direct = found
-            subtask_read = SubtaskReadRun(stage, f"source {source_id!r} is local parquet files "
-                                          "it alone reads: the subtasks read them themselves, "
-                                          "with no Spark scan or shuffle", found)
+            read = " and ".join(repr(i) for i in found.source_ids)
+            subtask_read = SubtaskReadRun(stage, f"source {read} {'are' if found.sides else 'is'}"
+                                          " local parquet files it alone reads: the subtasks "
+                                          "read them themselves, with no Spark scan or "
+                                          "shuffle", found)
         else:
             skipped.append({"name": SubtaskReadRun.name, "why": found})
         shape = local_plan(stage)
@@ -253,7 +259,7 @@ def _task_written_sink(spec: PipelineSpec, flow: Dataflow, node_id: str, stage: 
 def _source_stage(node: Node, source: Source, keyed: Any,
                   settings: ExecutionSpec) -> ScanSource:
     for stage in keyed:
-        if stage.subtask_read is not None and stage.subtask_read.shape.source_id == node.id:
+        if stage.subtask_read is not None and node.id in stage.subtask_read.shape.source_ids:
             return SubtaskReadSource(
                 node.id, f"its only reader, keyed stage {stage.node_id!r}, reads its parquet "
                 "files itself (Spark reads only a slice whose files need it)", source,
@@ -315,6 +321,9 @@ def _direct_reads(plan: PhysicalPlan, sources: Mapping[str, Source],
         if not isinstance(stage, KeyedOperatorStage) or stage.subtask_read is None:
             continue
         shape = stage.subtask_read.shape
+        if shape.sides:
+            out.update(_join_reads(shape, sources, slices, watermark))
+            continue
         if shape.source_id not in slices:
             # No input this epoch (timers only, or the end of input): no Spark plan either.
             out[shape.source_id] = (None, shape.read(watermark), None)
@@ -328,6 +337,34 @@ def _direct_reads(plan: PhysicalPlan, sources: Mapping[str, Source],
         out[shape.source_id] = (shape.source_id, shape.read(watermark, tuple(files)),
                                 dead_letters)
     return out
+
+
+def _join_reads(shape: DirectShape, sources: Mapping[str, Source],
+                slices: Mapping[str, SourceSlice], watermark: int
+                ) -> dict[str, tuple[str | None, Any, Any]]:
+    """`_direct_reads` of a join reading both its sources: one read of both sides' files,
+    under each source's id; none at all when either slice's files need Spark (a key or
+    event time the footers do not rule out being null: a bad record, which Spark reports)."""
+    from streamer.connectors.files import FilesSource
+
+    files: list[tuple[str, ...]] = []
+    found: dict[str, tuple[bool, Any]] = {}
+    for source_id, _, ts_column, keys in shape.sides:
+        piece = slices.get(source_id)
+        if piece is None:
+            files.append(())
+            found[source_id] = (False, None)
+            continue
+        source = sources[source_id]
+        assert isinstance(source, FilesSource)  # (join_direct_plan takes only these)
+        plain = source.plain_parquet(piece, ts_column, not_null=keys)
+        if plain is None:
+            return {}
+        files.append(tuple(plain[0]))
+        found[source_id] = (True, plain[1])
+    read = shape.read(watermark, side_files=tuple(files))
+    return {source_id: (source_id if had else None, read, dead)
+            for source_id, (had, dead) in found.items()}
 
 
 def render(plan: PhysicalPlan) -> str:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -95,10 +96,14 @@ class SubtaskReadRun(KeyedRun):
     def run(self, ctx: EpochContext, present: list[DataFrame], fire: int, tasks: Any,
             write_to: Any, collected: Any = None) -> KeyedResult:
         """One Spark task per subtask over the files the epoch's decision listed."""
-        source_id, read, _ = ctx.decision.direct[self.shape.source_id]
-        result = self.stage.run_direct(read, ctx.epoch, ctx.now, fire, tasks, write_to)
-        if source_id is not None:  # the source's records in and newest event time
-            ctx.seen_in[source_id] = DirectSeen(result.metas)
+        _, read, _ = ctx.decision.direct[self.shape.source_id]
+        result = self.stage.run_direct(read, ctx.epoch, ctx.now, fire, tasks, write_to,
+                                       table_load=self.table_load(ctx))
+        for side, source_id in enumerate(self.shape.source_ids):
+            if ctx.decision.direct[source_id][0] is not None:  # the source had a slice: its
+                # records in and newest event time (a join: per side)
+                ctx.seen_in[source_id] = DirectSeen(result.metas,
+                                                    side if self.shape.sides else None)
         ctx.ran_direct.append(self.stage.op.id)
         return result
 
@@ -337,6 +342,46 @@ def direct_plan(stage: KeyedStage, source: Any, source_schema: StructType,
         return "the source is not local parquet files"
     ts_column = (spec.event_time or "").strip() if stage.domain == "event" else None
     return _direct_shape(stage, spec.id, source_schema, ts_column)
+
+
+def join_direct_plan(stage: KeyedStage, sources: Any, schemas: Any,
+                     consumers: Callable[[str], int]) -> DirectShape | str:
+    """Whether a join's subtasks can read both its sources' files themselves, or why not:
+    each input is a local parquet `files` source (not `reload:`) that only the join reads,
+    with its event time (if any) a timestamp column; the join has the shapes `local_plan`
+    takes. Records with a null key or event time never reach them: a file whose footer
+    does not rule those out is read by Spark that epoch (`FilesSource.plain_parquet`)."""
+    shape = local_plan(stage)
+    if isinstance(shape, str):
+        return shape
+    join, plan = stage.op.join, stage.join
+    assert join is not None and plan is not None
+    cols = plan.columns
+    names = [name for name, _ in shape.columns]
+    sides = []
+    for index, (source_id, keys) in enumerate(((join.left, join.left_key),
+                                               (join.right, join.right_key))):
+        source = sources.get(source_id)
+        if source is None:
+            return f"its {('left', 'right')[index]} input {source_id!r} is not a source"
+        spec = source.spec
+        if consumers(source_id) != 1 or join.left == join.right:
+            return f"source {source_id!r} has other readers"
+        if spec.type != "files" or getattr(source, "format", None) != "parquet" or not getattr(
+                source, "local", False) or spec.option("reload"):
+            return f"source {source_id!r} is not local parquet files (or it reloads)"
+        own = dict(zip(cols.keys, keys, strict=True))
+        if index == 0:
+            own.update((c, c) for c in cols.left)
+        else:
+            own.update(zip(cols.right, cols.right_sources, strict=True))
+        ts = (spec.event_time or "").strip() if stage.domain == "event" else None
+        types = {f.name: f.dataType.simpleString() for f in schemas[source_id].fields}
+        if ts is not None and types.get(ts) != "timestamp":
+            return f"the event time of source {source_id!r} is not a timestamp column"
+        sides.append((source_id, tuple(own.get(name) for name in names), ts or None,
+                      tuple(keys)))
+    return replace(shape, source_id=join.left, sides=tuple(sides))
 
 
 def local_plan(stage: KeyedStage) -> DirectShape | str:

@@ -103,15 +103,18 @@ class DirectSeen:
     """What an `Observation` of a source scan gives (`n`, `ts0`), for a slice its keyed
     stage read itself: every subtask reads all of the slice, so any one's metadata has it."""
 
-    def __init__(self, metas: Any) -> None:
+    def __init__(self, metas: Any, side: int | None = None) -> None:
         self.metas = metas
+        #: A join reading both its sources: which side's source this is.
+        self.side = side
 
     @property
     def get(self) -> dict[str, Any]:
         """`n` and `ts0`, from the first subtask that reported them."""
         for meta in self.metas:
             if "records_in" in meta:
-                return {"n": meta["records_in"], "ts0": meta["max_ts"]}
+                found = meta if self.side is None else meta["sides"][self.side]
+                return {"n": found["records_in"], "ts0": found["max_ts"]}
         return {}
 
 

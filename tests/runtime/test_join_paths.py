@@ -26,7 +26,7 @@ job:
   state: {{backend: {backend}, local_dir: "{state}"}}
   checkpoint: {{interval: 1ms}}
   execution: {{small_epoch_rows: 0, local_rows: {local_rows}, staged_input: {staged},
-              task_sink: {task_sink}}}
+              task_sink: {task_sink}, direct_read: {direct}}}
 sources:
   - id: left
     type: files
@@ -60,8 +60,9 @@ sinks:
 
 #: Spark routes every epoch; Spark stages the input for the subtasks.
 PATHS = {
-    "routed": {"local_rows": 0, "staged": "false"},
-    "staged": {"local_rows": 0, "staged": "true"},
+    "routed": {"local_rows": 0, "staged": "false", "direct": "false"},
+    "staged": {"local_rows": 0, "staged": "true", "direct": "true"},
+    "direct": {"local_rows": 0, "staged": "false", "direct": "true"},
 }
 
 JOINS = {
@@ -103,6 +104,17 @@ def write_sides(directory: Path, files: int, rows: int, seed: int) -> None:
                     record["b"] = rng.choice(["x", "y", None])
                 lines.append(json.dumps(record))
             (directory / side / f"part-{f:03d}.jsonl").write_text("\n".join(lines) + "\n")
+            records = [json.loads(line) for line in lines]
+            ts = "ts" if side == "left" else "rts"
+            for record in records:
+                record[ts] = int(pa.scalar(record[ts], pa.string()).cast(
+                    pa.timestamp("us", tz="UTC")).value)
+            types = {"k": pa.int64(), "u": pa.string(), "a": pa.float64(), "b": pa.string(),
+                     ts: pa.timestamp("us", tz="UTC")}
+            (directory / f"{side}-parquet").mkdir(parents=True, exist_ok=True)
+            pq.write_table(pa.table({name: pa.array([r[name] for r in records], types[name])
+                                     for name in records[0]}),
+                           directory / f"{side}-parquet" / f"part-{f:03d}.parquet")
 
 
 def pipeline(tmp_path: Path, path: str, join: str, *, parallelism: int = 2,
@@ -114,8 +126,18 @@ def pipeline(tmp_path: Path, path: str, join: str, *, parallelism: int = 2,
         sink=sink, task_sink=str(task_sink).lower(), **PATHS[path])
 
 
-def run_path(spark, tmp_path: Path, path: str, join: str, **options):
-    return run(spark, pipeline(tmp_path, path, join, **options))
+def run_path(spark, tmp_path: Path, path: str, join: str, *, parquet: bool = False,
+             **options):
+    text = pipeline(tmp_path, path, join, **options)
+    if parquet:  # the sources as parquet files, the join reading them directly
+        text = text.replace(f'"{tmp_path / "data"}/left"', f'"{tmp_path / "data"}/left-parquet"')
+        text = text.replace(f'"{tmp_path / "data"}/right"',
+                            f'"{tmp_path / "data"}/right-parquet"')
+        text = text.replace("format: jsonl\n    schema:", "format: parquet\n    schema:")
+        text = text.replace("left: keep,", "left: left,")
+        text = text.replace("  - id: keep\n    input: left\n    filter: \"a is null or a > -80\"\n",
+                            "")
+    return run(spark, text)
 
 
 def summary(result) -> list[tuple]:
@@ -207,3 +229,26 @@ def test_local_epochs_join_as_the_routed_plan(spark, tmp_path: Path, kind: str,
     assert len(outputs["routed"]) == 400
     assert outputs["local"] == outputs["routed"]
     assert summaries["local"] == summaries["routed"]
+
+
+@pytest.mark.parametrize(("join", "parallelism", "backend"), [
+    ("interval-left", 3, "rocksdb"),
+    ("window-full", 2, "rocksdb"),
+    ("table-left", 2, "memory"),
+    ("temporal-left", 2, "rocksdb"),
+    ("interval-full-string", 2, "memory"),
+])
+def test_a_join_reads_both_parquet_sources_itself(spark, tmp_path: Path, join: str,
+                                                  parallelism: int, backend: str) -> None:
+    write_sides(tmp_path / "data", files=4, rows=120, seed=parallelism + 10)
+    _, reference = run_path(spark, tmp_path, "routed", join, parallelism=parallelism,
+                            backend=backend, parquet=True)
+    _, result = run_path(spark, tmp_path, "direct", join, parallelism=parallelism,
+                         backend=backend, parquet=True)
+    assert reference.status == result.status == "finished"
+    took = {m.epoch: m.direct for m in result.metrics if m.records_in}
+    assert took and all(v == ["j"] for v in took.values()), took
+    want = committed_rows(tmp_path / "out-jp-routed-jsonl-task")
+    assert len(want) > 100
+    assert committed_rows(tmp_path / "out-jp-direct-jsonl-task") == want
+    assert summary(result) == summary(reference)
