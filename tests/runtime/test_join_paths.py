@@ -1,9 +1,10 @@
 """Joins on every path a keyed stage can take: Spark routing the records to the subtasks,
-Spark staging the input as parquet files the subtasks read themselves, and a local epoch's
-rows collected on the driver. Each join kind (interval, window, table, temporal table) and
-join type gives the same output rows, counts, late drops and watermarks on each path; a
-table join's left records, joined a column at a time, give what the record-by-record logic
-gives; and a join whose only consumer is a local parquet sink has its subtasks write it."""
+the subtasks reading both parquet sources themselves, Spark staging the input as parquet
+files the subtasks read, and a local epoch's rows collected on the driver. Each join kind
+(interval, window, table, temporal table) and join type gives the same output rows, counts,
+late drops and watermarks on each path; a table join's left records, joined a column at a
+time, give what the record-by-record logic gives; and a join whose only consumer is a local
+parquet sink has its subtasks write it."""
 
 from __future__ import annotations
 
@@ -145,32 +146,39 @@ def summary(result) -> list[tuple]:
             for m in result.metrics]
 
 
-@pytest.mark.parametrize(("join", "parallelism", "backend"), [
-    ("interval-left", 2, "rocksdb"),
-    ("interval-full-string", 3, "memory"),
-    ("window-full", 2, "memory"),
-    ("table-left", 2, "rocksdb"),
-    ("table-inner-string", 3, "rocksdb"),
-    ("temporal-left", 2, "memory"),
+@pytest.mark.parametrize(("path", "join", "parallelism", "backend"), [
+    ("staged", "interval-left", 2, "rocksdb"),
+    ("staged", "interval-full-string", 3, "memory"),
+    ("staged", "window-full", 2, "memory"),
+    ("staged", "table-left", 2, "rocksdb"),
+    ("staged", "table-inner-string", 3, "rocksdb"),
+    ("staged", "temporal-left", 2, "memory"),
+    ("direct", "interval-left", 3, "rocksdb"),
+    ("direct", "interval-full-string", 2, "memory"),
+    ("direct", "window-full", 2, "rocksdb"),
+    ("direct", "table-left", 2, "memory"),
+    ("direct", "temporal-left", 2, "rocksdb"),
 ])
-def test_every_path_joins_as_the_routed_plan(spark, tmp_path: Path, join: str,
+def test_every_path_joins_as_the_routed_plan(spark, tmp_path: Path, path: str, join: str,
                                              parallelism: int, backend: str) -> None:
-    write_sides(tmp_path / "data", files=4, rows=120, seed=parallelism)
+    """Staged: JSON sources and a filter before the join, Spark stages the input. Direct:
+    parquet sources the join reads itself. Each against the routed plan on the same data."""
+    parquet = path == "direct"
+    write_sides(tmp_path / "data", files=4, rows=120, seed=parallelism + 10 * parquet)
     _, reference = run_path(spark, tmp_path, "routed", join, parallelism=parallelism,
-                            backend=backend)
+                            backend=backend, parquet=parquet)
     assert reference.status == "finished"
     want = committed_rows(tmp_path / "out-jp-routed-jsonl-task")
     assert len(want) > 100
     if not join.startswith("table"):  # (a processing-time table join has no late records)
         assert sum(m.late for m in reference.metrics) > 0
-    for path in ("staged",):
-        _, result = run_path(spark, tmp_path, path, join, parallelism=parallelism,
-                             backend=backend)
-        assert result.status == "finished"
-        took = {m.epoch: getattr(m, path) for m in result.metrics if m.records_in}
-        assert took and all(v == ["j"] for v in took.values()), (path, took)
-        assert committed_rows(tmp_path / f"out-jp-{path}-jsonl-task") == want, path
-        assert summary(result) == summary(reference), path
+    _, result = run_path(spark, tmp_path, path, join, parallelism=parallelism,
+                         backend=backend, parquet=parquet)
+    assert result.status == "finished"
+    took = {m.epoch: getattr(m, path) for m in result.metrics if m.records_in}
+    assert took and all(v == ["j"] for v in took.values()), took
+    assert committed_rows(tmp_path / f"out-jp-{path}-jsonl-task") == want
+    assert summary(result) == summary(reference)
 
 
 def parquet_rows(directory: Path) -> list[str]:
@@ -230,25 +238,3 @@ def test_local_epochs_join_as_the_routed_plan(spark, tmp_path: Path, kind: str,
     assert outputs["local"] == outputs["routed"]
     assert summaries["local"] == summaries["routed"]
 
-
-@pytest.mark.parametrize(("join", "parallelism", "backend"), [
-    ("interval-left", 3, "rocksdb"),
-    ("window-full", 2, "rocksdb"),
-    ("table-left", 2, "memory"),
-    ("temporal-left", 2, "rocksdb"),
-    ("interval-full-string", 2, "memory"),
-])
-def test_a_join_reads_both_parquet_sources_itself(spark, tmp_path: Path, join: str,
-                                                  parallelism: int, backend: str) -> None:
-    write_sides(tmp_path / "data", files=4, rows=120, seed=parallelism + 10)
-    _, reference = run_path(spark, tmp_path, "routed", join, parallelism=parallelism,
-                            backend=backend, parquet=True)
-    _, result = run_path(spark, tmp_path, "direct", join, parallelism=parallelism,
-                         backend=backend, parquet=True)
-    assert reference.status == result.status == "finished"
-    took = {m.epoch: m.direct for m in result.metrics if m.records_in}
-    assert took and all(v == ["j"] for v in took.values()), took
-    want = committed_rows(tmp_path / "out-jp-routed-jsonl-task")
-    assert len(want) > 100
-    assert committed_rows(tmp_path / "out-jp-direct-jsonl-task") == want
-    assert summary(result) == summary(reference)
