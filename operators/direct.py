@@ -27,6 +27,7 @@ from streamer.columns import (
     EPOCH_SEQ,
     EVENT_TIME,
     EVENT_TIME_MS,
+    JOIN_SIDE,
     KEY_GROUP,
     SEQUENCE,
     WINDOW_END,
@@ -132,8 +133,6 @@ def _read_side(d: DirectRead, index: int, side: JoinSide, schema: Any) -> Any:
     import numpy as np
     import pyarrow as pa
 
-    from streamer.columns import JOIN_SIDE
-
     types = dict(d.columns)
     wanted = {source: types[name] for (name, _), source in zip(d.columns, side.sources,
                                                                 strict=True) if source}
@@ -214,8 +213,6 @@ def _records(cfg: Any, d: DirectRead, table: Any, rows: Any, kg: Any, ts_ms: Any
 def _side_info(table: Any, valid: Any, ts_ms: Any, sides: int) -> list[dict[str, Any]]:
     """Per join side, its records in the epoch and their newest event time (or None)."""
     import numpy as np
-
-    from streamer.columns import JOIN_SIDE
 
     side = table.column(JOIN_SIDE).to_numpy(zero_copy_only=False)
     out = []

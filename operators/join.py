@@ -119,8 +119,8 @@ def late_mask(join: Any, ts_ms: Any, watermark: int) -> Any:
 def run_join(cfg: Any, backend: Any, rows: Any, out: Any) -> None:
     """One epoch of a join for one subtask over its input rows (`keyed_rows._Input`): match,
     buffer, fire closed windows, expire (with outer rows), as the module docstring says. A
-    processing-time table join's left records are joined a column at a time
-    (`_lookup_table`); everything else goes record by record."""
+    processing-time table join works a column at a time (`_upsert_table`, `_lookup_table`);
+    everything else goes record by record (`_run_rows`)."""
     from streamer.state import StateDescriptor, StateKind
 
     for name in STATES:
@@ -128,7 +128,7 @@ def run_join(cfg: Any, backend: Any, rows: Any, out: Any) -> None:
     join = cfg.join
     table = rows.table
     if join.mode == "table" and join.as_of is None and len(rows) and not any(
-            pa_floating(table.column(k).type) for k in cfg.join_columns.keys):
+            _floating(table.column(k).type) for k in cfg.join_columns.keys):
         # (floating keys go record by record: there -0.0 joins and comes out as 0.0)
         import pyarrow as pa
 
@@ -144,7 +144,7 @@ def run_join(cfg: Any, backend: Any, rows: Any, out: Any) -> None:
     _run_rows(cfg, backend, table.to_pylist() if len(rows) else [], out)
 
 
-def pa_floating(dtype: Any) -> bool:
+def _floating(dtype: Any) -> bool:
     """Whether the Arrow type `dtype` is a floating-point type."""
     import pyarrow as pa
 

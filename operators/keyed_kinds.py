@@ -330,7 +330,6 @@ def _dedupe(cfg: KeyedConfig, backend: Any, rows: _Input, out: _Emitter) -> None
     import numpy as np
     import pyarrow as pa
 
-
     due = backend.due_timers(cfg.domain, cfg.fire_up_to, remove=True)
     if due:
         backend.delete_many("acc", [(t.key_group, t.key, NS_ROLLING) for t in due])

@@ -172,10 +172,10 @@ def _keyed_stage(spec: PipelineSpec, flow: Dataflow, spark: SparkSession, node: 
         if isinstance(found, DirectShape):
             stage.direct = found
             read = " and ".join(repr(i) for i in found.source_ids)
-            subtask_read = SubtaskReadRun(stage, f"source {read} {'are' if found.sides else 'is'}"
-                                          " local parquet files it alone reads: the subtasks "
-                                          "read them themselves, with no Spark scan or "
-                                          "shuffle", found)
+            what = f"sources {read} are" if found.sides else f"source {read} is"
+            subtask_read = SubtaskReadRun(stage, f"{what} local parquet files it alone reads: "
+                                          "the subtasks read them themselves, with no Spark "
+                                          "scan or shuffle", found)
         else:
             skipped.append({"name": SubtaskReadRun.name, "why": found})
         shape = local_plan(stage)
