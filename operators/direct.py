@@ -156,26 +156,28 @@ def _read_side(d: DirectRead, index: int, side: JoinSide, schema: Any) -> Any:
 
 
 def _row_key_groups(table: Any, keys: tuple[str, ...], key_types: tuple[str, ...],
-                    max_parallelism: int) -> Any:
-    """The key group of every row of `table`: integer keys hashed a column at a time, others
-    once per distinct key (cached per worker)."""
+                    max_parallelism: int) -> tuple[Any, Any]:
+    """(the key group of every row of `table`, its distinct key's code from `key_codes` or
+    None): integer keys hashed a column at a time (no codes), others once per distinct key
+    (cached per worker)."""
     from streamer.state.keygroups import INTEGER_HASHED_TYPES, key_groups_of_columns
 
     if keys and all(t in INTEGER_HASHED_TYPES for t in key_types):
         return key_groups_of_columns([table.column(k) for k in keys], key_types,
-                                     max_parallelism)
+                                     max_parallelism), None
     code, distinct = key_codes(table, keys)
-    return _key_groups(distinct, key_types, max_parallelism)[code]
+    return _key_groups(distinct, key_types, max_parallelism)[code], code
 
 
 def _session_rows(cfg: Any, d: DirectRead, table: Any, keep: Any, valid: Any, ts_ms: Any,
-                  info: dict[str, Any]) -> tuple[Any, Any, Any]:
+                  info: dict[str, Any], codes: Any) -> tuple[Any, Any, Any]:
     """(rows, their session's start, their own time + gap) of a session window's kept rows:
     the epoch's partial sessions, as Spark's `session_window` aggregation gives them. Rows
     of a key sorted by time; a session breaks where the next record comes more than `gap`
     after the one before (records exactly `gap` apart touch, so they share a session, as
     `operators.keyed_kinds._sessions` merges them). Late records (their session would end
-    at or before the watermark) are dropped and counted."""
+    at or before the watermark) are dropped and counted. `codes`: every row's key code, if
+    the key groups needed them (else they are computed here, of the kept rows)."""
     import numpy as np
     import pyarrow as pa
 
@@ -185,7 +187,8 @@ def _session_rows(cfg: Any, d: DirectRead, table: Any, keep: Any, valid: Any, ts
         info["late"] = int(np.count_nonzero(valid & ~in_time))  # all rows: every subtask's
         keep = keep & in_time
     rows = np.flatnonzero(keep)
-    code, _ = key_codes(table.take(pa.array(rows, pa.int64())), cfg.keys)
+    code = codes[rows] if codes is not None else key_codes(
+        table.take(pa.array(rows, pa.int64())), cfg.keys)[0]
     times = ts_ms[rows]
     order = np.lexsort((times, code))
     rows, code, times = rows[order], code[order], times[order]
@@ -265,7 +268,7 @@ def read_direct(cfg: Any, d: DirectRead, subtask: int) -> tuple[Any, dict[str, A
     else:
         valid = np.ones(n, dtype=bool)
         ts_ms = np.full(n, cfg.now_ms, dtype=np.int64)
-    kg = _row_key_groups(table, cfg.keys, d.key_types, cfg.max_parallelism)
+    kg, codes = _row_key_groups(table, cfg.keys, d.key_types, cfg.max_parallelism)
     owner = kg.astype(np.int64) * cfg.parallelism // cfg.max_parallelism
     keep = owner == subtask
     event = cfg.domain == "event"
@@ -288,7 +291,7 @@ def read_direct(cfg: Any, d: DirectRead, subtask: int) -> tuple[Any, dict[str, A
     ends = None
     if cfg.kind == "window" and cfg.window_kind == "session":
         rows, starts, ends = _session_rows(cfg, d, table, keep & valid if event else keep,
-                                           valid, ts_ms, info)
+                                           valid, ts_ms, info, codes)
     elif cfg.kind == "window":
         if event:  # a row without event time has no window (the Spark plan drops it too)
             keep &= valid

@@ -62,6 +62,14 @@ class JoinColumns:
     right_sources: tuple[str, ...]
     right_keys: tuple[str, ...]
 
+    def of_side(self, side: int) -> dict[str, str]:
+        """Side `side`'s (LEFT or RIGHT) columns of the join's input: output name -> that
+        side's own column name; the other side's columns are null in its records."""
+        if side == LEFT:
+            return {name: name for name in (*self.keys, *self.left)}
+        return {**dict(zip(self.keys, self.right_keys, strict=True)),
+                **dict(zip(self.right, self.right_sources, strict=True))}
+
 
 def join_columns(join: Any, left: Any, right: Any
                  ) -> tuple[JoinColumns, list[tuple[str, str]], list[Any]]:
@@ -179,8 +187,7 @@ def _upsert_table(cfg: Any, backend: Any, right: Any) -> None:
     import numpy as np
     import pyarrow as pa
 
-    from streamer.operators.keyed_rows import key_codes
-    from streamer.state.codec import encode_key_columns
+    from streamer.operators.keyed_rows import key_cells, key_codes
 
     cols, load = cfg.join_columns, cfg.extra.get("table_load")
     if right.num_rows:
@@ -192,9 +199,7 @@ def _upsert_table(cfg: Any, backend: Any, right: Any) -> None:
         last[:-1] = code[order][1:] != code[order][:-1]
         at = pa.array(order[last], pa.int64())
         newest = right.take(at)
-        cells = [(kg, kb, _NS) for kg, kb in zip(
-            newest.column(KEY_GROUP).to_pylist(),
-            encode_key_columns([newest.column(k) for k in cols.keys]), strict=True)]
+        cells = key_cells(newest, cols.keys, _NS)
         values = zip(*[newest.column(c).to_pylist() for c in cols.right], strict=True) \
             if cols.right else iter([()] * len(cells))
         puts = []
@@ -220,17 +225,13 @@ def _lookup_table(cfg: Any, backend: Any, left: Any, out: Any) -> None:
     import numpy as np
     import pyarrow as pa
 
-    from streamer.operators.keyed_rows import key_codes
-    from streamer.state.codec import encode_key_columns
+    from streamer.operators.keyed_rows import key_cells, key_codes
 
     cols, load = cfg.join_columns, cfg.extra.get("table_load")
     code, _ = key_codes(left, cols.keys)
     _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
-    firsts = pa.array(first, pa.int64())
-    kgs = left.column(KEY_GROUP).take(firsts).to_pylist()
-    keys = encode_key_columns([left.column(k).take(firsts) for k in cols.keys])
-    found = backend.get_many(STATES[RIGHT], [(kg, kb, _NS)
-                                             for kg, kb in zip(kgs, keys, strict=True)])
+    firsts = left.select([KEY_GROUP, *cols.keys]).take(pa.array(first, pa.int64()))
+    found = backend.get_many(STATES[RIGHT], key_cells(firsts, cols.keys, _NS))
     rows: list[list[Any] | None] = []
     for versions in found:
         row = versions[0] if versions else None

@@ -25,10 +25,10 @@ from streamer.operators.keyed_rows import (
     _merge,
     _namespaces,
     _partials,
+    key_cells,
     key_codes,
     ns_of,
 )
-from streamer.state.codec import encode_key_columns
 from streamer.state.names import WINDOW_KEYS
 
 
@@ -343,10 +343,7 @@ def _dedupe(cfg: KeyedConfig, backend: Any, rows: _Input, out: _Emitter) -> None
     head[1:] = code[order][1:] != code[order][:-1]
     firsts = np.sort(order[head])  # each key's first record, in arrival order
     picked = table.take(pa.array(firsts, pa.int64()))
-    kgs = picked.column(KEY_GROUP).to_pylist()
-    keys = encode_key_columns([picked.column(k) for k in cfg.keys]) if cfg.keys else \
-        [_key_bytes(())] * len(kgs)
-    cells = [(kg, key, NS_ROLLING) for kg, key in zip(kgs, keys, strict=True)]
+    cells = key_cells(picked, cfg.keys)
     if len(set(cells)) < len(cells):  # keys Arrow tells apart and state does not (-0.0, 0.0)
         best: dict[tuple[int, bytes, bytes], int] = {}
         for i, cell in enumerate(cells):

@@ -13,6 +13,7 @@ from typing import Any
 from streamer.columns import (
     EVENT_TIME,
     EVENT_TIME_MS,
+    KEY_GROUP,
     META,
     OUT,
     ROW_KIND,
@@ -193,6 +194,18 @@ def key_codes(table: Any, keys: tuple[str, ...]) -> tuple[Any, list[tuple[Any, .
     if code is None:
         code = np.zeros(table.num_rows, dtype=np.int64)
     return code, distinct
+
+
+def key_cells(table: Any, keys: Sequence[str], namespace: bytes = NS_ROLLING
+              ) -> list[tuple[int, bytes, bytes]]:
+    """(key group, encoded key, `namespace`) of every row of the Arrow `table` (with
+    `__kg` and the key columns), the keys encoded a column at a time."""
+    from streamer.state.codec import encode_key_columns
+
+    kgs = table.column(KEY_GROUP).to_pylist()
+    encoded = (encode_key_columns([table.column(k) for k in keys]) if keys
+               else [_key_bytes(())] * len(kgs))
+    return [(kg, kb, namespace) for kg, kb in zip(kgs, encoded, strict=True)]
 
 
 def _encode_keys(keys: list[tuple[Any, ...]]) -> list[bytes]:

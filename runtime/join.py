@@ -81,11 +81,7 @@ def project_sides(plan: JoinPlan, left: DataFrame | None, right: DataFrame | Non
         df, bad = _bad_records(plan, side, df, keys)
         if bad is not None:
             dead.append(bad)
-        own = dict(zip(cols.keys, keys, strict=True))
-        if side == 0:
-            own.update((c, c) for c in cols.left)
-        else:
-            own.update(zip(cols.right, cols.right_sources, strict=True))
+        own = cols.of_side(side)
         tag = F.lit(side)
         if side == 1 and TOMBSTONE in df.columns:  # a changelog's tombstone deletes its key
             tag = F.when(F.col(TOMBSTONE).isNotNull(), F.lit(DELETE)).otherwise(tag)

@@ -370,11 +370,7 @@ def join_direct_plan(stage: KeyedStage, sources: Any, schemas: Any,
         if spec.type != "files" or getattr(source, "format", None) != "parquet" or not getattr(
                 source, "local", False) or spec.option("reload"):
             return f"source {source_id!r} is not local parquet files (or it reloads)"
-        own = dict(zip(cols.keys, keys, strict=True))
-        if index == 0:
-            own.update((c, c) for c in cols.left)
-        else:
-            own.update(zip(cols.right, cols.right_sources, strict=True))
+        own = cols.of_side(index)
         ts = (spec.event_time or "").strip() if stage.domain == "event" else None
         types = {f.name: f.dataType.simpleString() for f in schemas[source_id].fields}
         if ts is not None and types.get(ts) != "timestamp":
