@@ -119,8 +119,10 @@ def join_state(state: Path) -> tuple[int, int]:
     """(bytes, records): the keys and values of the join's states and timers in the kept
     RocksDB working state of every subtask under `state`, and the records buffered in the
     join's states."""
+    import pyarrow as pa
     from rocksdict import AccessType, Options, Rdict
 
+    from streamer.operators.join_interval import CHUNKS
     from streamer.state.codec import decode_value
     from streamer.state.rocksdb_format import _unframe
 
@@ -136,9 +138,11 @@ def join_state(state: Path) -> tuple[int, int]:
                 for key, value in db.get_column_family(name).items():
                     assert isinstance(key, bytes) and isinstance(value, bytes)
                     size += len(key) + len(value)
-                    if name != "_timers":  # (a value: the key's list of records)
-                        payload = _unframe(value, None)
-                        records += len(decode_value(payload)) if payload else 0
+                    payload = _unframe(value, None) if name != "_timers" else None
+                    if name == f"state:{CHUNKS}" and payload:  # (a chunk of records)
+                        records += pa.ipc.open_stream(decode_value(payload)).read_all().num_rows
+                    elif payload:  # (a key's list of records, or a table's row)
+                        records += len(decode_value(payload))
         finally:
             db.close()
     return size, records

@@ -3,18 +3,18 @@
 Both sides arrive in one routed batch: the driver (`runtime.join`) projects each side onto the
 join's output columns (the key columns, the left's others, the right's others with
 `right_prefix`), tags it with `JOIN_SIDE` and unions them, so the keyed stage routes them by key
-group like any keyed operator's rows. Per subtask and epoch (`run_join`):
+group like any keyed operator's rows. An interval join runs a column at a time over chunks of
+records (`operators.join_interval`); window and table joins, per subtask and epoch
+(`run_join`):
 
-1. the epoch's records of each key are matched against the other side's buffered records (an
-   interval join pairs a left and a right record when right ts - left ts is in [lower, upper])
+1. the epoch's records of each key are matched against the other side's buffered records
    and buffered themselves, in the states `join.left` and `join.right`: per (key group, key),
    the list of that side's records `[ts, seq, values, matched, first window]`;
-2. with the watermark `W` the epoch carries in, what can no longer get a partner expires: a left
-   record once `W >= ts + upper`, a right one once `W >= ts - lower` (a window join's records
-   when their last window has closed, `W >= last window end - 1`, after each closed window
-   joined its records); an expired record that never matched is emitted with nulls on the other
-   side when its side is outer (left, right, full). One event-time timer per (key, expiry)
-   makes the subtask visit the key then.
+2. with the watermark `W` the epoch carries in, what can no longer get a partner expires (a
+   window join's records when their last window has closed, `W >= last window end - 1`, after
+   each closed window joined its records); an expired record that never matched is emitted
+   with nulls on the other side when its side is outer (left, right, full). One event-time
+   timer per (key, expiry) makes the subtask visit the key then.
 
 A table join (`_Table`) keeps the table's row (or, temporal, its versions) per key in
 `join.right` and, temporal only, the left records waiting for the watermark in `join.left`.
@@ -42,10 +42,8 @@ from streamer.columns import (
     ROW_META,
 )
 from streamer.columns import SEQUENCE as SEQ
+from streamer.operators.join_interval import LEFT, RIGHT, STATES, run_interval
 
-#: The two states of a join's buffered records (kind VALUE), by side.
-STATES = ("join.left", "join.right")
-LEFT, RIGHT = 0, 1
 #: A table join's right record that deletes its key's row (a changelog's tombstone).
 DELETE = 2
 _NS = b""
@@ -131,10 +129,13 @@ def run_join(cfg: Any, backend: Any, rows: Any, out: Any) -> None:
     everything else goes record by record (`_run_rows`)."""
     from streamer.state import StateDescriptor, StateKind
 
-    for name in STATES:
-        backend.declare(StateDescriptor(name, StateKind.VALUE))
     join = cfg.join
     table = rows.table
+    if join.mode == "interval":
+        run_interval(cfg, backend, table, out)
+        return
+    for name in STATES:  # (the record-by-record layout: window and table joins)
+        backend.declare(StateDescriptor(name, StateKind.VALUE))
     if join.mode == "table" and join.as_of is None and len(rows) and not any(
             _floating(table.column(k).type) for k in cfg.join_columns.keys):
         # (floating keys go record by record: there -0.0 joins and comes out as 0.0)
@@ -282,7 +283,7 @@ def _run_cells(cfg: Any, backend: Any, cells: list[tuple[int, bytes]],
     puts: list[list[Any]] = [[], []]
     deletes: list[list[Any]] = [[], []]
     timers: set[tuple[int, int, bytes, bytes]] = set()
-    logic: Any = {"interval": _Interval, "window": _Windowed, "table": _Table}[join.mode](join, wm)
+    logic: Any = {"window": _Windowed, "table": _Table}[join.mode](join, wm)
     if join.mode == "table":
         logic.load = cfg.extra.get("table_load")
     for i, (kg, kb) in enumerate(cells):
@@ -297,12 +298,6 @@ def _run_cells(cfg: Any, backend: Any, cells: list[tuple[int, bytes]],
         logic.fire(buffers, emit)
         for side in (LEFT, RIGHT):
             kept = [r for r in buffers[side] if logic.expiry(r, side) > wm]
-            outer = join.outer_left if side == LEFT else join.outer_right
-            if outer and join.mode == "interval":
-                for r in buffers[side]:
-                    if not r[3] and logic.expiry(r, side) <= wm:
-                        emit.pair(r if side == LEFT else None, r if side == RIGHT else None,
-                                  r[0])
             if kept:
                 if join.mode != "table" or kept != stored[side][i]:  # (a table's unchanged
                     puts[side].append((kg, kb, _NS, kept))  # row or versions: no write)
@@ -334,39 +329,6 @@ class _Rows:
         self.out.rows.append(row)
 
 
-class _Interval:
-    """Interval join: pairs as records arrive; a record expires once no partner can come."""
-
-    def __init__(self, join: Any, wm: int) -> None:
-        self.lower, self.upper, self.wm = join.lower_ms, join.upper_ms, wm
-
-    @staticmethod
-    def order(row: dict[str, Any]) -> tuple[int, ...]:
-        """The order in which an epoch's records of one key are added: event time, arrival."""
-        return (row[EVENT_TIME_MS], row[SEQ])
-
-    def expiry(self, record: list[Any], side: int) -> int:
-        """The watermark at which `record` can no longer get a partner."""
-        return int(record[0] + (self.upper if side == LEFT else -self.lower))
-
-    def add(self, record: list[Any], side: int, buffers: tuple[list[Any], list[Any]],
-            emit: _Rows) -> list[int]:
-        """Match `record` against the other side's buffer, buffer it; its timers."""
-        ts = record[0]
-        for other in buffers[1 - side]:
-            diff = other[0] - ts if side == LEFT else ts - other[0]
-            if self.lower <= diff <= self.upper:
-                left, right = (record, other) if side == LEFT else (other, record)
-                emit.pair(left, right, max(ts, other[0]))
-                other[3] = record[3] = True
-        buffers[side].append(record)
-        expiry = self.expiry(record, side)
-        return [expiry] if expiry > self.wm else []
-
-    def fire(self, buffers: tuple[list[Any], list[Any]], emit: _Rows) -> None:
-        """Nothing waits for a window in an interval join."""
-
-
 class _Windowed:
     """Window join: a closed window joins the records of both sides that had it open."""
 
@@ -377,7 +339,10 @@ class _Windowed:
         self.wm = wm
         self.outer = (join.outer_left, join.outer_right)
 
-    order = staticmethod(_Interval.order)
+    @staticmethod
+    def order(row: dict[str, Any]) -> tuple[int, ...]:
+        """The order in which an epoch's records of one key are added: event time, arrival."""
+        return (row[EVENT_TIME_MS], row[SEQ])
 
     def last_start(self, ts: int) -> int:
         """The start of the last window that holds `ts`."""

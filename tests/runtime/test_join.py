@@ -117,12 +117,25 @@ def test_savepoint_then_restore_at_another_parallelism_and_backend(
     assert stopped.status == "stopped" and len(stopped.savepoints) == 1
     meta = read_metadata(stopped.savepoints[0])
     saved = meta.operators["paid-v1"]
-    assert set(saved["states"]) >= {"join.left", "join.right"}
+    assert set(saved["states"]) >= {"join.chunks"}  # (an interval join: chunks of records)
     assert sum(saved["keys"].values()) > 0  # records buffered across the savepoint
     assert saved["definition"]["join"] == {"type": "left", "left_key": ["order_id"],
                                            "right_key": ["order_id"], "between": [0, 30000],
                                            "window": None}
     assert sum(committed(job.out).values()) < 400
+    # `savepoint export` shows the buffered records one a row, with their key and side.
+    from streamer.savepoint.export import export_operator
+
+    exported = tmp_path / "export.jsonl"
+    export_operator(stopped.savepoints[0], saved["files"], str(exported), "jsonl")
+    records = [json.loads(line) for line in exported.read_text().splitlines()]
+    buffered = [r for r in records if r["state"] == "join.chunks"]
+    assert buffered and all(r["kind"] != "timer" for r in buffered)
+    for r in buffered:
+        assert isinstance(r["key"][0], int) and r["value"]["side"] in ("left", "right")
+        own = set(r["value"]) - {"side", "event_time_ms", "matched"}
+        assert ("amount" in own) == (r["value"]["side"] == "left") != ("paid" in own)
+        assert not any(name.startswith("__") for name in own)
     result = job.run(spark, job.text(parallelism=3, backend="memory"),
                      from_savepoint=stopped.savepoints[0])
     assert result.status == "finished"
