@@ -280,6 +280,49 @@ def test_parquet_schema_is_inferred(make: Any, tmp_path: Path) -> None:
         ("user", "string"), ("n", "bigint")]
 
 
+def _typed_table() -> pa.Table:
+    """One column of every plain type `parquet_footer_schema` maps itself."""
+    import datetime as dt
+    from decimal import Decimal
+
+    return pa.table({
+        "b": [True], "i8": pa.array([1], pa.int8()), "i16": pa.array([1], pa.int16()),
+        "i32": pa.array([1], pa.int32()), "i64": pa.array([1], pa.int64()),
+        "u8": pa.array([1], pa.uint8()), "u16": pa.array([1], pa.uint16()),
+        "u32": pa.array([1], pa.uint32()), "u64": pa.array([1], pa.uint64()),
+        "f": pa.array([0.5], pa.float32()), "d": [0.5], "s": ["x"],
+        "day": [dt.date(2026, 1, 1)], "dec": pa.array([Decimal("1.25")], pa.decimal128(7, 2)),
+        "big": pa.array([Decimal("1")], pa.decimal128(38, 0)),
+        "ms": pa.array([1], pa.timestamp("ms", tz="UTC")),
+        "us": pa.array([1], pa.timestamp("us", tz="Europe/Paris"))})
+
+
+def test_parquet_footer_schema_is_the_one_spark_infers(spark: Any, tmp_path: Path) -> None:
+    """The footers' schema equals Spark's own inference for every plain type, and is None
+    (Spark infers) for anything else: nested, time zone-less or nanosecond timestamps,
+    binary, differing files, a file that is not parquet."""
+    from streamer.connectors.files import parquet_footer_schema
+
+    pq.write_table(_typed_table(), tmp_path / "plain.parquet")
+    pq.write_table(_typed_table(), tmp_path / "plain2.parquet")
+    paths = [str(tmp_path / "plain.parquet"), str(tmp_path / "plain2.parquet")]
+    assert parquet_footer_schema(paths) == spark.read.parquet(*paths).schema
+    others = {
+        "nested": pa.table({"a": [{"x": 1}]}), "list": pa.table({"a": [[1, 2]]}),
+        "naive": pa.table({"a": pa.array([1], pa.timestamp("us"))}),
+        "nanos": pa.table({"a": pa.array([1], pa.timestamp("ns", tz="UTC"))}),
+        "binary": pa.table({"a": [b"x"]}), "wider": pa.table({"b": [True], "c": [1]})}
+    for name, table in others.items():
+        pq.write_table(table, tmp_path / f"{name}.parquet")
+        if name != "nanos":  # (which Spark refuses, in its own words)
+            assert spark.read.parquet(str(tmp_path / f"{name}.parquet")).schema
+    for name in ("nested", "list", "naive", "nanos", "binary"):
+        assert parquet_footer_schema([str(tmp_path / f"{name}.parquet")]) is None, name
+    assert parquet_footer_schema([paths[0], str(tmp_path / "wider.parquet")]) is None
+    (tmp_path / "garbage.parquet").write_bytes(b"not parquet")
+    assert parquet_footer_schema([str(tmp_path / "garbage.parquet")]) is None
+
+
 def test_no_schema_and_no_files_is_an_error(make: Any, tmp_path: Path) -> None:
     with pytest.raises(ConnectorError) as err:
         make(tmp_path, "jsonl").schema()
