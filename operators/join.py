@@ -204,7 +204,7 @@ def _upsert_table(cfg: Any, backend: Any, right: Any) -> None:
         values = zip(*[newest.column(c).to_pylist() for c in cols.right], strict=True) \
             if cols.right else iter([()] * len(cells))
         puts = []
-        for cell, stored, t, s, row in zip(cells, backend.get_many(STATES[RIGHT], cells),
+        for cell, stored, t, s, row in zip(cells, backend.get_many_shared(STATES[RIGHT], cells),
                                            ts[order[last]].tolist(), seq[order[last]].tolist(),
                                            values, strict=True):
             old = stored[0] if stored else None
@@ -232,7 +232,7 @@ def _lookup_table(cfg: Any, backend: Any, left: Any, out: Any) -> None:
     code, _ = key_codes(left, cols.keys)
     _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
     firsts = left.select([KEY_GROUP, *cols.keys]).take(pa.array(first, pa.int64()))
-    found = backend.get_many(STATES[RIGHT], key_cells(firsts, cols.keys, _NS))
+    found = backend.get_many_shared(STATES[RIGHT], key_cells(firsts, cols.keys, _NS))
     rows: list[list[Any] | None] = []
     for versions in found:
         row = versions[0] if versions else None

@@ -353,6 +353,13 @@ class KeyedStateBackend(ABC):
         A list state gives a list, a map state a dict {user key: value}.
         """
 
+    def get_many_shared(self, state: str, keys: Sequence[StateKey], *,
+                        now_ms: int | None = None) -> list[Any]:
+        """`get_many` for a caller that only reads the values (never mutates them, nor
+        anything in them): a backend may then hand the same objects to other readers (rocksdb
+        decodes equal stored bytes once per process)."""
+        return self.get_many(state, keys, now_ms=now_ms)
+
     @abstractmethod
     def put_many(self, state: str, entries: Sequence[ValueEntry], *,
                  expires_at_ms: Expiry = None) -> None:

@@ -88,6 +88,28 @@ class TestBackendContract:
         assert b.get_many("acc", [(0, K1, W1), (0, K2, W1)]) == [(6, 21), (6, 21)]
         assert b.get("sum", 0, K1, W1) is None
 
+    def test_shared_reads_see_every_write_commit_and_reopen(self, open_state: Any) -> None:
+        """`get_many_shared` gives what `get_many` gives, buffered writes, TTL and deletes
+        included, and one object to both of two readers of one stored value."""
+        b = open_state()
+        b.put_many("value", [(1, K1, b"", ["row", 1]), (2, K2, b"", ["row", 1])])
+        keys = [(1, K1, b""), (2, K2, b""), (3, K3, b"")]
+        first = b.get_many_shared("value", keys)
+        assert first == [["row", 1], ["row", 1], None] == b.get_many("value", keys)
+        b.commit(1)
+        again = b.get_many_shared("value", keys)
+        assert again[0] is first[0] or b.name == "memory"  # (rocksdb: decoded once)
+        assert again[0] is again[1] or b.name == "memory"  # (equal bytes, one object)
+        b.put("value", 1, K1, b"", ["row", 2])
+        b.delete("value", 2, K2)
+        b.put("value", 3, K3, b"", ["row", 3], expires_at_ms=5_000)
+        assert b.get_many_shared("value", keys, now_ms=1_000) == [["row", 2], None, ["row", 3]]
+        assert b.get_many_shared("value", keys, now_ms=5_000) == [["row", 2], None, None]
+        b.commit(2)  # (the expired entry was read at its expiry: deleted with the commit)
+        b = open_state.reopen(b)
+        assert b.get_many_shared("value", keys) == b.get_many("value", keys) == [
+            ["row", 2], None, None]
+
     def test_bulk_reads_and_writes_of_many_entries(self, open_state: Any) -> None:
         b = open_state(key_groups=range(16, 48))
         keys = [(16 + i % 32, encode_key((f"user-{i}", i)), encode_window(i, i + 10))
