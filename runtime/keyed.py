@@ -12,19 +12,23 @@ even for subtasks that got no records.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import json
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from pyspark.accumulators import AccumulatorParam
 
 from streamer import columns as C
-from streamer.columns import META, OUT
+from streamer.columns import OUT
 from streamer.operators.aggregates import accumulator
 from streamer.operators.direct import DirectRead, JoinSide, ipc_bytes
 from streamer.operators.keyed import output_schema, run_task
 from streamer.operators.keyed_config import KeyedConfig
 from streamer.pipeline.spec import JobSpec, OperatorSpec
+from streamer.runtime.subtasks import claim_subtask, output_rows, subtask_batches
+from streamer.state import held_subtasks
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -75,8 +79,6 @@ class _Metas:
         self.texts = texts  # the JSON texts reported so far
 
     def __iter__(self) -> Any:
-        import json
-
         by_subtask: dict[int, dict[str, Any]] = {}
         for text in self.texts():
             meta = json.loads(text)
@@ -523,9 +525,22 @@ class KeyedStage:
 
         if rows is None:
             assert write_to is not None or collect
+            # In local mode a task runs the subtask its worker still holds, if it can
+            # (`runtime.affinity`); elsewhere partition i runs subtask i.
+            claims = (os.path.join(cfg.state_root, cfg.job, cfg.uid, ".claims")
+                      if self.in_driver and not cfg.executor_scoped else None)
+            parallelism = self.parallelism
 
             def drain(_: Any) -> Any:
-                for batch in task(iter(())):  # (metadata went to `metas`)
+                ctx = TaskContext.get()
+                assert ctx is not None
+                subtask = ctx.partitionId()
+                if claims is not None:
+                    held = held_subtasks(cfg.state_root, cfg.job, cfg.uid)
+                    subtask = claim_subtask(claims, cfg.epoch, subtask, parallelism,
+                                            held[::-1])
+                for batch in subtask_batches(cfg, iter(()), subtask, write_to,
+                                             lambda meta: metas.add([meta]), run_task):
                     out = None if write_to is not None else output_rows(batch)
                     if out is not None and out.num_rows:
                         yield ipc_bytes(out)
@@ -548,44 +563,6 @@ class KeyedStage:
             sides[name] = rows_of.select(F.from_json(C.ROW_META, ddl).alias("r")).select("r.*")
         run_job = None if write_to is None else result.select(C.ROW_KIND).collect
         return KeyedResult(output, late, _Metas(lambda: metas.value), sides, run_job)
-
-
-def subtask_batches(cfg: KeyedConfig, batches: Iterator[Any], subtask: int, write_to: Any,
-                    report: Callable[[str], None], run: Any = None) -> Iterator[Any]:
-    """`run_task` (or `run`) of one subtask, as a Spark task or the driver runs it: hands
-    each metadata row's JSON to `report` and yields the batches with output rows (with
-    `write_to`, a files sink's `TaskTarget`, the output rows go to the subtask's staging
-    file instead)."""
-    import json
-
-    from streamer.connectors.files_sink import TaskFile
-
-    out = None if write_to is None else TaskFile(write_to, subtask, C.ROW_KIND, OUT)
-    try:
-        for batch in (run or run_task)(cfg, batches, subtask):
-            kinds = batch.column(0).to_pylist()
-            for i, kind in enumerate(kinds):
-                if kind == META:
-                    report(batch.column(1)[i].as_py())
-            if out is not None:
-                batch = out.take(batch)
-            if batch.num_rows:
-                yield batch
-        if out is not None:
-            written = out.close()
-            report(json.dumps({"subtask": subtask, "sink_rows": written}))
-    except BaseException:
-        if out is not None:
-            out.discard()
-        raise
-
-
-def output_rows(batch: Any) -> Any:
-    """The output rows of a keyed task's batch, without the stage's bookkeeping columns."""
-    import pyarrow.compute as pc
-
-    out = batch.filter(pc.equal(batch.column(C.ROW_KIND), OUT))
-    return out.select([n for n in out.schema.names if n not in C.BOOKKEEPING])
 
 
 class SubtaskFailed(Exception):

@@ -49,6 +49,7 @@ __all__ = [
     "TimeDomain",
     "Timer",
     "assign_subtask",
+    "held_subtasks",
     "key_group_range",
     "key_group_sql",
     "open_backend",
@@ -79,6 +80,23 @@ def open_backend(kind: str, root_dir: str, job: str, uid: str, subtask: int,
         return RocksDBBackend(location, key_groups, options, states)
     msg = f"unknown state backend {kind!r}; use one of {', '.join(map(repr, BACKENDS))}"
     raise StateError(msg)
+
+
+def held_subtasks(root_dir: str, job: str, uid: str) -> list[int]:
+    """The subtasks of operator `uid` whose state this process holds open or cached (rocksdb
+    handles parked between tasks, the memory backend's committed dicts), most recent last:
+    a task that may choose its subtask (`runtime.affinity`) prefers these."""
+    base = SubtaskLocation(str(root_dir), job, uid, 0).path.parent
+    prefix = os.path.join(os.path.abspath(base), "subtask-")
+    held: list[str] = []
+    parking = sys.modules.get("streamer.state.rocksdb_parking")
+    if parking is not None:
+        with parking._PARKED_LOCK:
+            held += [path for path in parking._PARKED if path.startswith(prefix)]
+    memory = sys.modules.get("streamer.state.memory")
+    if memory is not None:
+        held += [path for path in memory._PROCESS_CACHE if path.startswith(prefix)]
+    return [int(path[len(prefix):]) for path in held if path[len(prefix):].isdigit()]
 
 
 def release_process_state(root_dir: str) -> None:
