@@ -1,5 +1,7 @@
-"""The floor of a join's state layout: what buffering records one key each costs in the RocksDB
-backend before any matching, as an interval join's subtask does every epoch.
+"""The floor of the per-key join state layout: what buffering records one key each costs in the
+RocksDB backend before any matching. Window and table joins keep this layout; interval joins
+kept it until they moved to chunks of records (`operators/join_interval.py`), which this
+measurement motivated (docs/joins.md#measured).
 
     .venv/bin/python -m bench.join_state [--records 100000]
 

@@ -257,8 +257,12 @@ def main() -> None:
 
     from streamer.runtime.spark import create_session
 
-    spark = create_session("bench-joins", "local[2]", {"spark.sql.shuffle.partitions": "2"},
-                           ui=False)
+    # A 4 GB driver heap (the default is 1 GB): Spark SS's HDFS state store keeps the state of
+    # finished queries in the JVM until its maintenance unloads them, and its third
+    # stream-stream run in one process ran out of a 1 GB heap (measured; streamer's runs
+    # need little JVM memory, so this only helps Spark).
+    spark = create_session("bench-joins", "local[2]", {"spark.sql.shuffle.partitions": "2",
+                                                       "spark.driver.memory": "4g"}, ui=False)
     root = Path(tempfile.mkdtemp(prefix="bench-joins-"))
     try:
         if args.cell in ("table", "all"):
