@@ -526,7 +526,7 @@ class KeyedStage:
         if rows is None:
             assert write_to is not None or collect
             # In local mode a task runs the subtask its worker still holds, if it can
-            # (`runtime.affinity`); elsewhere partition i runs subtask i.
+            # (`runtime.subtasks.claim_subtask`); elsewhere partition i runs subtask i.
             claims = (os.path.join(cfg.state_root, cfg.job, cfg.uid, ".claims")
                       if self.in_driver and not cfg.executor_scoped else None)
             parallelism = self.parallelism

@@ -85,7 +85,7 @@ def open_backend(kind: str, root_dir: str, job: str, uid: str, subtask: int,
 def held_subtasks(root_dir: str, job: str, uid: str) -> list[int]:
     """The subtasks of operator `uid` whose state this process holds open or cached (rocksdb
     handles parked between tasks, the memory backend's committed dicts), most recent last:
-    a task that may choose its subtask (`runtime.affinity`) prefers these."""
+    a task that may choose its subtask (`runtime.subtasks.claim_subtask`) prefers these."""
     base = SubtaskLocation(str(root_dir), job, uid, 0).path.parent
     prefix = os.path.join(os.path.abspath(base), "subtask-")
     held: list[str] = []

@@ -89,34 +89,26 @@ def _dir_id(path: Path) -> tuple[int, int] | None:
 
 
 def _watch() -> None:
-    """Every `_WATCH_S`: `_close_released`."""
+    """Close parked handles that another process asked for, whose directory is gone or was
+    replaced, or that stayed unused for `_PARK_IDLE_S`."""
     while True:
         time.sleep(_WATCH_S)
-        _close_released()
-
-
-def _close_released() -> None:
-    """Close the parked handles that another process asked for, whose directory is gone or
-    was replaced, or that stayed unused for `_PARK_IDLE_S`. The watcher thread does it, and
-    so does a task that waits for another process's handle (`_open_db`): when two workers
-    swap subtasks, each answers the other's request at once instead of when its watcher gets
-    the GIL (measured on the table-join benchmark: handoffs of 40-75 ms, ~25 ms after)."""
-    with _PARKED_LOCK:
-        parked = list(_PARKED.items())
-    now = time.monotonic()
-    for key, backend in parked:
-        request = backend.path / RELEASE_REQUEST
-        if not (os.path.exists(request) or _dir_id(backend.path) != backend.dir_id
-                or now - backend.parked_at > _PARK_IDLE_S):
-            continue
         with _PARKED_LOCK:
-            if _PARKED.get(key) is not backend:
-                continue  # a task (or the other caller) took it meanwhile
-            del _PARKED[key]
-        with contextlib.suppress(Exception):
-            backend.close()
-        with contextlib.suppress(OSError):
-            os.unlink(request)
+            parked = list(_PARKED.items())
+        now = time.monotonic()
+        for key, backend in parked:
+            request = backend.path / RELEASE_REQUEST
+            if not (os.path.exists(request) or _dir_id(backend.path) != backend.dir_id
+                    or now - backend.parked_at > _PARK_IDLE_S):
+                continue
+            with _PARKED_LOCK:
+                if _PARKED.get(key) is not backend:
+                    continue  # a task took it back meanwhile
+                del _PARKED[key]
+            with contextlib.suppress(Exception):
+                backend.close()
+            with contextlib.suppress(OSError):
+                os.unlink(request)
 
 
 def release_parked(path: str | os.PathLike[str] | None = None) -> None:
@@ -177,7 +169,6 @@ def _open_db(path: Path, timeout_s: float) -> tuple[Rdict, list[str]]:
                     with contextlib.suppress(OSError):
                         (path / RELEASE_REQUEST).touch()
                     asked = True
-                    _close_released()  # (that process may be waiting for one parked here)
             raise
 
     try:
