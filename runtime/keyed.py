@@ -526,9 +526,9 @@ class KeyedStage:
         if rows is None:
             assert write_to is not None or collect
             # In local mode a task runs the subtask its worker still holds, if it can
-            # (`runtime.subtasks.claim_subtask`); elsewhere partition i runs subtask i.
-            claims = (os.path.join(cfg.state_root, cfg.job, cfg.uid, ".claims")
-                      if self.in_driver and not cfg.executor_scoped else None)
+            # (`runtime.subtasks.claim_subtask`); on a cluster partition i runs subtask i.
+            claims = (None if cfg.executor_scoped
+                      else os.path.join(cfg.state_root, cfg.job, cfg.uid, ".claims"))
             parallelism = self.parallelism
 
             def drain(_: Any) -> Any:
