@@ -62,7 +62,8 @@ def run_interval(cfg: Any, backend: Any, table: Any, out: Any) -> None:
     join, wm = cfg.join, cfg.fire_up_to
     expiry = (join.upper_ms, -join.lower_ms)  # a record of side s expires at ts + expiry[s]
     schemas = [_chunk_schema(cfg, side) for side in (LEFT, RIGHT)]
-    new = [_new_records(table, schemas[side], side) for side in (LEFT, RIGHT)]
+    keys = cfg.join_columns.keys
+    new = [_new_records(table, schemas[side], side, keys) for side in (LEFT, RIGHT)]
     # The event times a partner of the epoch's records has: left ts + [lower, upper] on the
     # right, right ts - [upper, lower] on the left (None: no new record on the other side).
     wanted: list[tuple[int, int] | None] = [None, None]
@@ -73,12 +74,14 @@ def run_interval(cfg: Any, backend: Any, table: Any, out: Any) -> None:
                 -join.upper_ms, -join.lower_ms)
             wanted[side] = (int(ts.min()) + lo, int(ts.max()) + hi)
     loaded: list[list[Any]] = [[], []]  # per side: the decoded chunks' tables
-    chunks: list[list[tuple[int, bytes, int]]] = [[], []]  # per side: (kg, ns, timer time)
+    # Per side and decoded chunk: (kg, ns, timer time, whether it is rewritten regardless:
+    # migrated rows, which have no entry (ns b""), or a key group's chunks being merged).
+    chunks: list[list[tuple[int, bytes, int, bool]]] = [[], []]
     migrated = _migrate(cfg, backend, schemas)
     for side in (LEFT, RIGHT):
         if migrated[side] is not None:
             loaded[side].append(migrated[side])
-            chunks[side].append((-1, b"", 0))  # (no entry of its own: written as changed)
+            chunks[side].append((-1, b"", 0, True))
     for kg in backend.key_groups:
         listed = [(ns, value) for _, ns, value in backend.iterate(CHUNKS, kg)]
         for side in (LEFT, RIGHT):
@@ -90,8 +93,8 @@ def run_interval(cfg: Any, backend: Any, table: Any, out: Any) -> None:
                 if merge or lo + expiry[side] <= wm or (
                         span is not None and lo <= span[1] and hi >= span[0]):
                     loaded[side].append(_decode(value, kg, len(chunks[side])))
-                    chunks[side].append((kg, ns, lo + expiry[side]))
-    sides = [_concat(loaded[side], new[side], schemas[side]) for side in (LEFT, RIGHT)]
+                    chunks[side].append((kg, ns, lo + expiry[side], merge))
+    sides = [_concat(loaded[side], new[side]) for side in (LEFT, RIGHT)]
     if not any(t.num_rows for t in sides):
         return
     ts = [t.column(EVENT_TIME_MS).to_numpy() for t in sides]
@@ -117,8 +120,8 @@ def run_interval(cfg: Any, backend: Any, table: Any, out: Any) -> None:
 
         out.table(pa.concat_tables(parts))
     for side, outer in ((LEFT, join.outer_left), (RIGHT, join.outer_right)):
-        _store(cfg, backend, sides[side], side, chunks[side], expired[side], matched[side],
-               was[side] if outer else matched[side], expiry[side])
+        _store(cfg, backend, sides[side], side, schemas[side], chunks[side], expired[side],
+               matched[side], was[side] if outer else matched[side], expiry[side])
 
 
 def _chunk_schema(cfg: Any, side: int) -> Any:
@@ -136,16 +139,18 @@ def _chunk_schema(cfg: Any, side: int) -> Any:
                      metadata={JOIN_CHUNK_KEYS: json.dumps(list(cols.keys)).encode()})
 
 
-def _new_records(table: Any, schema: Any, side: int) -> Any:
-    """The epoch's records of `side` as chunk rows (with `__kg` and `__chunk` -1)."""
+def _new_records(table: Any, schema: Any, side: int, keys: Sequence[str]) -> Any:
+    """The epoch's records of `side` as chunk rows (with `__kg` and `__chunk` -1), floating
+    key columns with -0.0 as 0.0 (`_normal`)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     if not table.num_rows:
         return _empty(schema)
     mine = table.filter(pc.equal(table.column(JOIN_SIDE), side))
-    columns = {f.name: _normal(mine.column(f.name).cast(f.type)) for f in schema
-               if f.name != MATCHED}
+    columns = {f.name: mine.column(f.name).cast(f.type) for f in schema if f.name != MATCHED}
+    for key in keys:
+        columns[key] = _normal(columns[key])
     columns[MATCHED] = _filled(mine.num_rows, pa.bool_(), False)
     columns[KEY_GROUP] = mine.column(KEY_GROUP).cast(pa.int32())
     columns[_CHUNK] = _filled(mine.num_rows, pa.int32(), -1)
@@ -197,7 +202,7 @@ def _encode(table: Any) -> bytes:
     return bytes(sink.getvalue().to_pybytes())
 
 
-def _concat(loaded: list[Any], new: Any, schema: Any) -> Any:
+def _concat(loaded: list[Any], new: Any) -> Any:
     import pyarrow as pa
 
     if not loaded:
@@ -266,32 +271,27 @@ def _output(cfg: Any, sides: list[Any], lrows: Any, rrows: Any, ts_ms: Any,
     return pa.table(columns)
 
 
-def _store(cfg: Any, backend: Any, rows: Any, side: int, chunks: list[tuple[int, bytes, int]],
-           expired: Any, matched: Any, was: Any, expiry: int) -> None:
-    """Write side `side`'s buffer back: the decoded chunks that changed are replaced, with
-    the epoch's new records, by one chunk per key group; the others stay as they are."""
+def _store(cfg: Any, backend: Any, rows: Any, side: int, schema: Any,
+           chunks: list[tuple[int, bytes, int, bool]], expired: Any, matched: Any, was: Any,
+           expiry: int) -> None:
+    """Write side `side`'s buffer back (chunks of `schema`): the decoded chunks that changed
+    or must be rewritten are replaced, with the epoch's new records, by one chunk per key
+    group; the others stay as they are."""
     import numpy as np
     import pyarrow as pa
 
     chunk = rows.column(_CHUNK).to_numpy()
     if not len(chunk):
         return
-    changed_rows = expired | (matched != was)
-    n_chunks = len(chunks)
-    changed = np.zeros(n_chunks + 1, bool)  # (the last: the new records, always written)
-    changed[chunk[changed_rows]] = True  # (-1 indexes the last)
-    changed[-1] = True
-    merged: dict[int, int] = {}
-    for kg, _, _ in chunks:
-        merged[kg] = merged.get(kg, 0) + 1
-    for i, (kg, _, _) in enumerate(chunks):
-        if kg < 0 or merged[kg] > MAX_CHUNKS:
-            changed[i] = True  # (migrated rows; or too many chunks: merge them)
-    deletes = [(kg, b"", ns) for i, (kg, ns, _) in enumerate(chunks) if changed[i] and kg >= 0]
-    if deletes:
-        backend.delete_many(CHUNKS, deletes)
-        backend.delete_timers("event", [(kg, at, b"", ns) for (kg, ns, at), flag in
-                                        zip(chunks, changed[:-1], strict=True) if flag and kg >= 0])
+    # Per decoded chunk, then the new records (always written; a new record's `__chunk` is
+    # -1, which indexes that last place).
+    changed = np.array([*(rewrite for _, _, _, rewrite in chunks), True], bool)
+    changed[chunk[expired | (matched != was)]] = True
+    gone = [(kg, ns, at) for (kg, ns, at, _), flag in zip(chunks, changed[:-1], strict=True)
+            if flag and ns]
+    if gone:
+        backend.delete_many(CHUNKS, [(kg, b"", ns) for kg, ns, _ in gone])
+        backend.delete_timers("event", [(kg, at, b"", ns) for kg, ns, at in gone])
     keep = changed[chunk] & ~expired
     if not keep.any():
         return
@@ -302,7 +302,6 @@ def _store(cfg: Any, backend: Any, rows: Any, side: int, chunks: list[tuple[int,
     order = np.argsort(kgs, kind="stable")
     kept, kgs = kept.take(pa.array(order)), kgs[order]
     ts = kept.column(EVENT_TIME_MS).to_numpy()
-    schema = _chunk_schema(cfg, side)
     names = schema.names
     bounds = [0, *(np.flatnonzero(kgs[1:] != kgs[:-1]) + 1).tolist(), len(kgs)]
     entries, timers = [], []

@@ -88,29 +88,33 @@ def held_subtasks(root_dir: str, job: str, uid: str) -> list[int]:
     a task that may choose its subtask (`runtime.subtasks.claim_subtask`) prefers these."""
     base = SubtaskLocation(str(root_dir), job, uid, 0).path.parent
     prefix = os.path.join(os.path.abspath(base), "subtask-")
-    held: list[str] = []
-    parking = sys.modules.get("streamer.state.rocksdb_parking")
-    if parking is not None:
-        with parking._PARKED_LOCK:
-            held += [path for path in parking._PARKED if path.startswith(prefix)]
-    memory = sys.modules.get("streamer.state.memory")
-    if memory is not None:
-        held += [path for path in memory._PROCESS_CACHE if path.startswith(prefix)]
-    return [int(path[len(prefix):]) for path in held if path[len(prefix):].isdigit()]
+    parked, cached = _held(prefix)
+    return [int(path[len(prefix):]) for path in (*parked, *cached)
+            if path[len(prefix):].isdigit()]
 
 
 def release_process_state(root_dir: str) -> None:
     """Close what this process keeps open or cached of the subtasks under `root_dir`
     (rocksdb handles parked between tasks, the memory backend's committed dicts): the
     driver, which runs local epochs' subtasks itself, calls it when a run ends."""
-    root = os.path.join(os.path.abspath(root_dir), "")
+    parked, cached = _held(os.path.join(os.path.abspath(root_dir), ""))
+    for path in parked:
+        sys.modules["streamer.state.rocksdb_parking"].release_parked(path)
+    for path in cached:
+        sys.modules["streamer.state.memory"].drop_process_cache(path)
+
+
+def _held(prefix: str) -> tuple[list[str], list[str]]:
+    """The subtask directories starting with `prefix` that this process holds: (parked
+    rocksdb handles, cached memory-backend states), each in the order they were kept (a
+    backend module never imported here holds none)."""
+    parked: list[str] = []
+    cached: list[str] = []
     parking = sys.modules.get("streamer.state.rocksdb_parking")
     if parking is not None:
         with parking._PARKED_LOCK:
-            parked = [path for path in parking._PARKED if path.startswith(root)]
-        for path in parked:
-            parking.release_parked(path)
+            parked = [path for path in parking._PARKED if path.startswith(prefix)]
     memory = sys.modules.get("streamer.state.memory")
     if memory is not None:
-        for path in [path for path in memory._PROCESS_CACHE if path.startswith(root)]:
-            memory.drop_process_cache(path)
+        cached = [path for path in memory._PROCESS_CACHE if path.startswith(prefix)]
+    return parked, cached

@@ -138,3 +138,20 @@ def _ts(ms: int) -> Any:
     import datetime as dt
 
     return dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
+
+
+def test_only_key_columns_are_normalized() -> None:
+    """-0.0 and 0.0 are one key (as `encode_key` has them), but a value column keeps the
+    record's own -0.0."""
+    import math
+
+    import pyarrow as pa
+
+    from streamer.operators.join_interval import _new_records
+
+    schema = pa.schema([("k", pa.float64()), ("a", pa.float64()), ("__ts_ms", pa.int64()),
+                        ("__matched", pa.bool_())])
+    table = pa.table({"k": [-0.0], "a": [-0.0], "__ts_ms": [1], "__kg": [0],
+                      "__join_side": pa.array([0], pa.int32())})
+    rows = _new_records(table, schema, 0, ("k",)).to_pylist()[0]
+    assert math.copysign(1, rows["k"]) == 1 and math.copysign(1, rows["a"]) == -1
