@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from streamer.columns import TOMBSTONE
 from streamer.connectors.base import ConnectorContext, Offsets, Source, SourceRead, SourceSlice
 from streamer.connectors.exceptions import ConnectorError, ReadFailed
+from streamer.worker import prepare_task
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -430,6 +431,7 @@ def _range_reader(ranges: list[list[Any]], conf: dict[str, Any]) -> Any:
     """The `mapInArrow` function that reads the ranges whose indexes arrive in `id`."""
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        prepare_task()
         for batch in batches:
             for index in batch.column(0).to_pylist():
                 topic, part, start, end = ranges[index]

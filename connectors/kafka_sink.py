@@ -36,6 +36,7 @@ from streamer.connectors.exceptions import ConnectorError
 from streamer.connectors.formats import column, timestamps_as_iso
 from streamer.connectors.kafka import client_config, quiet_logger
 from streamer.connectors.staged_sink import StagedTableSink
+from streamer.worker import prepare_task
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -242,6 +243,7 @@ def _producer_task(conf: dict[str, Any], topic: str) -> Any:
     """The `mapInArrow` function that produces a task's rows and yields their count."""
 
     def produce(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        prepare_task()
         import pyarrow as pa
         from confluent_kafka import Producer
 

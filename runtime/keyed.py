@@ -29,6 +29,7 @@ from streamer.operators.keyed_config import KeyedConfig
 from streamer.pipeline.spec import JobSpec, OperatorSpec
 from streamer.runtime.subtasks import claim_subtask, output_rows, subtask_batches
 from streamer.state import held_subtasks
+from streamer.worker import prepare_task
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -518,6 +519,7 @@ class KeyedStage:
         def task(batches: Any) -> Any:
             ctx = TaskContext.get()
             assert ctx is not None
+            prepare_task()
             # (`run_task` named here, so cloudpickle ships whatever it is now: the benches
             # wrap it.)
             return subtask_batches(cfg, batches, ctx.partitionId(), write_to,
@@ -534,6 +536,7 @@ class KeyedStage:
             def drain(_: Any) -> Any:
                 ctx = TaskContext.get()
                 assert ctx is not None
+                prepare_task()
                 subtask = ctx.partitionId()
                 if claims is not None:
                     held = held_subtasks(cfg.state_root, cfg.job, cfg.uid)

@@ -31,7 +31,6 @@ from streamer import columns as C
 from streamer.columns import META, OUT
 from streamer.operators.keyed import run_task
 from streamer.operators.keyed_config import KeyedConfig
-from streamer.operators.worker import read_spark_archives_once
 
 
 def claim_subtask(directory: str, epoch: int, partition: int, parallelism: int,
@@ -85,7 +84,6 @@ def subtask_batches(cfg: KeyedConfig, batches: Iterator[Any], subtask: int, writ
     file instead)."""
     from streamer.connectors.files_sink import TaskFile
 
-    read_spark_archives_once()  # (for this worker's next tasks: `operators.worker`)
     out = None if write_to is None else TaskFile(write_to, subtask, C.ROW_KIND, OUT)
     try:
         for batch in (run or run_task)(cfg, batches, subtask):

@@ -1,5 +1,5 @@
 """Which subtask a keyed task runs (`runtime.subtasks.claim_subtask`) and the worker's one-time
-setup (`operators.worker`), on real files and real processes."""
+setup (`streamer.worker`), on real files and real processes."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def test_spark_archives_are_read_once_and_others_on_every_invalidation(tmp_path:
             sys.path.append(path)
         import in_spark, in_user
         os.environ["SPARK_HOME"] = home
-        from streamer.operators.worker import read_spark_archives_once
+        from streamer.worker import read_spark_archives_once
         read_spark_archives_once()
         for path, module in ((spark_zip, "in_spark_2"), (other, "in_user_2")):
             with zipfile.ZipFile(path, "a") as z:
@@ -76,3 +76,23 @@ def test_spark_archives_are_read_once_and_others_on_every_invalidation(tmp_path:
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          check=True, timeout=60).stdout.split("\n")
     assert out[:2] == ["in_spark_2 missing", "in_user_2 found"]
+
+
+def test_long_lived_objects_are_frozen_when_modules_were_imported() -> None:
+    """`freeze_long_lived` freezes what is alive when the process has imported modules since
+    it last froze, and leaves later objects to the collector otherwise."""
+    script = textwrap.dedent("""\
+        import gc
+        from streamer.worker import freeze_long_lived
+        freeze_long_lived()
+        first = gc.get_freeze_count()
+        kept = [[i] for i in range(1000)]  # (new objects, no new module)
+        freeze_long_lived()
+        same = gc.get_freeze_count()
+        import fractions  # (a module this process had not imported)
+        freeze_long_lived()
+        print(first > 0, same == first, gc.get_freeze_count() >= first + 1000)
+        """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True, timeout=60).stdout.split()
+    assert out == ["True", "True", "True"]
