@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from streamer.columns import EVENT_TIME, EVENT_TIME_MS, JOIN_SIDE, KEY_GROUP
-from streamer.state.names import JOIN_CHUNK_KEYS, JOIN_CHUNKS, JOIN_MATCHED
+from streamer.state.names import CHUNK_KEYS, JOIN_CHUNKS, JOIN_MATCHED
 
 LEFT, RIGHT = 0, 1
 #: The per-key record lists of the record-by-record layout, by side: window and table joins
@@ -136,7 +136,7 @@ def _chunk_schema(cfg: Any, side: int) -> Any:
     own = cols.left if side == LEFT else cols.right
     return pa.schema([*((n, types[n]) for n in (*cols.keys, *own)),
                       (EVENT_TIME_MS, pa.int64()), (MATCHED, pa.bool_())],
-                     metadata={JOIN_CHUNK_KEYS: json.dumps(list(cols.keys)).encode()})
+                     metadata={CHUNK_KEYS: json.dumps(list(cols.keys)).encode()})
 
 
 def _new_records(table: Any, schema: Any, side: int, keys: Sequence[str]) -> Any:

@@ -32,7 +32,6 @@ from streamer.operators.aggregates import accumulator
 from streamer.operators.keyed_config import KeyedConfig
 from streamer.operators.keyed_kinds import (
     _count_windows,
-    _dedupe,
     _rolling,
     _sessions,
     _time_windows,
@@ -157,7 +156,9 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
 
             run_join(cfg, backend, rows, out)
         elif cfg.kind == "dedupe":
-            _dedupe(cfg, backend, rows, out)
+            from streamer.operators.dedupe import run_dedupe
+
+            run_dedupe(cfg, backend, rows.table, out)
         elif cfg.kind == "aggregate":
             _rolling(cfg, backend, rows, out)
         elif cfg.window_kind == "session":

@@ -25,8 +25,6 @@ from streamer.operators.keyed_rows import (
     _merge,
     _namespaces,
     _partials,
-    key_cells,
-    key_codes,
     ns_of,
 )
 from streamer.state.names import WINDOW_KEYS
@@ -321,44 +319,3 @@ def _count_windows(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]],
         backend.put_many("acc", puts)
     if deletes:
         backend.delete_many("acc", deletes)
-
-
-def _dedupe(cfg: KeyedConfig, backend: Any, rows: _Input, out: _Emitter) -> None:
-    """Forward the first record per key; forget the key `within` after that record. Column
-    at a time: the epoch's first record of each key (by event time, then arrival) is looked
-    up in state once, and the new ones go out as one chunk of the input's columns."""
-    import numpy as np
-    import pyarrow as pa
-
-    due = backend.due_timers(cfg.domain, cfg.fire_up_to, remove=True)
-    if due:
-        backend.delete_many("acc", [(t.key_group, t.key, NS_ROLLING) for t in due])
-    table = rows.table
-    if not len(rows):
-        return
-    ts = table.column(EVENT_TIME_MS).to_numpy()
-    code, _ = key_codes(table, cfg.keys)
-    order = np.lexsort((np.arange(len(code)), ts, code))
-    head = np.ones(len(order), dtype=bool)
-    head[1:] = code[order][1:] != code[order][:-1]
-    firsts = np.sort(order[head])  # each key's first record, in arrival order
-    picked = table.take(pa.array(firsts, pa.int64()))
-    cells = key_cells(picked, cfg.keys)
-    if len(set(cells)) < len(cells):  # keys Arrow tells apart and state does not (-0.0, 0.0)
-        best: dict[tuple[int, bytes, bytes], int] = {}
-        for i, cell in enumerate(cells):
-            j = best.get(cell)
-            if j is None or (ts[firsts[i]], firsts[i]) < (ts[firsts[j]], firsts[j]):
-                best[cell] = i
-        kept = sorted(best.values())
-        firsts, cells = firsts[kept], [cells[i] for i in kept]
-        picked = picked.take(pa.array(kept, pa.int64()))
-    new = [i for i, old in enumerate(backend.get_many("acc", cells)) if old is None]
-    if not new:
-        return
-    out.table(picked.take(pa.array(new, pa.int64())).select(list(cfg.record_columns)))
-    expiries = (ts[firsts[new]] + (cfg.dedupe_ms or 0)).tolist()
-    backend.put_many("acc", [(*cells[i], (None, None, None, expiry))
-                             for i, expiry in zip(new, expiries, strict=True)])
-    backend.add_timers(cfg.domain, [(cells[i][0], expiry, cells[i][1], NS_ROLLING)
-                                    for i, expiry in zip(new, expiries, strict=True)])

@@ -17,7 +17,14 @@ from streamer.savepoint.format import TIMER, _files_by_key_group, _read_table, _
 from streamer.savepoint.values import decode_value
 from streamer.state.codec import decode_key
 from streamer.state.exceptions import StateError
-from streamer.state.names import JOIN_CHUNK_KEYS, JOIN_CHUNKS, JOIN_MATCHED, WINDOW_KEYS
+from streamer.state.names import (
+    CHUNK_KEYS,
+    DEDUPE_EXPIRES,
+    DEDUPE_SEEN,
+    JOIN_CHUNKS,
+    JOIN_MATCHED,
+    WINDOW_KEYS,
+)
 
 #: Export formats of `export_operator`.
 EXPORT_FORMATS = ("parquet", "jsonl")
@@ -89,8 +96,8 @@ def _export_rows(table: Any, key_group: int, as_text: bool) -> list[dict[str, An
             if window is not None:
                 rows.extend(window)
                 continue
-        if not timer and row["state"] == JOIN_CHUNKS:
-            records = _join_records(row, key_group, encode)
+        if not timer and row["state"] in (JOIN_CHUNKS, DEDUPE_SEEN):
+            records = _chunk_records(row, key_group, encode)
             if records is not None:
                 rows.extend(records)
                 continue
@@ -138,20 +145,30 @@ def _window_partials(row: dict[str, Any], key_group: int, encode: Any
                           strict=True)]
 
 
-def _join_records(row: dict[str, Any], key_group: int, encode: Any
-                  ) -> list[dict[str, Any]] | None:
-    """An interval join's chunk of buffered records (`operators.join_interval`: an Arrow IPC
-    stream whose schema names the key columns) as one row per record: the key, and as
-    value the side ("left" / "right"), the record's own columns, `event_time_ms` and
-    `matched`. None for an entry that is not such a chunk."""
+def _chunk_records(row: dict[str, Any], key_group: int, encode: Any
+                   ) -> list[dict[str, Any]] | None:
+    """A chunk (an Arrow IPC stream whose schema names the key columns) as one row per
+    record: the key, and as value, for an interval join's buffered record
+    (`operators.join_interval`) the side ("left" / "right"), the record's own columns,
+    `event_time_ms` and `matched`; for a dedupe's remembered key (`operators.dedupe`)
+    `expires_ms`. None for an entry that is not such a chunk."""
     import pyarrow as pa
 
     try:
         table = pa.ipc.open_stream(decode_value(row["value"])).read_all()
-        keys = json.loads((table.schema.metadata or {})[JOIN_CHUNK_KEYS])
+        keys = json.loads((table.schema.metadata or {})[CHUNK_KEYS])
     except Exception:  # not a chunk of this layout
         return None
     ns = row["namespace"]
+    if row["state"] == DEDUPE_SEEN:
+        return [{
+            "key_group": key_group, "state": row["state"], "kind": row["kind"],
+            "key": encode(_plain([record[k] for k in keys])), "namespace": ns.hex(),
+            "window_start_ms": None, "user_key": None,
+            "value": encode(_plain({"expires_ms": record[DEDUPE_EXPIRES]})),
+            "expires_at_ms": row["expires_at_ms"], "domain": row["domain"],
+            "time_ms": row["time_ms"],
+        } for record in table.to_pylist()]
     side = "left" if ns[:1] == b"\x00" else "right"
     own = [n for n in table.column_names if n not in keys and not n.startswith("__")]
     return [{
@@ -193,8 +210,8 @@ def export_operator(savepoint_url: str, operator_files: Sequence[Mapping[str, An
     namespace (hex), window_start_ms (for an 8-byte namespace), user_key (UTF-8, else hex),
     value (decoded, as plain JSON; Parquet: its JSON text), expires_at_ms, domain, time_ms.
     An `emit: final` window's per-epoch entry is shown as one "acc" row per key (a partial
-    per epoch that touched the window; its value is their merge), an interval join's chunk
-    as one row per buffered record (`_join_records`).
+    per epoch that touched the window; its value is their merge), an interval join's
+    or a dedupe's chunk as one row per record (`_chunk_records`).
     Returns {"path", "format", "rows", "entries", "timers", "key_groups"}.
     """
     import fsspec

@@ -1,6 +1,7 @@
 """Names of the states the built-in keyed operators keep (operators/keyed_kinds.py), for the code
 below operators that reads them back: savepoint export shows the per-epoch entries of
-`WINDOW_KEYS` as per-key partials, and the chunks of `JOIN_CHUNKS` as buffered records.
+`WINDOW_KEYS` as per-key partials, the chunks of `JOIN_CHUNKS` as buffered records and those of
+`DEDUPE_SEEN` as remembered keys.
 """
 
 from __future__ import annotations
@@ -10,7 +11,11 @@ WINDOW_KEYS = "window_keys"
 
 #: Interval joins: per key group, side and epoch, a chunk of buffered records (Arrow IPC).
 JOIN_CHUNKS = "join.chunks"
-#: The chunk schema's metadata entry naming its key columns (a JSON list).
-JOIN_CHUNK_KEYS = b"streamer.keys"
+#: Dedupe: per key group and epoch, a chunk of remembered keys and their expiry (Arrow IPC).
+DEDUPE_SEEN = "dedupe.seen"
+#: The dedupe chunk column holding when a key is forgotten (ms).
+DEDUPE_EXPIRES = "__expires_ms"
+#: A chunk schema's metadata entry naming its key columns (a JSON list).
+CHUNK_KEYS = b"streamer.keys"
 #: The chunk column that says whether a buffered record has matched.
 JOIN_MATCHED = "__matched"

@@ -209,3 +209,66 @@ def test_local_epochs_forward_the_routed_plans_records(spark, tmp_path: Path, ba
     assert len(set(ids)) == 62  # 61 ids and null
     assert (len(ids) > 62) == event  # event time: forgotten after 30 s, then forwarded again
     assert outputs["local"] == outputs["routed"]
+
+
+def test_savepoint_then_restore_at_another_parallelism_and_backend(spark, tmp_path: Path
+                                                                   ) -> None:
+    """Stop with a savepoint mid-run, with keys remembered in chunks; `savepoint export`
+    shows each remembered key and its expiry; restored at parallelism 3 on the memory
+    backend, the job commits exactly what an uninterrupted run commits."""
+    from streamer.pipeline.validate import load_pipeline_text
+    from streamer.runtime.control import ControlChannel
+    from streamer.runtime.coordinator import JobRunner, RunOptions
+    from streamer.runtime.metrics import JsonReporter
+    from streamer.savepoint.export import export_operator
+    from streamer.savepoint.metadata import read_metadata
+
+    write_events(tmp_path / "data", files=8, rows=240, seed=11)
+    storage = tmp_path / "storage"
+
+    def text(name: str, parallelism: int, backend: str) -> str:
+        # (within 1h: the data's far out-of-order records move the watermark ahead early, and
+        # keys must still be remembered when the savepoint is taken)
+        return PIPELINE.format(
+            name=name, data=tmp_path / "data" / "parquet", format="parquet",
+            out=tmp_path / f"out-{name}", state=tmp_path / f"state-{name}-{backend}",
+            parallelism=parallelism, backend=backend, keys="[id]", prefix="",
+            input="events", **PATHS["direct"]).replace(
+            "job:", f'storage: "{storage}"\njob:', 1).replace("within: 20s", "within: 1h")
+
+    _, reference = run(spark, text("dd-ref", 2, "rocksdb"), checkpoints=True)
+    assert reference.status == "finished"
+    want = committed_rows(tmp_path / "out-dd-ref")
+
+    filed: list[str] = []
+
+    class StopAfterEpoch2:
+        def write(self, s: str) -> None:
+            for line in s.splitlines():
+                event = json.loads(line) if line else {}
+                if not filed and event.get("event") == "epoch" and event["epoch"] >= 2:
+                    filed.append(ControlChannel(str(storage), "dd-sp").request(
+                        kind="stop", savepoint=True, drain=False))
+
+        def flush(self) -> None:
+            pass
+
+    stopped = JobRunner(load_pipeline_text(text("dd-sp", 2, "rocksdb")),
+                        RunOptions(ui=False, checkpoints=True), spark=spark,
+                        reporter=JsonReporter(StopAfterEpoch2())).run()  # type: ignore[arg-type]
+    assert stopped.status == "stopped" and len(stopped.savepoints) == 1
+    saved = read_metadata(stopped.savepoints[0]).operators["dd"]
+    assert "dedupe.seen" in saved["states"]
+    exported = tmp_path / "export.jsonl"
+    export_operator(stopped.savepoints[0], saved["files"], str(exported), "jsonl")
+    seen = [json.loads(line) for line in exported.read_text().splitlines()]
+    seen = [r for r in seen if r["state"] == "dedupe.seen"]
+    assert seen and all(r["kind"] != "timer" for r in seen)
+    assert all(len(r["key"]) == 1 and set(r["value"]) == {"expires_ms"} for r in seen)
+    assert len({json.dumps(r["key"]) for r in seen}) == len(seen)  # each key once
+    _, resumed = run(spark, text("dd-sp", 3, "memory"), checkpoints=True,
+                     from_savepoint=stopped.savepoints[0])
+    assert resumed.status == "finished"
+    # The resumed run read the rest, whose ids the savepoint remembers: none came out again.
+    assert sum(sum(m.records_in.values()) for m in resumed.metrics) > 0
+    assert committed_rows(tmp_path / "out-dd-sp") == want
