@@ -34,6 +34,7 @@ import struct
 from typing import Any
 
 from streamer.columns import EVENT_TIME_MS, KEY_GROUP
+from streamer.operators.keyed_rows import encode_chunk, normal_key_column
 from streamer.state.names import CHUNK_KEYS, DEDUPE_EXPIRES, DEDUPE_SEEN
 
 #: A key group with more chunks than this has them merged into one.
@@ -83,7 +84,7 @@ def run_dedupe(cfg: Any, backend: Any, table: Any, out: Any) -> None:
     new = firsts
     if firsts is not None and firsts.num_rows and seen is not None and seen.num_rows:
         both = pa.concat_tables([seen.select(keys),
-                                 pa.table({k: _normal(firsts.column(k)) for k in keys})],
+                                 pa.table({k: normal_key_column(firsts.column(k)) for k in keys})],
                                 promote_options="permissive")
         code = _codes(both, keys)
         known = np.isin(code[seen.num_rows:], code[:seen.num_rows])
@@ -96,7 +97,7 @@ def run_dedupe(cfg: Any, backend: Any, table: Any, out: Any) -> None:
     if new is not None and new.num_rows:
         ts = new.column(EVENT_TIME_MS).to_numpy()
         parts.append(pa.table({
-            **{k: _normal(new.column(k)) for k in keys},
+            **{k: normal_key_column(new.column(k)) for k in keys},
             EXPIRES: pa.array(ts + (cfg.dedupe_ms or 0), pa.int64()),
             KEY_GROUP: new.column(KEY_GROUP).cast(pa.int32())}))
     if gone:
@@ -132,23 +133,12 @@ def _firsts(table: Any, keys: list[str]) -> Any:
 
     if not table.num_rows:
         return None
-    code = _codes(pa.table({k: _normal(table.column(k)) for k in keys}), keys)
+    code = _codes(pa.table({k: normal_key_column(table.column(k)) for k in keys}), keys)
     ts = table.column(EVENT_TIME_MS).to_numpy()
     order = np.lexsort((np.arange(len(code)), ts, code))
     head = np.ones(len(order), dtype=bool)
     head[1:] = code[order][1:] != code[order][:-1]
     return table.take(pa.array(np.sort(order[head]), pa.int64()))
-
-
-def _normal(column: Any) -> Any:
-    """`column` with -0.0 as 0.0 when it is floating point (keys compare as `encode_key`
-    says)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if pa.types.is_floating(column.type):
-        return pc.add(column, pa.scalar(0.0, column.type))
-    return column
 
 
 def _decode(value: bytes, kg: int) -> Any:
@@ -174,19 +164,8 @@ def _store(cfg: Any, backend: Any, rows: Any, keys: list[str]) -> None:
     entries = []
     for a, b in itertools.pairwise(bounds):
         ns = _NS.pack(cfg.epoch, int(expires[a:b].min()), int(expires[a:b].max()))
-        entries.append((int(kgs[a]), b"", ns, _encode(chunk_rows.slice(a, b - a))))
+        entries.append((int(kgs[a]), b"", ns, encode_chunk(chunk_rows.slice(a, b - a))))
     backend.put_many(DEDUPE_SEEN, entries)
-
-
-def _encode(table: Any) -> bytes:
-    """A chunk as one LZ4-compressed Arrow IPC stream."""
-    import pyarrow as pa
-
-    sink = pa.BufferOutputStream()
-    options = pa.ipc.IpcWriteOptions(compression="lz4")
-    with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
-        writer.write_table(table)
-    return bytes(sink.getvalue().to_pybytes())
 
 
 def _migrate(cfg: Any, backend: Any) -> Any:
@@ -211,9 +190,10 @@ def _migrate(cfg: Any, backend: Any) -> Any:
     if not addresses:
         return None
     backend.delete_many("acc", addresses)
+    types = {f.name: f.type for f in cfg.out_schema}  # (the record's columns, keys among them)
     columns: dict[str, Any] = {}
     for i, k in enumerate(cfg.keys):
-        columns[k] = pa.array([key[i] for _, key, _ in found])
+        columns[k] = normal_key_column(pa.array([key[i] for _, key, _ in found], types.get(k)))
     columns[EXPIRES] = pa.array([expiry for _, _, expiry in found], pa.int64())
     columns[KEY_GROUP] = pa.array([kg for kg, _, _ in found], pa.int32())
     return pa.table(columns)

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from streamer.columns import EVENT_TIME, EVENT_TIME_MS, JOIN_SIDE, KEY_GROUP
+from streamer.operators.keyed_rows import encode_chunk, normal_key_column
 from streamer.state.names import CHUNK_KEYS, JOIN_CHUNKS, JOIN_MATCHED
 
 LEFT, RIGHT = 0, 1
@@ -141,7 +142,7 @@ def _chunk_schema(cfg: Any, side: int) -> Any:
 
 def _new_records(table: Any, schema: Any, side: int, keys: Sequence[str]) -> Any:
     """The epoch's records of `side` as chunk rows (with `__kg` and `__chunk` -1), floating
-    key columns with -0.0 as 0.0 (`_normal`)."""
+    key columns with -0.0 as 0.0 (`keyed_rows.normal_key_column`)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -150,7 +151,7 @@ def _new_records(table: Any, schema: Any, side: int, keys: Sequence[str]) -> Any
     mine = table.filter(pc.equal(table.column(JOIN_SIDE), side))
     columns = {f.name: mine.column(f.name).cast(f.type) for f in schema if f.name != MATCHED}
     for key in keys:
-        columns[key] = _normal(columns[key])
+        columns[key] = normal_key_column(columns[key])
     columns[MATCHED] = _filled(mine.num_rows, pa.bool_(), False)
     columns[KEY_GROUP] = mine.column(KEY_GROUP).cast(pa.int32())
     columns[_CHUNK] = _filled(mine.num_rows, pa.int32(), -1)
@@ -162,16 +163,6 @@ def _filled(n: int, dtype: Any, value: Any) -> Any:
     import pyarrow as pa
 
     return pa.nulls(n, dtype).fill_null(pa.scalar(value, dtype))
-
-
-def _normal(column: Any) -> Any:
-    """`column` with -0.0 as 0.0 when it is floating point (keys join as `encode_key` says)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if pa.types.is_floating(column.type):
-        return pc.add(column, pa.scalar(0.0, column.type))
-    return column
 
 
 def _empty(schema: Any) -> Any:
@@ -189,17 +180,6 @@ def _decode(value: bytes, kg: int, index: int) -> Any:
     n = table.num_rows
     return table.append_column(KEY_GROUP, _filled(n, pa.int32(), kg)).append_column(
         _CHUNK, _filled(n, pa.int32(), index))
-
-
-def _encode(table: Any) -> bytes:
-    """A chunk's rows as one LZ4-compressed Arrow IPC stream."""
-    import pyarrow as pa
-
-    sink = pa.BufferOutputStream()
-    options = pa.ipc.IpcWriteOptions(compression="lz4")
-    with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
-        writer.write_table(table)
-    return bytes(sink.getvalue().to_pybytes())
 
 
 def _concat(loaded: list[Any], new: Any) -> Any:
@@ -309,7 +289,7 @@ def _store(cfg: Any, backend: Any, rows: Any, side: int, schema: Any,
         kg, lo, hi = int(kgs[a]), int(ts[a:b].min()), int(ts[a:b].max())
         ns = _NS.pack(side, cfg.epoch, lo, hi)
         chunk = kept.slice(a, b - a).select(names).replace_schema_metadata(schema.metadata)
-        entries.append((kg, b"", ns, _encode(chunk)))
+        entries.append((kg, b"", ns, encode_chunk(chunk)))
         timers.append((kg, lo + expiry, b"", ns))
     backend.put_many(CHUNKS, entries)
     backend.add_timers("event", timers)

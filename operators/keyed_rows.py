@@ -256,3 +256,27 @@ def _key_bytes(key: Sequence[Any]) -> bytes:
     from streamer.state.codec import encode_key
 
     return encode_key(tuple(key))
+
+
+def normal_key_column(column: Any) -> Any:
+    """`column` with -0.0 as 0.0 when it is floating point: key columns compared a column at
+    a time (the chunked layouts of `operators.join_interval` and `operators.dedupe`) tell
+    keys apart as `encode_key` does."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_floating(column.type):
+        return pc.add(column, pa.scalar(0.0, column.type))
+    return column
+
+
+def encode_chunk(table: Any) -> bytes:
+    """An Arrow table as one LZ4-compressed Arrow IPC stream: a chunk of a chunked state
+    layout (`operators.join_interval`, `operators.dedupe`)."""
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression="lz4")
+    with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
