@@ -28,13 +28,18 @@ earlier checkpoints and savepoints restore.
 
 from __future__ import annotations
 
-import itertools
 import json
 import struct
 from typing import Any
 
 from streamer.columns import EVENT_TIME_MS, KEY_GROUP
-from streamer.operators.keyed_rows import encode_chunk, normal_key_column
+from streamer.operators.keyed_rows import (
+    encode_chunk,
+    filled,
+    key_codes,
+    key_group_runs,
+    normal_key_column,
+)
 from streamer.state.names import CHUNK_KEYS, DEDUPE_EXPIRES, DEDUPE_SEEN
 
 #: A key group with more chunks than this has them merged into one.
@@ -86,7 +91,7 @@ def run_dedupe(cfg: Any, backend: Any, table: Any, out: Any) -> None:
         both = pa.concat_tables([seen.select(keys),
                                  pa.table({k: normal_key_column(firsts.column(k)) for k in keys})],
                                 promote_options="permissive")
-        code = _codes(both, keys)
+        code, _ = key_codes(both, tuple(keys))
         known = np.isin(code[seen.num_rows:], code[:seen.num_rows])
         new = firsts.filter(pa.array(~known))
     if new is not None and new.num_rows:
@@ -111,18 +116,7 @@ def _flagged(rows: Any, rewrite: bool) -> Any:
     """`rows` with the `_REWRITE` column."""
     import pyarrow as pa
 
-    return rows.append_column(_REWRITE, pa.nulls(rows.num_rows, pa.bool_()).fill_null(rewrite))
-
-
-def _codes(table: Any, keys: list[str]) -> Any:
-    """Per row of `table`, the index of its distinct key over the columns `keys`."""
-    import numpy as np
-
-    from streamer.operators.keyed_rows import key_codes
-
-    if not keys:
-        return np.zeros(table.num_rows, dtype=np.int64)
-    return key_codes(table, tuple(keys))[0]
+    return rows.append_column(_REWRITE, filled(rows.num_rows, pa.bool_(), rewrite))
 
 
 def _firsts(table: Any, keys: list[str]) -> Any:
@@ -133,7 +127,8 @@ def _firsts(table: Any, keys: list[str]) -> Any:
 
     if not table.num_rows:
         return None
-    code = _codes(pa.table({k: normal_key_column(table.column(k)) for k in keys}), keys)
+    code, _ = key_codes(pa.table({k: normal_key_column(table.column(k)) for k in keys}),
+                        tuple(keys))
     ts = table.column(EVENT_TIME_MS).to_numpy()
     order = np.lexsort((np.arange(len(code)), ts, code))
     head = np.ones(len(order), dtype=bool)
@@ -146,25 +141,19 @@ def _decode(value: bytes, kg: int) -> Any:
     import pyarrow as pa
 
     table = pa.ipc.open_stream(value).read_all()
-    return table.append_column(KEY_GROUP, pa.nulls(table.num_rows, pa.int32()).fill_null(kg))
+    return table.append_column(KEY_GROUP, filled(table.num_rows, pa.int32(), kg))
 
 
 def _store(cfg: Any, backend: Any, rows: Any, keys: list[str]) -> None:
     """`rows` (keys, expiry, key group) as one new chunk per key group."""
-    import numpy as np
-    import pyarrow as pa
-
-    kgs = rows.column(KEY_GROUP).to_numpy()
-    order = np.argsort(kgs, kind="stable")
-    rows, kgs = rows.take(pa.array(order)), kgs[order]
+    rows, runs = key_group_runs(rows)
     expires = rows.column(EXPIRES).to_numpy()
     chunk_rows = rows.select([*keys, EXPIRES]).replace_schema_metadata(
         {CHUNK_KEYS: json.dumps(keys).encode()})
-    bounds = [0, *(np.flatnonzero(kgs[1:] != kgs[:-1]) + 1).tolist(), len(kgs)]
     entries = []
-    for a, b in itertools.pairwise(bounds):
+    for kg, a, b in runs:
         ns = _NS.pack(cfg.epoch, int(expires[a:b].min()), int(expires[a:b].max()))
-        entries.append((int(kgs[a]), b"", ns, encode_chunk(chunk_rows.slice(a, b - a))))
+        entries.append((kg, b"", ns, encode_chunk(chunk_rows.slice(a, b - a))))
     backend.put_many(DEDUPE_SEEN, entries)
 
 

@@ -30,13 +30,18 @@ State written by an earlier version (per key, a list of records in `join.left` a
 
 from __future__ import annotations
 
-import itertools
 import struct
 from collections.abc import Sequence
 from typing import Any
 
 from streamer.columns import EVENT_TIME, EVENT_TIME_MS, JOIN_SIDE, KEY_GROUP
-from streamer.operators.keyed_rows import encode_chunk, normal_key_column
+from streamer.operators.keyed_rows import (
+    encode_chunk,
+    filled,
+    key_codes,
+    key_group_runs,
+    normal_key_column,
+)
 from streamer.state.names import CHUNK_KEYS, JOIN_CHUNKS, JOIN_MATCHED
 
 LEFT, RIGHT = 0, 1
@@ -152,17 +157,10 @@ def _new_records(table: Any, schema: Any, side: int, keys: Sequence[str]) -> Any
     columns = {f.name: mine.column(f.name).cast(f.type) for f in schema if f.name != MATCHED}
     for key in keys:
         columns[key] = normal_key_column(columns[key])
-    columns[MATCHED] = _filled(mine.num_rows, pa.bool_(), False)
+    columns[MATCHED] = filled(mine.num_rows, pa.bool_(), False)
     columns[KEY_GROUP] = mine.column(KEY_GROUP).cast(pa.int32())
-    columns[_CHUNK] = _filled(mine.num_rows, pa.int32(), -1)
+    columns[_CHUNK] = filled(mine.num_rows, pa.int32(), -1)
     return pa.table(columns)
-
-
-def _filled(n: int, dtype: Any, value: Any) -> Any:
-    """An Arrow array of `n` times `value`."""
-    import pyarrow as pa
-
-    return pa.nulls(n, dtype).fill_null(pa.scalar(value, dtype))
 
 
 def _empty(schema: Any) -> Any:
@@ -178,8 +176,8 @@ def _decode(value: bytes, kg: int, index: int) -> Any:
 
     table = pa.ipc.open_stream(value).read_all()
     n = table.num_rows
-    return table.append_column(KEY_GROUP, _filled(n, pa.int32(), kg)).append_column(
-        _CHUNK, _filled(n, pa.int32(), index))
+    return table.append_column(KEY_GROUP, filled(n, pa.int32(), kg)).append_column(
+        _CHUNK, filled(n, pa.int32(), index))
 
 
 def _concat(loaded: list[Any], new: Any) -> Any:
@@ -196,8 +194,6 @@ def _pairs(cfg: Any, sides: list[Any], ts: list[Any], fresh: list[Any]) -> tuple
     the second of them came), sorted by left row then right row."""
     import numpy as np
     import pyarrow as pa
-
-    from streamer.operators.keyed_rows import key_codes
 
     keys = cfg.join_columns.keys
     n_left = sides[LEFT].num_rows
@@ -278,15 +274,12 @@ def _store(cfg: Any, backend: Any, rows: Any, side: int, schema: Any,
     kept = rows.filter(pa.array(keep))
     kept = kept.set_column(kept.schema.get_field_index(MATCHED), MATCHED,
                            pa.array(matched[keep]))
-    kgs = kept.column(KEY_GROUP).to_numpy()
-    order = np.argsort(kgs, kind="stable")
-    kept, kgs = kept.take(pa.array(order)), kgs[order]
+    kept, runs = key_group_runs(kept)
     ts = kept.column(EVENT_TIME_MS).to_numpy()
     names = schema.names
-    bounds = [0, *(np.flatnonzero(kgs[1:] != kgs[:-1]) + 1).tolist(), len(kgs)]
     entries, timers = [], []
-    for a, b in itertools.pairwise(bounds):
-        kg, lo, hi = int(kgs[a]), int(ts[a:b].min()), int(ts[a:b].max())
+    for kg, a, b in runs:
+        lo, hi = int(ts[a:b].min()), int(ts[a:b].max())
         ns = _NS.pack(side, cfg.epoch, lo, hi)
         chunk = kept.slice(a, b - a).select(names).replace_schema_metadata(schema.metadata)
         entries.append((kg, b"", ns, encode_chunk(chunk)))
@@ -331,7 +324,7 @@ def _migrate(cfg: Any, backend: Any, schemas: Sequence[Any]) -> list[Any]:
         columns[EVENT_TIME_MS] = pa.array([r[0] for _, _, r in records], pa.int64())
         columns[MATCHED] = pa.array([bool(r[3]) for _, _, r in records], pa.bool_())
         columns[KEY_GROUP] = pa.array([kg for kg, _, _ in records], pa.int32())
-        columns[_CHUNK] = _filled(len(records), pa.int32(), 0)  # (the first chunk: see caller)
+        columns[_CHUNK] = filled(len(records), pa.int32(), 0)  # (the first chunk: see caller)
         found[side] = pa.table(columns)
     if any(t is not None for t in found):
         backend.due_timers("event", 2**62, remove=True)  # (the per-record timers)

@@ -280,3 +280,26 @@ def encode_chunk(table: Any) -> bytes:
     with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
         writer.write_table(table)
     return bytes(sink.getvalue().to_pybytes())
+
+
+def filled(n: int, dtype: Any, value: Any) -> Any:
+    """An Arrow array of `n` times `value`."""
+    import pyarrow as pa
+
+    return pa.nulls(n, dtype).fill_null(pa.scalar(value, dtype))
+
+
+def key_group_runs(rows: Any) -> tuple[Any, list[tuple[int, int, int]]]:
+    """`rows` (an Arrow table with `__kg`) sorted by key group (stable), and per key group
+    (kg, start, stop) of its rows there: how a chunked layout writes one chunk per key
+    group."""
+    import itertools
+
+    import numpy as np
+    import pyarrow as pa
+
+    kgs = rows.column(KEY_GROUP).to_numpy()
+    order = np.argsort(kgs, kind="stable")
+    rows, kgs = rows.take(pa.array(order)), kgs[order]
+    bounds = [0, *(np.flatnonzero(kgs[1:] != kgs[:-1]) + 1).tolist(), len(kgs)]
+    return rows, [(int(kgs[a]), a, b) for a, b in itertools.pairwise(bounds)]
