@@ -175,7 +175,7 @@ def _session_rows(cfg: Any, d: DirectRead, table: Any, keep: Any, valid: Any, ts
     the epoch's partial sessions, as Spark's `session_window` aggregation gives them. Rows
     of a key sorted by time; a session breaks where the next record comes more than `gap`
     after the one before (records exactly `gap` apart touch, so they share a session, as
-    `operators.keyed_kinds._sessions` merges them). Late records (their session would end
+    `operators.sessions` merges them). Late records (their session would end
     at or before the watermark) are dropped and counted. `codes`: every row's key code, if
     the key groups needed them (else they are computed here, of the kept rows)."""
     import numpy as np

@@ -33,7 +33,6 @@ from streamer.operators.keyed_config import KeyedConfig
 from streamer.operators.keyed_kinds import (
     _count_windows,
     _rolling,
-    _sessions,
     _time_windows,
 )
 from streamer.operators.keyed_rows import _Emitter, _Input
@@ -97,7 +96,7 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
         rows = _read_input(cfg, batches, subtask)
         began = time.perf_counter()  # after the input arrived: the stage's own work
     if not (cfg.kind in ("aggregate", "dedupe", "join") or (cfg.kind == "window"
-                                        and cfg.window_kind in ("tumbling", "sliding"))):
+                                        and cfg.window_kind != "count")):
         rows = rows.table.to_pylist()  # the operators that work row by row
     from streamer import failpoints
     from streamer.checkpoint import task as checkpointing
@@ -162,7 +161,9 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
         elif cfg.kind == "aggregate":
             _rolling(cfg, backend, rows, out)
         elif cfg.window_kind == "session":
-            _sessions(cfg, backend, rows, out)
+            from streamer.operators.sessions import run_sessions
+
+            run_sessions(cfg, backend, rows.table, out)
         elif cfg.window_kind == "count":
             _count_windows(cfg, backend, rows, out)
         else:

@@ -1,6 +1,7 @@
 """The state logic of each keyed kind, run by `operators.keyed.run_task` for one subtask and
-epoch: time windows (tumbling, sliding), rolling aggregates, session windows, count windows and
-dedupe. Each merges the epoch's rows into state and emits into the task's `_Emitter`.
+epoch: time windows (tumbling, sliding), rolling aggregates and count windows (sessions are in
+operators/sessions.py, dedupe in operators/dedupe.py). Each merges the epoch's rows into state
+and emits into the task's `_Emitter`.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from streamer.columns import EVENT_TIME_MS, KEY_GROUP, SEQUENCE, WINDOW_END, WINDOW_START
+from streamer.columns import EVENT_TIME_MS, KEY_GROUP, SEQUENCE, WINDOW_START
 from streamer.operators.keyed_config import KeyedConfig
 from streamer.operators.keyed_rows import (
     _I64,
@@ -214,72 +215,6 @@ def _rolling(cfg: KeyedConfig, backend: Any, rows: _Input, out: _Emitter) -> Non
     out.columns(keys, _final_columns(accs, merged_all))
     backend.put_many("acc", [(*cell, merged)
                              for cell, merged in zip(cells, merged_all, strict=True)])
-
-
-def _sessions(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]],
-              out: _Emitter) -> None:
-    """Session windows: the epoch's partial sessions (Spark's session_window aggregation, or
-    `operators.direct._session_rows` where the subtasks read their input) are merged with
-    the key's stored sessions; each session has a timer at end - 1 + lateness."""
-    accs = _partials(cfg)
-    due = backend.due_timers(cfg.domain, cfg.fire_up_to, remove=True)
-    fired_keys = {(t.key_group, t.key) for t in due}
-    by_key: dict[tuple[int, bytes], list[dict[str, Any]]] = {}
-    for row in rows:
-        by_key.setdefault((row[KEY_GROUP], _key_bytes([row[k] for k in cfg.keys])), []).append(row)
-    cells = sorted(fired_keys | set(by_key))
-    if not cells:
-        return
-    stored = backend.get_many("acc", [(kg, kb, NS_ROLLING) for kg, kb in cells])
-    puts, deletes = [], []
-    stale: list[tuple[int, int, bytes, bytes]] = []
-    fresh: list[tuple[int, int, bytes, bytes]] = []
-    for (kg, kb), value in zip(cells, stored, strict=True):
-        key = value[0] if value else None
-        # The watermark arrives before the epoch's records: due sessions fire first.
-        sessions: list[list[Any]] = []  # [start, end, accumulators, touched this epoch]
-        for start, end, state in (value[3] if value else []):
-            if end - 1 + cfg.lateness_ms <= cfg.fire_up_to:
-                out.window(key or (), start, end, _finals(accs, state))
-            else:
-                sessions.append([start, end, state, False])
-        before = {(s[0], s[1]) for s in sessions}
-        for row in by_key.get((kg, kb), []):
-            key = tuple(row[k] for k in cfg.keys)
-            sessions.append([row[WINDOW_START], row[WINDOW_END], _lift(accs, row), True])
-        sessions.sort(key=lambda s: (s[0], s[1]))
-        merged: list[list[Any]] = []
-        for s in sessions:
-            # Sessions that touch merge (an event exactly `gap` after the last one belongs to
-            # the same session), as in Spark's session_window and Flink's TimeWindow.
-            if merged and s[0] <= merged[-1][1]:
-                last = merged[-1]
-                last[1] = max(last[1], s[1])
-                last[2] = _merge(accs, last[2], s[2])
-                last[3] = last[3] or s[3]
-            else:
-                merged.append(list(s))
-        after = {(s[0], s[1]) for s in merged}
-        stale.extend((kg, end - 1 + cfg.lateness_ms, kb, ns_of(start))
-                     for start, end in before - after)
-        for start, end, state, touched in merged:
-            if (start, end) not in before:
-                fresh.append((kg, end - 1 + cfg.lateness_ms, kb, ns_of(start)))
-            if touched and cfg.emit == "updates":
-                out.window(key or (), start, end, _finals(accs, state))
-        if merged:
-            puts.append((kg, kb, NS_ROLLING, (key, None, None,
-                                              [tuple(m[:3]) for m in merged])))
-        else:
-            deletes.append((kg, kb, NS_ROLLING))
-    if stale:
-        backend.delete_timers(cfg.domain, stale)
-    if fresh:
-        backend.add_timers(cfg.domain, fresh)
-    if puts:
-        backend.put_many("acc", puts)
-    if deletes:
-        backend.delete_many("acc", deletes)
 
 
 def _count_windows(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]],

@@ -196,6 +196,24 @@ def key_codes(table: Any, keys: tuple[str, ...]) -> tuple[Any, list[tuple[Any, .
     return code, distinct
 
 
+def key_codes_only(table: Any, keys: tuple[str, ...]) -> Any:
+    """`key_codes` without the distinct keys (nothing is read into Python): per row of
+    `table` a number that is equal for equal keys (nulls equal) and differs otherwise."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    code: Any = None
+    for name in keys:
+        encoded = pc.dictionary_encode(table.column(name).combine_chunks())
+        size = len(encoded.dictionary) + 1  # the last stands for null
+        index = encoded.indices.fill_null(size - 1).to_numpy().astype(np.int64)
+        if code is None:
+            code = index
+            continue
+        _, code = np.unique(code * size + index, return_inverse=True)
+    return np.zeros(table.num_rows, dtype=np.int64) if code is None else code
+
+
 def key_cells(table: Any, keys: Sequence[str], namespace: bytes = NS_ROLLING
               ) -> list[tuple[int, bytes, bytes]]:
     """(key group, encoded key, `namespace`) of every row of the Arrow `table` (with

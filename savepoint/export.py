@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
-from streamer.columns import EVENT_TIME_MS
+from streamer.columns import EVENT_TIME_MS, PARTIAL_PREFIX, WINDOW_END, WINDOW_START
 from streamer.savepoint.exceptions import SavepointError
 from streamer.savepoint.format import TIMER, _files_by_key_group, _read_table, _storage
 from streamer.savepoint.values import decode_value
@@ -23,6 +23,7 @@ from streamer.state.names import (
     DEDUPE_SEEN,
     JOIN_CHUNKS,
     JOIN_MATCHED,
+    SESSION_CHUNKS,
     WINDOW_KEYS,
 )
 
@@ -96,7 +97,7 @@ def _export_rows(table: Any, key_group: int, as_text: bool) -> list[dict[str, An
             if window is not None:
                 rows.extend(window)
                 continue
-        if not timer and row["state"] in (JOIN_CHUNKS, DEDUPE_SEEN):
+        if not timer and row["state"] in (JOIN_CHUNKS, DEDUPE_SEEN, SESSION_CHUNKS):
             records = _chunk_records(row, key_group, encode)
             if records is not None:
                 rows.extend(records)
@@ -151,7 +152,9 @@ def _chunk_records(row: dict[str, Any], key_group: int, encode: Any
     record: the key, and as value, for an interval join's buffered record
     (`operators.join_interval`) the side ("left" / "right"), the record's own columns,
     `event_time_ms` and `matched`; for a dedupe's remembered key (`operators.dedupe`)
-    `expires_ms`. None for an entry that is not such a chunk."""
+    `expires_ms`; for an open session (`operators.sessions`) its start as `window_start_ms`
+    and as value its `end_ms` and partial aggregates. None for an entry that is not such a
+    chunk."""
     import pyarrow as pa
 
     try:
@@ -166,6 +169,17 @@ def _chunk_records(row: dict[str, Any], key_group: int, encode: Any
             "key": encode(_plain([record[k] for k in keys])), "namespace": ns.hex(),
             "window_start_ms": None, "user_key": None,
             "value": encode(_plain({"expires_ms": record[DEDUPE_EXPIRES]})),
+            "expires_at_ms": row["expires_at_ms"], "domain": row["domain"],
+            "time_ms": row["time_ms"],
+        } for record in table.to_pylist()]
+    if row["state"] == SESSION_CHUNKS:
+        return [{
+            "key_group": key_group, "state": row["state"], "kind": row["kind"],
+            "key": encode(_plain([record[k] for k in keys])), "namespace": ns.hex(),
+            "window_start_ms": record[WINDOW_START], "user_key": None,
+            "value": encode(_plain({"end_ms": record[WINDOW_END],
+                                    "partials": [v for n, v in record.items()
+                                                 if n.startswith(PARTIAL_PREFIX)]})),
             "expires_at_ms": row["expires_at_ms"], "domain": row["domain"],
             "time_ms": row["time_ms"],
         } for record in table.to_pylist()]

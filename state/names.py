@@ -1,7 +1,7 @@
 """Names of the states the built-in keyed operators keep (operators/keyed_kinds.py), for the code
 below operators that reads them back: savepoint export shows the per-epoch entries of
-`WINDOW_KEYS` as per-key partials, the chunks of `JOIN_CHUNKS` as buffered records and those of
-`DEDUPE_SEEN` as remembered keys.
+`WINDOW_KEYS` as per-key partials, the chunks of `JOIN_CHUNKS` as buffered records, those of
+`DEDUPE_SEEN` as remembered keys and those of `SESSION_CHUNKS` as open sessions.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ WINDOW_KEYS = "window_keys"
 JOIN_CHUNKS = "join.chunks"
 #: Dedupe: per key group and epoch, a chunk of remembered keys and their expiry (Arrow IPC).
 DEDUPE_SEEN = "dedupe.seen"
+#: Session windows: per key group, a chunk of its open sessions (Arrow IPC).
+SESSION_CHUNKS = "session.open"
 #: The dedupe chunk column holding when a key is forgotten (ms).
 DEDUPE_EXPIRES = "__expires_ms"
 #: A chunk schema's metadata entry naming its key columns (a JSON list).

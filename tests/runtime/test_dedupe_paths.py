@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_direct import BASE_MS, committed_rows, run
+from test_direct import BASE_MS, committed_rows, run, stop_with_savepoint
 
 pytestmark = pytest.mark.spark
 
@@ -216,10 +216,6 @@ def test_savepoint_then_restore_at_another_parallelism_and_backend(spark, tmp_pa
     """Stop with a savepoint mid-run, with keys remembered in chunks; `savepoint export`
     shows each remembered key and its expiry; restored at parallelism 3 on the memory
     backend, the job commits exactly what an uninterrupted run commits."""
-    from streamer.pipeline.validate import load_pipeline_text
-    from streamer.runtime.control import ControlChannel
-    from streamer.runtime.coordinator import JobRunner, RunOptions
-    from streamer.runtime.metrics import JsonReporter
     from streamer.savepoint.export import export_operator
     from streamer.savepoint.metadata import read_metadata
 
@@ -240,22 +236,7 @@ def test_savepoint_then_restore_at_another_parallelism_and_backend(spark, tmp_pa
     assert reference.status == "finished"
     want = committed_rows(tmp_path / "out-dd-ref")
 
-    filed: list[str] = []
-
-    class StopAfterEpoch2:
-        def write(self, s: str) -> None:
-            for line in s.splitlines():
-                event = json.loads(line) if line else {}
-                if not filed and event.get("event") == "epoch" and event["epoch"] >= 2:
-                    filed.append(ControlChannel(str(storage), "dd-sp").request(
-                        kind="stop", savepoint=True, drain=False))
-
-        def flush(self) -> None:
-            pass
-
-    stopped = JobRunner(load_pipeline_text(text("dd-sp", 2, "rocksdb")),
-                        RunOptions(ui=False, checkpoints=True), spark=spark,
-                        reporter=JsonReporter(StopAfterEpoch2())).run()  # type: ignore[arg-type]
+    stopped = stop_with_savepoint(spark, text("dd-sp", 2, "rocksdb"), storage, "dd-sp")
     assert stopped.status == "stopped" and len(stopped.savepoints) == 1
     saved = read_metadata(stopped.savepoints[0]).operators["dd"]
     assert "dedupe.seen" in saved["states"]

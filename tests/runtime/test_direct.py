@@ -35,6 +35,31 @@ def run(spark, text: str, **options):
     return runner, runner.run()
 
 
+def stop_with_savepoint(spark, text: str, storage: Path, job: str, after_epoch: int = 2):
+    """Run the pipeline `text` (job name `job`, `storage:` at `storage`) with checkpoints and
+    ask for a stop with a savepoint (no drain) once epoch `after_epoch` has been reported;
+    the run's result."""
+    from streamer.runtime.control import ControlChannel
+    from streamer.runtime.metrics import JsonReporter
+
+    filed: list[str] = []
+
+    class StopAfterEpoch:
+        def write(self, s: str) -> None:
+            for line in s.splitlines():
+                event = json.loads(line) if line else {}
+                if not filed and event.get("event") == "epoch" \
+                        and event["epoch"] >= after_epoch:
+                    filed.append(ControlChannel(str(storage), job).request(
+                        kind="stop", savepoint=True, drain=False))
+
+        def flush(self) -> None:
+            pass
+
+    return JobRunner(load_pipeline_text(text), RunOptions(ui=False, checkpoints=True),
+                     spark=spark, reporter=JsonReporter(StopAfterEpoch())).run()  # type: ignore[arg-type]
+
+
 def write_events(directory: Path, files: int, rows: int, seed: int, *,
                  zoned: bool = True) -> None:
     """Events with string and int keys (some null), out-of-order timestamps (some beyond the
