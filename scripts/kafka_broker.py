@@ -158,6 +158,10 @@ class KafkaBroker:
     def _ready(self) -> bool:
         from confluent_kafka.admin import AdminClient
 
+        try:  # the port first: a client on a closed port logs "Connection refused" lines
+            socket.create_connection((self.host, self.port), timeout=1).close()
+        except OSError:
+            return False
         try:
             admin = AdminClient({"bootstrap.servers": self.bootstrap})
             brokers = admin.list_topics(timeout=2).brokers
