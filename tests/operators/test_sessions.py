@@ -175,3 +175,19 @@ def test_a_sum_past_64_bits_fails_as_the_accumulators_do(tmp_path) -> None:
             _epoch(cfg, state, _partials([(1.0, 50, big)]), 0, 3)
     finally:
         state.close()
+
+
+def test_processing_time_sessions_keep_their_timers_in_that_domain(tmp_path) -> None:
+    """In processing time the clock takes the watermark's place: timers are processing-time
+    timers, and a session fires once the clock passes its end."""
+    cfg = replace(_config(tmp_path, "rocksdb"), domain="processing")
+    state = _state(tmp_path, "rocksdb")
+    try:
+        assert _epoch(cfg, state, _partials([(1.0, 1000, 4), (1.0, 1050, 6)]), 1000, 1) == []
+        assert state.next_timer("event") is None
+        assert state.next_timer("processing") == 1050 + GAP - 1
+        assert _epoch(cfg, state, _partials([]), 1148, 2) == []
+        assert _epoch(cfg, state, _partials([]), 1149, 3) == [_session(1.0, 1000, 1150, [4, 6])]
+        assert state.next_timer("processing") is None
+    finally:
+        state.close()
