@@ -36,7 +36,7 @@ from streamer.columns import EVENT_TIME_MS, KEY_GROUP
 from streamer.operators.keyed_rows import (
     encode_chunk,
     filled,
-    key_codes,
+    key_codes_only,
     key_group_runs,
     normal_key_column,
 )
@@ -91,7 +91,7 @@ def run_dedupe(cfg: Any, backend: Any, table: Any, out: Any) -> None:
         both = pa.concat_tables([seen.select(keys),
                                  pa.table({k: normal_key_column(firsts.column(k)) for k in keys})],
                                 promote_options="permissive")
-        code, _ = key_codes(both, tuple(keys))
+        code = key_codes_only(both, tuple(keys))
         known = np.isin(code[seen.num_rows:], code[:seen.num_rows])
         new = firsts.filter(pa.array(~known))
     if new is not None and new.num_rows:
@@ -127,7 +127,7 @@ def _firsts(table: Any, keys: list[str]) -> Any:
 
     if not table.num_rows:
         return None
-    code, _ = key_codes(pa.table({k: normal_key_column(table.column(k)) for k in keys}),
+    code = key_codes_only(pa.table({k: normal_key_column(table.column(k)) for k in keys}),
                         tuple(keys))
     ts = table.column(EVENT_TIME_MS).to_numpy()
     order = np.lexsort((np.arange(len(code)), ts, code))

@@ -34,7 +34,7 @@ from streamer.columns import (
     WINDOW_START,
     partial,
 )
-from streamer.operators.keyed_rows import key_codes
+from streamer.operators.keyed_rows import key_codes, key_codes_only
 from streamer.spark_errors import UNREADABLE_FILE
 
 #: Per worker process: (key types, max_parallelism) -> key -> key group.
@@ -187,8 +187,8 @@ def _session_rows(cfg: Any, d: DirectRead, table: Any, keep: Any, valid: Any, ts
         info["late"] = int(np.count_nonzero(valid & ~in_time))  # all rows: every subtask's
         keep = keep & in_time
     rows = np.flatnonzero(keep)
-    code = codes[rows] if codes is not None else key_codes(
-        table.take(pa.array(rows, pa.int64())), cfg.keys)[0]
+    code = codes[rows] if codes is not None else key_codes_only(
+        table.take(pa.array(rows, pa.int64())), cfg.keys)
     times = ts_ms[rows]
     order = np.lexsort((times, code))
     rows, code, times = rows[order], code[order], times[order]

@@ -188,13 +188,13 @@ def _upsert_table(cfg: Any, backend: Any, right: Any) -> None:
     import numpy as np
     import pyarrow as pa
 
-    from streamer.operators.keyed_rows import key_cells, key_codes
+    from streamer.operators.keyed_rows import key_cells, key_codes_only
 
     cols, load = cfg.join_columns, cfg.extra.get("table_load")
     if right.num_rows:
         ts = right.column(EVENT_TIME_MS).to_numpy(zero_copy_only=False)
         seq = right.column(SEQ).to_numpy(zero_copy_only=False)
-        code, _ = key_codes(right, cols.keys)
+        code = key_codes_only(right, cols.keys)
         order = np.lexsort((seq, ts, code))
         last = np.ones(len(order), dtype=bool)
         last[:-1] = code[order][1:] != code[order][:-1]
@@ -226,10 +226,10 @@ def _lookup_table(cfg: Any, backend: Any, left: Any, out: Any) -> None:
     import numpy as np
     import pyarrow as pa
 
-    from streamer.operators.keyed_rows import key_cells, key_codes
+    from streamer.operators.keyed_rows import key_cells, key_codes_only
 
     cols, load = cfg.join_columns, cfg.extra.get("table_load")
-    code, _ = key_codes(left, cols.keys)
+    code = key_codes_only(left, cols.keys)
     _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
     firsts = left.select([KEY_GROUP, *cols.keys]).take(pa.array(first, pa.int64()))
     found = backend.get_many_shared(STATES[RIGHT], key_cells(firsts, cols.keys, _NS))

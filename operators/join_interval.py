@@ -38,7 +38,7 @@ from streamer.columns import EVENT_TIME, EVENT_TIME_MS, JOIN_SIDE, KEY_GROUP
 from streamer.operators.keyed_rows import (
     encode_chunk,
     filled,
-    key_codes,
+    key_codes_only,
     key_group_runs,
     normal_key_column,
 )
@@ -198,7 +198,7 @@ def _pairs(cfg: Any, sides: list[Any], ts: list[Any], fresh: list[Any]) -> tuple
     keys = cfg.join_columns.keys
     n_left = sides[LEFT].num_rows
     both = pa.concat_tables([sides[LEFT].select(list(keys)), sides[RIGHT].select(list(keys))])
-    code, _ = key_codes(both, keys)
+    code = key_codes_only(both, keys)
     codes = (code[:n_left], code[n_left:])
     found_l, found_r = [], []
     for lsel, rsel in ((np.flatnonzero(fresh[LEFT]), np.arange(len(codes[RIGHT]))),

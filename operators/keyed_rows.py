@@ -172,18 +172,27 @@ class _Input:
         return list(zip(*(self.column(k) for k in names), strict=True))
 
 
+def _column_codes(column: Any) -> tuple[Any, Any]:
+    """(per value of the Arrow `column` its index in the column's dictionary of distinct
+    values, nulls as one past the last; that dictionary)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    encoded = pc.dictionary_encode(column.combine_chunks())
+    index = encoded.indices.fill_null(len(encoded.dictionary)).to_numpy().astype(np.int64)
+    return index, encoded.dictionary
+
+
 def key_codes(table: Any, keys: tuple[str, ...]) -> tuple[Any, list[tuple[Any, ...]]]:
     """(per row of the Arrow `table` the index of its distinct key over the columns
     `keys`, the distinct keys as tuples): dictionary codes, combined across columns."""
     import numpy as np
-    import pyarrow.compute as pc
 
     code: Any = None
     distinct: list[tuple[Any, ...]] = [()]
     for name in keys:
-        encoded = pc.dictionary_encode(table.column(name).combine_chunks())
-        values = [*encoded.dictionary.to_pylist(), None]  # the last stands for null
-        index = encoded.indices.fill_null(len(values) - 1).to_numpy().astype(np.int64)
+        index, dictionary = _column_codes(table.column(name))
+        values = [*dictionary.to_pylist(), None]  # the last stands for null
         if code is None:
             code, distinct = index, [(v,) for v in values]
             continue
@@ -197,20 +206,17 @@ def key_codes(table: Any, keys: tuple[str, ...]) -> tuple[Any, list[tuple[Any, .
 
 
 def key_codes_only(table: Any, keys: tuple[str, ...]) -> Any:
-    """`key_codes` without the distinct keys (nothing is read into Python): per row of
-    `table` a number that is equal for equal keys (nulls equal) and differs otherwise."""
+    """The codes of `key_codes` without its distinct keys (nothing is read into Python):
+    where only which rows share a key matters."""
     import numpy as np
-    import pyarrow.compute as pc
 
     code: Any = None
     for name in keys:
-        encoded = pc.dictionary_encode(table.column(name).combine_chunks())
-        size = len(encoded.dictionary) + 1  # the last stands for null
-        index = encoded.indices.fill_null(size - 1).to_numpy().astype(np.int64)
+        index, dictionary = _column_codes(table.column(name))
         if code is None:
             code = index
             continue
-        _, code = np.unique(code * size + index, return_inverse=True)
+        _, code = np.unique(code * (len(dictionary) + 1) + index, return_inverse=True)
     return np.zeros(table.num_rows, dtype=np.int64) if code is None else code
 
 
