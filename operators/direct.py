@@ -336,15 +336,23 @@ def read_direct(cfg: Any, d: DirectRead, subtask: int) -> tuple[Any, dict[str, A
             else:
                 values = picked.column(arg)
                 if fn == "sum" and (spec.function == "avg" or pa.types.is_floating(values.type)):
-                    values = values.cast(pa.float64())  # as Spark: double sums
+                    values = values.cast(pa.float64(), safe=False)  # as Spark: double sums
                 aggregations.append((name, fn))
                 columns[name] = values
             j += 1
     if j != sum(len(accumulator(a, "0", "0").sql) for a in cfg.aggregates):
         msg = f"direct read of {cfg.uid!r}: partials do not match the accumulators"
         raise RuntimeError(msg)
-    grouped = pa.table(columns).group_by([KEY_GROUP, *cfg.keys, WINDOW_START], use_threads=False)
-    result = grouped.aggregate(aggregations)
+    # Integer sums again in floating point: a sum that could have wrapped past 64 bits shows.
+    checked = [a[0] for a in aggregations
+               if a[1] == "sum" and pa.types.is_integer(columns[a[0]].type)]
+    for name in checked:
+        columns[f"{name}_f"] = columns[name].cast(pa.float64(), safe=False)
+    group = [KEY_GROUP, *cfg.keys, WINDOW_START]
+    result = pa.table(columns).group_by(group, use_threads=False).aggregate(
+        [*aggregations, *[(f"{name}_f", "sum") for name in checked]])
+    for name in checked:
+        _check_sum(cfg, columns, group, name, result.column(f"{name}_f_sum"))
     out = {KEY_GROUP: result.column(KEY_GROUP)}
     for name in cfg.keys:
         out[name] = result.column(name)
@@ -355,6 +363,29 @@ def read_direct(cfg: Any, d: DirectRead, subtask: int) -> tuple[Any, dict[str, A
     for i, agg in enumerate(aggregations):
         out[partial(i)] = result.column(f"{agg[0]}_{agg[1]}")
     return pa.table(out), info
+
+
+def _check_sum(cfg: Any, columns: dict[str, Any], group: list[str], name: str,
+               approx: Any) -> None:
+    """Arrow's grouped sum of integers wraps around past 64 bits, where Spark's (ANSI) sum
+    fails the query: fail as it does. Sums whose floating-point total (`approx`) stays
+    below 2**62 cannot have wrapped; otherwise the column is summed again exactly."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    largest = pc.max(pc.abs(approx)).as_py()
+    if largest is None or largest < 2.0**62:
+        return
+    exact = pa.table({**{k: columns[k] for k in group},
+                      name: columns[name].cast(pa.decimal128(38, 0))}).group_by(
+        group, use_threads=False).aggregate([(name, "sum")]).column(f"{name}_sum")
+    high = pa.scalar(2**63 - 1, pa.decimal128(38, 0))
+    low = pa.scalar(-(2**63), pa.decimal128(38, 0))
+    if pc.any(pc.or_(pc.greater(exact, high), pc.less(exact, low))).as_py():
+        msg = (f"[ARITHMETIC_OVERFLOW] a sum in operator {cfg.uid!r} overflows bigint "
+               "(64-bit integers), as Spark's sum does; to sum past it, cast the column to a "
+               "decimal before the window (with_columns)")
+        raise ArithmeticError(msg)
 
 
 #: Aggregate functions whose partials Arrow computes: function -> [(Arrow function, argument

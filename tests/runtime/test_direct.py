@@ -15,6 +15,7 @@ import pytest
 
 from streamer.pipeline.validate import load_pipeline_text
 from streamer.runtime.coordinator import JobRunner, RunOptions
+from streamer.runtime.exceptions import JobFailedError
 from streamer.state.keygroups import key_group_of, key_groups_of_columns
 
 pytestmark = pytest.mark.spark
@@ -261,3 +262,35 @@ def test_python_key_groups_agree_with_spark(spark) -> None:
                 columnar = key_groups_of_columns([table.column(c) for c in cols],
                                                  [types[c] for c in cols], mp)
                 assert columnar.tolist() == table.column(f"k{n}").to_pylist(), (cols, mp)
+
+
+@pytest.mark.parametrize("window", ["window: {tumbling: 1m}", "window: {session: {gap: 20s}}",
+                                    ""])
+def test_a_bigint_sum_past_64_bits_fails_as_sparks_does(spark, tmp_path: Path, monkeypatch,
+                                                        window: str) -> None:
+    """Arrow's grouped sum would wrap around; the direct read fails the epoch as the Spark
+    plan's ANSI sum does (ARITHMETIC_OVERFLOW), and a sum of exactly -2**63 still fits."""
+    data = tmp_path / "data"
+    data.mkdir()
+    ts = pa.array([(BASE_MS + s * 1000) * 1000 for s in (1, 2, 3, 4)],
+                  pa.timestamp("us", tz="UTC"))
+    pq.write_table(pa.table({
+        "user": ["a", "a", "b", "b"], "grp": pa.array([1, 1, 2, 2], pa.int32()), "ts": ts,
+        "amount": [1.0, 2.0, 3.0, 4.0],
+        "qty": pa.array([2**62, 2**62, -(2**62), -(2**62)], pa.int64())}),
+        data / "part-000.parquet")
+    for mode in ("0", "1"):
+        monkeypatch.setenv("STREAMER_DIRECT_READ", mode)
+        text = PIPELINE.format(name=f"ovf-{mode}", data=data, out=tmp_path / f"out-{mode}",
+                               state=tmp_path / f"state-{mode}", parallelism=1,
+                               backend="memory", keys="[user]", window=window)
+        with pytest.raises(JobFailedError, match="ARITHMETIC_OVERFLOW"):
+            run(spark, text)
+    # Without user "a": b's sum is exactly -2**63, which fits.
+    pq.write_table(pq.read_table(data / "part-000.parquet").slice(2), data / "part-000.parquet")
+    monkeypatch.setenv("STREAMER_DIRECT_READ", "1")
+    _, result = run(spark, PIPELINE.format(
+        name="ovf-fits", data=data, out=tmp_path / "out-fits", state=tmp_path / "state-fits",
+        parallelism=1, backend="memory", keys="[user]", window=window))
+    assert result.status == "finished"
+    assert [json.loads(r)["units"] for r in committed_rows(tmp_path / "out-fits")] == [-(2**63)]
