@@ -67,6 +67,14 @@ def _union(a: Any, b: Any) -> Any:
     return a | b
 
 
+def sum_overflow(what: str) -> ArithmeticError:
+    """The error of a bigint sum past 64 bits (`what` overflowed), as Spark's ANSI sum fails:
+    where Arrow sums integers (it wraps around) streamer checks and raises this."""
+    return ArithmeticError(
+        f"[ARITHMETIC_OVERFLOW] {what} overflows bigint (64-bit integers), as Spark's sum "
+        "does; to sum past it, cast the column to a decimal before the window (with_columns)")
+
+
 @dataclass(frozen=True)
 class Accumulator:
     """How one aggregate is computed: partial SQL, merge and final value."""

@@ -382,10 +382,10 @@ def _check_sum(cfg: Any, columns: dict[str, Any], group: list[str], name: str,
     high = pa.scalar(2**63 - 1, pa.decimal128(38, 0))
     low = pa.scalar(-(2**63), pa.decimal128(38, 0))
     if pc.any(pc.or_(pc.greater(exact, high), pc.less(exact, low))).as_py():
-        msg = (f"[ARITHMETIC_OVERFLOW] a sum in operator {cfg.uid!r} overflows bigint "
-               "(64-bit integers), as Spark's sum does; to sum past it, cast the column to a "
-               "decimal before the window (with_columns)")
-        raise ArithmeticError(msg)
+        from streamer.operators.aggregates import sum_overflow
+
+        what = f"a sum in operator {cfg.uid!r}"
+        raise sum_overflow(what)
 
 
 #: Aggregate functions whose partials Arrow computes: function -> [(Arrow function, argument

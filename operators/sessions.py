@@ -288,10 +288,10 @@ def _check_sum(values: Any, group: Any, sums: Any) -> None:
     for g in np.flatnonzero(np.abs(approx) >= 2.0**62).tolist():
         exact = sum(v for v in values.filter(pa.array(group == g)).to_pylist() if v is not None)
         if not -(2**63) <= exact < 2**63:
-            msg = (f"[ARITHMETIC_OVERFLOW] a session's sum, {exact}, overflows bigint "
-                   "(64-bit integers), as Spark's sum does; to sum past it, cast the column to "
-                   "a decimal before the window (with_columns)")
-            raise ArithmeticError(msg)
+            from streamer.operators.aggregates import sum_overflow
+
+            what = f"a session's sum, {exact},"
+            raise sum_overflow(what)
 
 
 def _by_order(structs: Any, group: Any, m: int, last: bool) -> Any:
