@@ -75,6 +75,28 @@ def sum_overflow(what: str) -> ArithmeticError:
         "does; to sum past it, cast the column to a decimal before the window (with_columns)")
 
 
+def check_int_sums(columns: dict[str, Any], group: list[str], name: str, approx: Any,
+                   what: str) -> None:
+    """Raise `sum_overflow(what)` where an integer column's grouped sum is past 64 bits.
+    Arrow's grouped sum of integers wraps around, where Spark's (ANSI) sum and the Python
+    accumulators fail: `approx` are the same sums in floating point (per group, any order).
+    Sums below 2**62 there cannot have wrapped; otherwise the column `name` of `columns`
+    (grouped by the columns `group`) is summed again exactly, as decimals."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    largest = pc.max(pc.abs(approx)).as_py()
+    if largest is None or largest < 2.0**62:
+        return
+    exact = pa.table({**{k: columns[k] for k in group},
+                      name: columns[name].cast(pa.decimal128(38, 0))}).group_by(
+        group, use_threads=False).aggregate([(name, "sum")]).column(f"{name}_sum")
+    high = pa.scalar(2**63 - 1, pa.decimal128(38, 0))
+    low = pa.scalar(-(2**63), pa.decimal128(38, 0))
+    if pc.any(pc.or_(pc.greater(exact, high), pc.less(exact, low))).as_py():
+        raise sum_overflow(what)
+
+
 @dataclass(frozen=True)
 class Accumulator:
     """How one aggregate is computed: partial SQL, merge and final value."""

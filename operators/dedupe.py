@@ -36,6 +36,7 @@ from streamer.columns import EVENT_TIME_MS, KEY_GROUP
 from streamer.operators.keyed_rows import (
     encode_chunk,
     filled,
+    flagged,
     key_codes_only,
     key_group_runs,
     normal_key_column,
@@ -69,7 +70,7 @@ def run_dedupe(cfg: Any, backend: Any, table: Any, out: Any) -> None:
     loaded: list[Any] = []
     migrated = _migrate(cfg, backend)
     if migrated is not None:
-        loaded.append(_flagged(migrated, True))
+        loaded.append(flagged(migrated, _REWRITE, True))
     gone: list[tuple[int, bytes, bytes]] = []
     for kg in backend.key_groups:
         listed = [(ns, value) for _, ns, value in backend.iterate(DEDUPE_SEEN, kg)]
@@ -80,7 +81,7 @@ def run_dedupe(cfg: Any, backend: Any, table: Any, out: Any) -> None:
                 gone.append((kg, b"", ns))
             elif merge or lo <= now or kg in wanted:
                 rewritten = merge or lo <= now
-                loaded.append(_flagged(_decode(value, kg), rewritten))
+                loaded.append(flagged(_decode(value, kg), _REWRITE, rewritten))
                 if rewritten:
                     gone.append((kg, b"", ns))
     seen = pa.concat_tables(loaded, promote_options="permissive") if loaded else None
@@ -110,13 +111,6 @@ def run_dedupe(cfg: Any, backend: Any, table: Any, out: Any) -> None:
     parts = [p for p in parts if p.num_rows]
     if parts:
         _store(cfg, backend, pa.concat_tables(parts, promote_options="permissive"), keys)
-
-
-def _flagged(rows: Any, rewrite: bool) -> Any:
-    """`rows` with the `_REWRITE` column."""
-    import pyarrow as pa
-
-    return rows.append_column(_REWRITE, filled(rows.num_rows, pa.bool_(), rewrite))
 
 
 def _firsts(table: Any, keys: list[str]) -> Any:

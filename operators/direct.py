@@ -254,7 +254,7 @@ def read_direct(cfg: Any, d: DirectRead, subtask: int) -> tuple[Any, dict[str, A
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from streamer.operators.aggregates import accumulator
+    from streamer.operators.aggregates import accumulator, check_int_sums
 
     table = _read(d)
     n = table.num_rows
@@ -352,7 +352,8 @@ def read_direct(cfg: Any, d: DirectRead, subtask: int) -> tuple[Any, dict[str, A
     result = pa.table(columns).group_by(group, use_threads=False).aggregate(
         [*aggregations, *[(f"{name}_f", "sum") for name in checked]])
     for name in checked:
-        _check_sum(cfg, columns, group, name, result.column(f"{name}_f_sum"))
+        check_int_sums(columns, group, name, result.column(f"{name}_f_sum"),
+                       f"a sum in operator {cfg.uid!r}")
     out = {KEY_GROUP: result.column(KEY_GROUP)}
     for name in cfg.keys:
         out[name] = result.column(name)
@@ -363,29 +364,6 @@ def read_direct(cfg: Any, d: DirectRead, subtask: int) -> tuple[Any, dict[str, A
     for i, agg in enumerate(aggregations):
         out[partial(i)] = result.column(f"{agg[0]}_{agg[1]}")
     return pa.table(out), info
-
-
-def _check_sum(cfg: Any, columns: dict[str, Any], group: list[str], name: str,
-               approx: Any) -> None:
-    """Arrow's grouped sum of integers wraps around past 64 bits, where Spark's (ANSI) sum
-    fails the query: fail as it does. Sums whose floating-point total (`approx`) stays
-    below 2**62 cannot have wrapped; otherwise the column is summed again exactly."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    largest = pc.max(pc.abs(approx)).as_py()
-    if largest is None or largest < 2.0**62:
-        return
-    exact = pa.table({**{k: columns[k] for k in group},
-                      name: columns[name].cast(pa.decimal128(38, 0))}).group_by(
-        group, use_threads=False).aggregate([(name, "sum")]).column(f"{name}_sum")
-    high = pa.scalar(2**63 - 1, pa.decimal128(38, 0))
-    low = pa.scalar(-(2**63), pa.decimal128(38, 0))
-    if pc.any(pc.or_(pc.greater(exact, high), pc.less(exact, low))).as_py():
-        from streamer.operators.aggregates import sum_overflow
-
-        what = f"a sum in operator {cfg.uid!r}"
-        raise sum_overflow(what)
 
 
 #: Aggregate functions whose partials Arrow computes: function -> [(Arrow function, argument

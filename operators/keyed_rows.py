@@ -313,6 +313,14 @@ def filled(n: int, dtype: Any, value: Any) -> Any:
     return pa.nulls(n, dtype).fill_null(pa.scalar(value, dtype))
 
 
+def flagged(rows: Any, name: str, value: bool) -> Any:
+    """The Arrow table `rows` with a boolean column `name` of `value`: how the chunked
+    layouts mark rows by where they came from while they work on them."""
+    import pyarrow as pa
+
+    return rows.append_column(name, filled(rows.num_rows, pa.bool_(), value))
+
+
 def key_group_runs(rows: Any) -> tuple[Any, list[tuple[int, int, int]]]:
     """`rows` (an Arrow table with `__kg`) sorted by key group (stable), and per key group
     (kg, start, stop) of its rows there: how a chunked layout writes one chunk per key

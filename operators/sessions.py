@@ -40,7 +40,7 @@ from streamer.columns import EVENT_TIME, KEY_GROUP, WINDOW_END, WINDOW_START, pa
 from streamer.operators.keyed_rows import (
     _partials,
     encode_chunk,
-    filled,
+    flagged,
     key_codes_only,
     key_group_runs,
     normal_key_column,
@@ -90,14 +90,14 @@ def run_sessions(cfg: Any, backend: Any, table: Any, out: Any) -> None:
     backend.delete_timers(cfg.domain, [(t.key_group, t.time_ms, t.key, t.namespace)
                                        for t in timers if t.key_group in wanted])
     delay = cfg.lateness_ms - 1
-    stored = (_flagged(pa.concat_tables(loaded, promote_options="permissive"), False)
-              if loaded else None)
+    stored = (flagged(pa.concat_tables(loaded, promote_options="permissive"), _TOUCHED,
+                      False) if loaded else None)
     if stored is not None and stored.num_rows:
         due = pc.less_equal(pc.add(stored.column(WINDOW_END), delay), cfg.fire_up_to)
         _emit(cfg, accs, stored.filter(due), out)
         stored = stored.filter(pc.invert(due))
-    parts = [p for p in (stored, _flagged(new, True) if new is not None else None)
-             if p is not None and p.num_rows]
+    touched = flagged(new, _TOUCHED, True) if new is not None else None
+    parts = [p for p in (stored, touched) if p is not None and p.num_rows]
     sessions = _merged(accs, keys, pa.concat_tables(parts, promote_options="permissive")
                        ) if parts else None
     if sessions is not None and cfg.emit == "updates":
@@ -122,12 +122,6 @@ def run_sessions(cfg: Any, backend: Any, table: Any, out: Any) -> None:
 
 def _partial_names(accs: list[tuple[Any, int]]) -> list[str]:
     return [partial(i) for i in range(sum(n for _, n in accs))]
-
-
-def _flagged(rows: Any, touched: bool) -> Any:
-    import pyarrow as pa
-
-    return rows.append_column(_TOUCHED, filled(rows.num_rows, pa.bool_(), touched))
 
 
 def _decoded(found: list[tuple[int, bytes]]) -> Any:
@@ -265,33 +259,22 @@ def _merged_partials(accs: list[tuple[Any, int]], rows: Any, group: Any, m: int
             out[names[0]] = _concatenated(rows.column(names[0]).combine_chunks(), group, m,
                                           distinct=fn == "count_distinct")
     if summed:
-        table = pa.table({"__g": pa.array(group), **{name: rows.column(name)
-                                                     for name, _ in summed}})
-        result = table.group_by("__g", use_threads=False).aggregate(summed)
+        from streamer.operators.aggregates import check_int_sums
+
+        columns = {"__g": pa.array(group), **{name: rows.column(name) for name, _ in summed}}
+        # Integer sums again in floating point: a sum that could have wrapped shows.
+        checked = [name for name, fn in summed
+                   if fn == "sum" and pa.types.is_integer(columns[name].type)]
+        approx = {f"{name}_f": columns[name].cast(pa.float64(), safe=False) for name in checked}
+        result = pa.table({**columns, **approx}).group_by("__g", use_threads=False).aggregate(
+            [*summed, *[(f, "sum") for f in approx]])
         result = result.take(pa.array(np.argsort(result.column("__g").to_numpy())))
         for name, fn in summed:
             out[name] = result.column(f"{name}_{fn}")
-            if fn == "sum" and pa.types.is_integer(table.schema.field(name).type):
-                _check_sum(table.column(name), group, out[name])
+        for name in checked:
+            check_int_sums(columns, ["__g"], name, result.column(f"{name}_f_sum"),
+                           "a session's sum")
     return out
-
-
-def _check_sum(values: Any, group: Any, sums: Any) -> None:
-    """Arrow's grouped sum wraps around past 64 bits; the Python accumulators (and Spark's
-    ANSI sum) fail instead: so do these, where the sum in floating point is near the limit
-    and the exact sum is past it."""
-    import numpy as np
-    import pyarrow as pa
-
-    approx = np.zeros(len(sums))
-    np.add.at(approx, group, values.cast(pa.float64(), safe=False).fill_null(0).to_numpy())
-    for g in np.flatnonzero(np.abs(approx) >= 2.0**62).tolist():
-        exact = sum(v for v in values.filter(pa.array(group == g)).to_pylist() if v is not None)
-        if not -(2**63) <= exact < 2**63:
-            from streamer.operators.aggregates import sum_overflow
-
-            what = f"a session's sum, {exact},"
-            raise sum_overflow(what)
 
 
 def _by_order(structs: Any, group: Any, m: int, last: bool) -> Any:
