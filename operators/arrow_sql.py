@@ -1,0 +1,262 @@
+"""Stateless operators (filter, select, with_columns) evaluated on Arrow tables, where that
+is certainly what Spark computes.
+
+Spark SQL is the language of expressions: `compile_ops` asks Spark's analyzer for each
+operator's plan (so Spark resolves names and inserts its implicit casts, under the session's
+ANSI mode) and translates the analyzed plan into a `Program` of Arrow compute calls, or says
+why it cannot. It takes Project and Filter nodes over a handful of expressions whose Arrow
+kernels give Spark's results: column references, literals (no decimals), widening numeric
+casts, `+ - *` and unary minus (integers with overflow checks), `/` on doubles,
+comparisons, `AND`/`OR` (both three-valued), `NOT`, `IS [NOT] NULL` and `<=>`.
+
+At run time `Program.run` raises `Refused` wherever Arrow's answer could differ from Spark's,
+and the caller has Spark compute those rows instead (where Spark then also fails, it fails
+with its own error): an integer overflow (an error under ANSI, wrapped without it), a
+division by zero, or a comparison meeting a NaN (Spark orders NaN above every number and
+equal to itself; IEEE comparisons do not).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: Spark simple type -> the Arrow type name values of it are held as.
+ARROW_TYPES = {"int": "int32", "bigint": "int64", "double": "double", "string": "string",
+               "boolean": "bool", "timestamp": "timestamp[us, tz=UTC]"}
+#: Casts whose Arrow result is Spark's (a long rounds to the nearest double in both).
+_CASTS = {("int", "bigint"), ("int", "double"), ("bigint", "double")}
+_ARITHMETIC = {"Add": "add", "Subtract": "subtract", "Multiply": "multiply"}
+_COMPARE = {"EqualTo": "equal", "LessThan": "less", "LessThanOrEqual": "less_equal",
+            "GreaterThan": "greater", "GreaterThanOrEqual": "greater_equal"}
+
+
+class Refused(Exception):
+    """Arrow's answer is not certainly Spark's for these rows: Spark computes them."""
+
+
+class Untranslatable(Exception):
+    """The analyzed plan has something `compile_ops` does not translate (its message says
+    what)."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One operator: `filter` (keep rows where `exprs[0]` is true) or `project` (the
+    columns `names` computed by `exprs`). `inputs`: the input column name behind each
+    attribute id the expressions use."""
+
+    op_id: str
+    kind: str
+    names: tuple[str, ...]
+    exprs: tuple[Any, ...]
+    inputs: tuple[tuple[int, str], ...]
+
+
+@dataclass(frozen=True)
+class Program:
+    """Stateless operators, in order, as Arrow computations (picklable)."""
+
+    steps: tuple[Step, ...]
+
+    def run(self, table: Any) -> tuple[Any, dict[str, tuple[int, int]]]:
+        """(`table` after every step, filter op id -> (rows in, rows out)); `Refused` when
+        a result could differ from Spark's."""
+        import pyarrow as pa
+
+        counts: dict[str, tuple[int, int]] = {}
+        for step in self.steps:
+            env = {ident: table.column(name) for ident, name in step.inputs}
+            if step.kind == "filter":
+                mask = _eval(step.exprs[0], env, table.num_rows)
+                before = table.num_rows
+                table = table.filter(mask, null_selection_behavior="drop")
+                counts[step.op_id] = (before, table.num_rows)
+            else:
+                columns = [_array(_eval(e, env, table.num_rows), table.num_rows)
+                           for e in step.exprs]
+                table = pa.table(columns, names=list(step.names))
+        return table, counts
+
+
+def _array(value: Any, rows: int) -> Any:
+    """A column of `rows` values from an array or a scalar."""
+    import pyarrow as pa
+
+    if isinstance(value, pa.Scalar):
+        return pa.repeat(value, rows)
+    return value
+
+
+def _has_nan(value: Any) -> bool:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not pa.types.is_floating(value.type):
+        return False
+    if isinstance(value, pa.Scalar):
+        return value.is_valid and value.as_py() != value.as_py()
+    return bool(pc.any(pc.is_nan(value)).as_py())
+
+
+def _eval(expr: Any, env: dict[int, Any], rows: int) -> Any:
+    """One expression over the columns `env` (attribute id -> array): an array or a scalar."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = expr[0]
+    if kind == "attr":
+        return env[expr[1]]
+    if kind == "lit":
+        return pa.scalar(expr[1], type=_arrow(expr[2]))
+    args = [_eval(e, env, rows) for e in expr[2:]]
+    target = expr[1]
+    try:
+        if kind == "cast":
+            return pc.cast(args[0], _arrow(target), safe=False)
+        if kind in ("add", "subtract", "multiply"):
+            integral = target in ("int", "bigint")
+            return pc.call_function(f"{kind}_checked" if integral else kind, args)
+        if kind == "negate":
+            integral = target in ("int", "bigint")
+            return pc.call_function("negate_checked" if integral else "negate", args)
+        if kind == "divide":
+            zero = pc.equal(args[1], pa.scalar(0.0))
+            if (isinstance(zero, pa.Scalar) and zero.as_py()) or (not isinstance(
+                    zero, pa.Scalar) and pc.any(zero).as_py()):
+                msg = "a division by zero"
+                raise Refused(msg)
+            return pc.divide(*args)
+        if kind in ("equal", "less", "less_equal", "greater", "greater_equal", "null_safe"):
+            if any(_has_nan(a) for a in args):
+                msg = "a comparison meets NaN"
+                raise Refused(msg)
+            if kind != "null_safe":
+                return pc.call_function(kind, args)
+            both = pc.and_kleene(pc.is_null(args[0]), pc.is_null(args[1]))
+            return pc.if_else(pc.or_kleene(pc.is_null(args[0]), pc.is_null(args[1])), both,
+                              pc.equal(*args))
+        if kind == "and":
+            return pc.and_kleene(*args)
+        if kind == "or":
+            return pc.or_kleene(*args)
+        if kind == "not":
+            return pc.invert(args[0])
+        if kind == "is_null":
+            return pc.is_null(args[0])
+        if kind == "is_not_null":
+            return pc.is_valid(args[0])
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        msg = f"{kind}: {str(exc)[:200]}"
+        raise Refused(msg) from exc
+    msg = f"unknown expression {kind!r}"  # (compile_ops emits only the kinds above)
+    raise AssertionError(msg)
+
+
+def _arrow(kind: str) -> Any:
+    import pyarrow as pa
+
+    return {"int": pa.int32(), "bigint": pa.int64(), "double": pa.float64(),
+            "string": pa.string(), "boolean": pa.bool_(),
+            "timestamp": pa.timestamp("us", tz="UTC")}[kind]
+
+
+# ------------------------------------------------------------------ compiling (the driver)
+def compile_ops(spark: Any, schema: Any, ops: Sequence[Any]) -> Program | str:
+    """The operators `ops` (filter / select / with_columns specs, in order) over rows of
+    `schema` as a `Program`, or why they cannot be one."""
+    from pyspark.sql.types import StructType
+
+    from streamer.operators.stateless import apply_stateless
+
+    steps = []
+    for op in ops:
+        for field in schema.fields:
+            if field.dataType.simpleString() not in ARROW_TYPES:
+                return f"column {field.name!r} of type {field.dataType.simpleString()}"
+        df = apply_stateless(op, spark.createDataFrame([], schema))
+        try:
+            steps.extend(_steps(op.id, df._jdf.queryExecution().analyzed()))
+        except Untranslatable as exc:
+            return f"operator {op.id!r}: {exc}"
+        schema = StructType(df.schema.fields)
+    return Program(tuple(steps))
+
+
+def _steps(op_id: str, plan: Any) -> list[Step]:
+    """The Project and Filter nodes of an analyzed plan, innermost first."""
+    node, chain = plan, []
+    while node.getClass().getSimpleName() in ("Project", "Filter"):
+        chain.append(node)
+        node = node.children().apply(0)
+    if node.getClass().getSimpleName() not in ("LocalRelation", "LogicalRDD"):
+        msg = f"a {node.nodeName()} in its plan"
+        raise Untranslatable(msg)
+    steps = []
+    for step in reversed(chain):
+        child = step.children().apply(0).output()
+        inputs = tuple((int(child.apply(i).exprId().id()), str(child.apply(i).name()))
+                       for i in range(child.size()))
+        if step.getClass().getSimpleName() == "Filter":
+            steps.append(Step(op_id, "filter", (), (_expr(step.condition()),), inputs))
+            continue
+        names, exprs = [], []
+        projected = step.projectList()
+        for i in range(projected.size()):
+            e = projected.apply(i)
+            names.append(str(e.name()))
+            exprs.append(_expr(e))
+        if len(set(names)) != len(names):
+            msg = "two output columns of one name"
+            raise Untranslatable(msg)
+        steps.append(Step(op_id, "project", tuple(names), tuple(exprs), inputs))
+    return steps
+
+
+def _expr(e: Any) -> Any:
+    """One analyzed Catalyst expression as a nested tuple (`_eval`'s form)."""
+    cls = e.getClass().getSimpleName()
+    kids = e.children()
+    args = [kids.apply(i) for i in range(kids.size())]
+    kind = e.dataType().simpleString()
+    if kind not in ARROW_TYPES:
+        msg = f"{e.sql()} has type {kind}"
+        raise Untranslatable(msg)
+    if cls == "Alias":
+        return _expr(args[0])
+    if cls == "AttributeReference":
+        return ("attr", int(e.exprId().id()))
+    if cls == "Literal":
+        value = e.value()
+        if value is not None and kind in ("string", "timestamp"):
+            if kind == "timestamp":
+                msg = "a timestamp literal"
+                raise Untranslatable(msg)
+            value = str(value.toString())
+        return ("lit", value, kind)
+    if cls == "Cast":
+        source = args[0].dataType().simpleString()
+        if (kind == "double" and source.startswith("decimal")
+                and args[0].getClass().getSimpleName() == "Literal"):
+            # a decimal literal compared with or added to a double: Spark rounds it to the
+            # nearest double, as Python's float() of its text does
+            value = args[0].value()
+            return ("lit", None if value is None else float(str(value.toString())), kind)
+        if source == kind:
+            return _expr(args[0])
+        if (source, kind) not in _CASTS:
+            msg = f"a cast from {source} to {kind}"
+            raise Untranslatable(msg)
+        return ("cast", kind, _expr(args[0]))
+    simple = {"And": "and", "Or": "or", "Not": "not", "IsNull": "is_null",
+              "IsNotNull": "is_not_null", "EqualNullSafe": "null_safe", "UnaryMinus": "negate",
+              **_ARITHMETIC, **_COMPARE}
+    if cls == "Divide" and kind == "double":
+        return ("divide", kind, *[_expr(a) for a in args])
+    if cls in simple and ((cls not in _ARITHMETIC and cls != "UnaryMinus")
+                          or kind in ("int", "bigint", "double")):
+        return (simple[cls].lower() if cls not in _ARITHMETIC else _ARITHMETIC[cls], kind,
+                *[_expr(a) for a in args])
+    msg = f"{e.sql()} ({cls})"
+    raise Untranslatable(msg)
