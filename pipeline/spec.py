@@ -200,6 +200,9 @@ class ExecutionSpec:
     #: In local mode, Spark writes a keyed stage's computed input once as local parquet
     #: files that its subtasks read themselves (in place of aggregating and shuffling it).
     staged_input: bool = True
+    #: Staged input from local JSON-lines files is decoded, filtered and derived by Arrow in
+    #: Python tasks where that is certainly Spark's result (`runtime.arrow_input`).
+    arrow_input: bool = True
     #: Setting -> "default", "file" or "environment" (filled in for every setting).
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -211,6 +214,7 @@ class ExecutionSpec:
         "driver_subtasks": "STREAMER_DRIVER_SUBTASKS",
         "task_sink": "STREAMER_TASK_SINK",
         "staged_input": "STREAMER_STAGED_INPUT",
+        "arrow_input": "STREAMER_ARROW_INPUT",
     }
     #: What 0 means for the row-count settings, for messages.
     _ZERO: ClassVar[Mapping[str, str]] = {

@@ -269,7 +269,8 @@ class EpochRunner:
             checkpoint_ms=checkpoint_ms, keyed_ms=barrier["keyed_ms"],
             snapshot_ms=barrier["snapshot_ms"], small=ctx.decision.small,
             direct=sorted(ctx.ran_direct), local=ctx.ran_local,
-            staged=sorted(ctx.ran_staged),
+            staged=sorted(ctx.ran_staged), arrow_decoded=dict(ctx.arrow_decoded),
+            arrow_refused=dict(ctx.arrow_refused),
             moves=barrier["moves"], restores=barrier["restores"],
             restore_ms=round(barrier["restore_ms"], 1),
             executors=sorted(barrier["executors"]))

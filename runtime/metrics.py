@@ -62,6 +62,10 @@ class EpochMetrics:
     #: Keyed operators whose subtasks read their input from the local parquet files Spark
     #: staged for them this epoch (`job.execution.staged_input`).
     staged: list[str] = field(default_factory=list)
+    #: Source id -> files Arrow tasks decoded for its keyed stage (`job.execution.
+    #: arrow_input`); file -> why one was left to Spark.
+    arrow_decoded: dict[str, int] = field(default_factory=dict)
+    arrow_refused: dict[str, str] = field(default_factory=dict)
     #: Keyed subtasks that ran on another executor than in the epoch before (on a cluster),
     #: subtasks that restored their state, and the slowest restore (ms).
     moves: int = 0

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamer.columns import EVENT_TIME
 from streamer.pipeline.spec import ExecutionSpec
+from streamer.runtime.arrow_input import plan_arrow_input
 from streamer.runtime.keyed import DirectShape, KeyedStage
 from streamer.runtime.stages.base import EpochDecision, Stage
 from streamer.runtime.stages.keyed import (
@@ -28,7 +29,7 @@ from streamer.runtime.stages.keyed import (
     local_plan,
 )
 from streamer.runtime.stages.sinks import SparkWriterSink, SubtaskWrittenSink
-from streamer.runtime.stages.sources import ScanSource, SubtaskReadSource
+from streamer.runtime.stages.sources import ArrowDecodeSource, ScanSource, SubtaskReadSource
 from streamer.runtime.stages.stateless import StatelessChain
 
 if TYPE_CHECKING:
@@ -137,19 +138,8 @@ def _keyed_stage(spec: PipelineSpec, flow: Dataflow, spark: SparkSession, node: 
     """A keyed operator's stage with every strategy that applies to it."""
     from dataclasses import replace
 
-    from pyspark.sql.types import StructField, StructType, TimestampType
-
     op = node.operator
-    join = None
-    if op.join is not None:  # its input: both sides projected onto its output columns
-        from streamer.runtime.join import plan_join
-
-        join = plan_join(op, flow, schemas)
-        schema = join.schema
-    else:
-        schema = schemas[op.inputs[0]]
-        if has_ts:
-            schema = StructType([*schema.fields, StructField(EVENT_TIME, TimestampType())])
+    schema, join = _keyed_input(op, flow, schemas, has_ts)
     stage = KeyedStage(spark, op, spec.job, spec.name, schema, has_ts, state_root, join)
     if on_cluster:
         stage.base_config = replace(stage.base_config, executor_scoped=True)
@@ -195,6 +185,10 @@ def _keyed_stage(spec: PipelineSpec, flow: Dataflow, spark: SparkSession, node: 
         staged, why = _staged_run(stage, shape, subtask_read, settings, on_cluster, state_root)
         if staged is None:
             skipped.append({"name": StagedRun.name, "why": why})
+        else:
+            why = _arrow_tasks(spark, flow, node.id, sources, schemas, settings, staged)
+            if why:
+                skipped.append({"name": "arrow-tasks", "why": why})
     sink_id, why = _task_written_sink(spec, flow, node.id, stage, sinks, settings)
     task_sink = None
     if sink_id is None:
@@ -208,6 +202,23 @@ def _keyed_stage(spec: PipelineSpec, flow: Dataflow, spark: SparkSession, node: 
         task_sink=task_sink, local_epochs=settings.local_rows > 0)
     out.not_used = skipped
     return out
+
+
+def _keyed_input(op: Any, flow: Dataflow, schemas: Mapping[str, Any],
+                 has_ts: bool) -> tuple[Any, Any]:
+    """A keyed operator's input schema (with the event-time column when it has one), and a
+    join's plan (its input: both sides projected onto its output columns) or None."""
+    from pyspark.sql.types import StructField, StructType, TimestampType
+
+    if op.join is not None:
+        from streamer.runtime.join import plan_join
+
+        join = plan_join(op, flow, schemas)
+        return join.schema, join
+    schema = schemas[op.inputs[0]]
+    if has_ts:
+        schema = StructType([*schema.fields, StructField(EVENT_TIME, TimestampType())])
+    return schema, None
 
 
 def _staged_run(stage: KeyedStage, shape: DirectShape | str, subtask_read: Any,
@@ -229,6 +240,20 @@ def _staged_run(stage: KeyedStage, shape: DirectShape | str, subtask_read: Any,
     return StagedRun(stage, "Spark computes its input and writes it once as local parquet "
                      "files, which the subtasks read themselves (small epochs: Spark routes "
                      "the rows)", shape, root), ""
+
+
+def _arrow_tasks(spark: SparkSession, flow: Dataflow, node_id: str,
+                 sources: Mapping[str, Source], schemas: Mapping[str, Any],
+                 settings: ExecutionSpec, staged: StagedRun) -> str:
+    """Give `staged` its Arrow tasks (`runtime.arrow_input`) where they apply; else why
+    not."""
+    if not settings.arrow_input:
+        return f"job.execution.arrow_input is off{_set_by(settings, 'arrow_input')}"
+    arrow = plan_arrow_input(spark, flow, node_id, sources, schemas, staged.shape)
+    if isinstance(arrow, str):
+        return arrow
+    staged.arrow = arrow
+    return ""
 
 
 def _task_written_sink(spec: PipelineSpec, flow: Dataflow, node_id: str, stage: KeyedStage,
@@ -259,6 +284,14 @@ def _task_written_sink(spec: PipelineSpec, flow: Dataflow, node_id: str, stage: 
 def _source_stage(node: Node, source: Source, keyed: Any,
                   settings: ExecutionSpec) -> ScanSource:
     for stage in keyed:
+        arrow = stage.staged.arrow if stage.staged is not None else None
+        if arrow is not None and arrow.source_id == node.id:
+            chain = "".join(f", runs {op_id!r}" for op_id in arrow.op_ids)
+            return ArrowDecodeSource(
+                node.id, f"its only reader, keyed stage {stage.node_id!r}, takes its input "
+                f"from Python tasks that decode each file with Arrow{chain} and write the "
+                "stage's columns (job.execution.arrow_input); Spark reads a file they refuse",
+                source, node.source, stage.node_id, arrow, stage.staged.root)
         if stage.subtask_read is not None and node.id in stage.subtask_read.shape.source_ids:
             return SubtaskReadSource(
                 node.id, f"its only reader, keyed stage {stage.node_id!r}, reads its parquet "

@@ -91,6 +91,14 @@ class EpochContext:
     ran_direct: list[str] = field(default_factory=list)
     #: Keyed node ids whose subtasks read the input Spark staged for them as files.
     ran_staged: list[str] = field(default_factory=list)
+    #: Keyed node id -> the parquet files of its input that Arrow tasks computed this epoch
+    #: (`runtime.arrow_input`), read with whatever Spark staged for it.
+    prestaged: dict[str, list[str]] = field(default_factory=dict)
+    #: Filter id -> (records in, records out) in the Arrow tasks' part of the epoch.
+    prefiltered: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: Source id -> its files the Arrow tasks decoded; file -> why they left one to Spark.
+    arrow_decoded: dict[str, int] = field(default_factory=dict)
+    arrow_refused: dict[str, str] = field(default_factory=dict)
     #: Sink id -> (the job whose keyed tasks write its files, their metadata).
     task_jobs: dict[str, tuple[Callable[[], Any], Any]] = field(default_factory=dict)
     #: Sink id -> its pre-commit handle for this epoch.

@@ -11,7 +11,8 @@ written once) and the strategies that run its subtasks for an epoch.
 - `StagedRun` (local mode): Spark computes the stage's input (a JSON, CSV or Kafka read, a
   filter, a derived column) and writes it once as local parquet files, which the subtasks
   then read as `SubtaskReadRun` reads a source's: one write instead of a partial
-  aggregation, two shuffles and a final aggregation.
+  aggregation, two shuffles and a final aggregation. For a JSON-lines source, Python tasks
+  may compute most or all of that input with Arrow instead (`runtime.arrow_input`).
 
 Which one runs in an epoch follows one rule (`KeyedOperatorStage.choose`): the subtasks read
 their source themselves when the epoch's decision gave them its slice; else the epoch is
@@ -32,6 +33,7 @@ from streamer import failpoints
 from streamer.columns import EVENT_TIME, HIDDEN_PREFIX, JOIN_SIDE
 from streamer.operators.direct import DIRECT_AGGREGATES, ipc_bytes
 from streamer.operators.stateless import union
+from streamer.runtime.arrow_input import clear_other_epochs
 from streamer.runtime.keyed import DirectShape, KeyedResult, KeyedStage
 from streamer.runtime.local import local_table
 from streamer.runtime.stages.base import DEAD, LATE, EpochContext, Stage
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
     from streamer.connectors.base import Sink
+    from streamer.runtime.arrow_input import ArrowInput
 
 
 class KeyedRun(ABC):
@@ -137,11 +140,14 @@ class StagedRun(KeyedRun):
         self.shape = shape
         #: The directory of the staged epochs (local: the subtasks share the driver's disk).
         self.root = root
+        #: Arrow tasks compute the input from its JSON-lines source (`runtime.arrow_input`).
+        self.arrow: ArrowInput | None = None
 
     def run(self, ctx: EpochContext, present: list[DataFrame], fire: int, tasks: Any,
             write_to: Any, collected: Any = None) -> KeyedResult:
         """Stage `present` (a Spark job now), then one Spark task per subtask reads it."""
         files = self.stage_input(ctx.epoch, union(present)) if present else ()
+        files = (*ctx.prestaged.get(self.stage.op.id, ()), *files)
         failpoints.reached("staged", ctx.epoch)
         read = self.shape.read(ctx.watermark, files=files)
         result = self.stage.run_direct(read, ctx.epoch, ctx.now, fire, tasks, write_to,
@@ -153,15 +159,12 @@ class StagedRun(KeyedRun):
         """Write the columns the subtasks read as the parquet files of epoch `epoch`
         (rewritten whole when an epoch is replayed); earlier epochs' files go."""
         import os
-        import shutil
 
         from pyspark.sql import functions as F
 
         os.makedirs(self.root, exist_ok=True)
         target = os.path.join(self.root, f"epoch-{epoch}")
-        for name in os.listdir(self.root):  # (read by the epochs that already ended)
-            if name != f"epoch-{epoch}":
-                shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
+        clear_other_epochs(self.root, f"epoch-{epoch}")
         frame.select(*[F.col(f"`{name}`") for name, _ in self.shape.columns]).write.mode(
             "overwrite").option("compression", "none").parquet(target)
         return tuple(sorted(os.path.join(target, name) for name in os.listdir(target)
@@ -207,6 +210,8 @@ class KeyedOperatorStage(Stage):
         read = self.subtask_read
         if read is not None and ctx.decision.direct.get(read.shape.source_id):
             return read, None
+        if self.staged is not None and self.node_id in ctx.prestaged:
+            return self.staged, None  # (Arrow tasks computed its input: `arrow_input`)
         collected = None
         if self.local is not None:
             columns = self.local.shape.columns

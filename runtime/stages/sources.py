@@ -22,8 +22,9 @@ from streamer.runtime.stages.event_time import with_event_time
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from streamer.connectors.base import Source, SourceRead
+    from streamer.connectors.base import Source, SourceRead, SourceSlice
     from streamer.pipeline.spec import SourceSpec
+    from streamer.runtime.arrow_input import ArrowInput
 
 
 class ScanSource(Stage):
@@ -37,12 +38,13 @@ class ScanSource(Stage):
         self.source = source
         self.spec = spec
 
-    def run(self, ctx: EpochContext) -> None:
-        """Read the slice (if any), observe what the watermark needs, route dead letters."""
+    def run(self, ctx: EpochContext, piece: SourceSlice | None = None) -> None:
+        """Read the slice (if any; `piece`: this part of it), observe what the watermark
+        needs, route dead letters."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
-        piece = ctx.slices.get(self.node_id)
+        piece = piece or ctx.slices.get(self.node_id)
         if piece is None:
             ctx.frames[self.node_id] = None
             return
@@ -87,7 +89,7 @@ class SubtaskReadSource(ScanSource):
 
     strategy = "read-by-subtasks"
 
-    def run(self, ctx: EpochContext) -> None:
+    def run(self, ctx: EpochContext, piece: SourceSlice | None = None) -> None:
         """Leave the slice to the keyed stage when the epoch's decision gave it to it."""
         found = ctx.decision.direct.get(self.node_id)
         if found is None or self.node_id not in ctx.slices:
@@ -97,6 +99,76 @@ class SubtaskReadSource(ScanSource):
         dead_letters = found[2]
         if dead_letters is not None and self.spec.on_error:
             ctx.route(self.spec.on_error, dead_letters, DEAD)
+
+
+class ArrowDecodeSource(ScanSource):
+    """A JSON-lines slice decoded (and the operators after it run) by Arrow in Python tasks
+    for the keyed stage that alone reads it (`runtime.arrow_input`); the files refused there
+    are read by Spark as `ScanSource` reads a slice."""
+
+    strategy = "arrow-tasks"
+
+    def __init__(self, node_id: str, reason: str, source: Source, spec: SourceSpec,
+                 keyed_id: str, plan: ArrowInput, root: str) -> None:
+        super().__init__(node_id, reason, source, spec)
+        self.keyed_id = keyed_id
+        self.plan = plan
+        #: Where the keyed stage's staged epochs go (`StagedRun.root`).
+        self.root = root
+
+    def run(self, ctx: EpochContext, piece: SourceSlice | None = None) -> None:
+        """Decode the slice's files in Arrow tasks; Spark reads the files they refuse."""
+        from dataclasses import replace
+
+        from streamer.runtime.arrow_input import decode_files
+
+        piece = ctx.slices.get(self.node_id)
+        if piece is None or ctx.decision.small or not piece.payload.get("files"):
+            super().run(ctx)  # (a small epoch: Spark's small-epoch path, no staging)
+            return
+        files = list(piece.payload["files"])
+        target = f"{self.root}/epoch-{ctx.epoch}-arrow"
+        results = ctx.guard(f"reading source {self.node_id!r}", partial(
+            decode_files, self.source.ctx.spark, self.plan, files, target))
+        done = [r for r in results if "path" in r]
+        refused = {r["file"]: r["refused"] for r in results if "refused" in r}
+        ctx.prestaged[self.keyed_id] = [r["path"] for r in done]
+        ctx.arrow_decoded[self.node_id] = len(done)
+        ctx.arrow_refused.update(refused)
+        for result in done:
+            for op_id, (n_in, n_out) in result["filters"].items():
+                had = ctx.prefiltered.get(op_id, (0, 0))
+                ctx.prefiltered[op_id] = (had[0] + n_in, had[1] + n_out)
+        seen: Any = LocalSeen({"n": sum(r["rows_in"] for r in done), "ts0": max(
+            (r["max_ts"] for r in done if r["max_ts"] is not None), default=None)})
+        if refused:
+            rest = replace(piece, payload={**piece.payload, "files": sorted(refused)})
+            super().run(ctx, rest)
+            seen = SummedSeen([seen, ctx.seen_in[self.node_id]])
+        else:
+            ctx.frames[self.node_id] = None
+        ctx.seen_in[self.node_id] = seen
+
+
+class SummedSeen:
+    """Several reads' observations as one (`get`): counts added, newest event times kept."""
+
+    def __init__(self, parts: list[Any]) -> None:
+        self.parts = parts
+
+    @property
+    def get(self) -> dict[str, Any]:
+        """Each key: the sum of `n`s, the greatest `ts<i>` (None when none has one)."""
+        out: dict[str, Any] = {}
+        for part in self.parts:
+            for key, value in part.get.items():
+                if key == "n" or key == "filtered" or key in ("in", "out"):
+                    out[key] = int(out.get(key) or 0) + int(value or 0)
+                elif value is not None:
+                    out[key] = value if out.get(key) is None else max(out[key], value)
+                else:
+                    out.setdefault(key, None)
+        return out
 
 
 class DirectSeen:

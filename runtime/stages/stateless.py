@@ -16,6 +16,7 @@ from streamer.operators.stateless import apply_stateless, union
 from streamer.pipeline.spec import OperatorSpec
 from streamer.runtime.local import LocalSeen, local_table
 from streamer.runtime.stages.base import EpochContext, Stage
+from streamer.runtime.stages.sources import SummedSeen
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -49,6 +50,11 @@ class StatelessChain(Stage):
                       else apply_stateless(op, before))
             ctx.frames[op.id] = df
             present = [df] if df is not None else []
+            if op.id in ctx.prefiltered:  # (what the Arrow tasks filtered before it)
+                n_in, n_out = ctx.prefiltered[op.id]
+                done = LocalSeen({"filtered": n_in - n_out, "in": n_in, "out": n_out})
+                ran = ctx.seen_filtered.get(op.id)
+                ctx.seen_filtered[op.id] = done if ran is None else SummedSeen([done, ran])
 
     def describe(self) -> dict[str, object]:
         """The chain's operators too."""

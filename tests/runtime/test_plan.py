@@ -143,6 +143,10 @@ def test_json_filter_session_to_json_plans_a_fused_chain_and_staged_input(
     why = {r["name"]: r["why"] for r in keyed["not_used"]}
     assert why["subtasks-read-files"] == "its input is not a source it alone reads"
     assert why["writes its sink"] == "sink 'out' is not a local parquet files sink"
+    assert "arrow-tasks" not in why  # (JSON lines, a filter and a derived column Arrow takes)
+    source = stage(plan, "views")
+    assert source["strategy"] == "arrow-tasks"
+    assert "runs 'only_big', runs 'doubled'" in source["reason"]
     text = render(plan)
     assert "stateless stage only_big -> doubled: spark-sql" in text
     assert "per epoch: small-epoch mode" in text

@@ -1,0 +1,168 @@
+"""A keyed stage's JSON-lines input computed by Arrow tasks (`runtime.arrow_input`,
+`job.execution.arrow_input`) gives exactly what Spark's staging gives: the same output,
+records, filter counts, late records and watermarks; a file Arrow cannot certainly decode
+as Spark does is read by Spark in the same epoch, its bad records dead letters as before."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_direct import committed_rows, run
+from test_staged import json_events
+
+pytestmark = pytest.mark.spark
+
+PIPELINE = """
+name: {name}
+job:
+  parallelism: {parallelism}
+  max_parallelism: 16
+  state: {{backend: {backend}, local_dir: "{state}"}}
+  execution: {{small_epoch_rows: 0, local_rows: 0, arrow_input: {arrow}}}
+sources:
+  - id: events
+    type: files
+    path: "{data}"
+    format: jsonl
+    schema: {{user: string, grp: int, ts: timestamp, amount: double, qty: bigint}}
+    max_files_per_epoch: 2
+    event_time: ts
+    watermark: {{max_out_of_orderness: 5s}}
+    on_error: dead
+operators:
+{prefix}  - id: keyed
+    input: {last}
+    key_by: {keys}
+    {body}
+sinks:
+  - id: out
+    type: files
+    input: keyed
+    path: "{out}"
+    format: jsonl
+  - id: dead
+    type: files
+    path: "{dead}"
+    format: jsonl
+"""
+
+PREFIX = """  - {id: keep, input: events, filter: "qty >= 0 or amount is null"}
+  - {id: derive, input: keep, with_columns: {qty: "qty * 2 + 1", half: "amount / 2"}}
+"""
+WINDOW = "aggregate: {n: count(), total: sum(qty), high: max(amount), mean: avg(half)}"
+CASES = {  # name: (parallelism, backend, prefix, keys, body)
+    "tumbling-rocksdb-p3": (3, "rocksdb", True, "[user]",
+                            "window: {tumbling: 1m}\n    " + WINDOW),
+    "session-memory-p2": (2, "memory", True, "[user, grp]",
+                          "window: {session: {gap: 20s}}\n    " + WINDOW),
+    "rolling-rocksdb-p2": (2, "rocksdb", False, "[grp]",
+                           "aggregate: {n: count(), total: sum(qty)}"),
+    "dedupe-rocksdb-p2": (2, "rocksdb", True, "[user, grp]", "dedupe: {within: 30s}"),
+}
+
+
+def run_both(spark, tmp_path: Path, data: Path, case: str, *, extra: str = ""):
+    """The pipeline of `case` with arrow_input off and on: per mode (its committed output,
+    its dead letters, per-epoch metrics, the run's result)."""
+    parallelism, backend, prefix, keys, body = CASES[case]
+    found = {}
+    for arrow in ("false", "true"):
+        out, dead = tmp_path / f"out-{arrow}", tmp_path / f"dead-{arrow}"
+        _, result = run(spark, PIPELINE.format(
+            name=f"arrow-{arrow}", data=data, out=out, dead=dead, state=tmp_path / f"st-{arrow}",
+            arrow=arrow, parallelism=parallelism, backend=backend, keys=keys, body=body,
+            prefix=(PREFIX if prefix else "") + extra,
+            last="derive" if prefix else "events"))
+        assert result.status == "finished", result
+        # (a dead-letter sink that got no frame at all is not in records_out; 0 is the same)
+        metrics = [(m.records_in, {k: v for k, v in m.records_out.items() if v},
+                    m.watermark, m.late, m.filtered, m.dead_letters, m.operators)
+                   for m in result.metrics]
+        found[arrow] = (committed_rows(out), committed_rows(dead) if dead.exists() else [],
+                        metrics, result)
+    return found
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_arrow_tasks_give_the_staged_output(spark, tmp_path: Path, monkeypatch,
+                                            case: str) -> None:
+    monkeypatch.delenv("STREAMER_ARROW_INPUT", raising=False)
+    json_events(tmp_path / "data", files=5, rows=400, seed=len(case) + 7)
+    found = run_both(spark, tmp_path, tmp_path / "data" / "jsonl", case)
+    off, on = found["false"], found["true"]
+    assert off[0], "the pipeline produced nothing to compare"
+    assert on[0] == off[0]
+    assert on[2] == off[2]  # records, filter counts, late records, watermarks
+    reading = [m for m in on[3].metrics if m.records_in]
+    assert [m.arrow_decoded for m in reading] == [{"events": 2}, {"events": 2}, {"events": 1}]
+    assert all(m.staged == ["keyed"] and not m.arrow_refused for m in reading)
+    assert all(not m.arrow_decoded for m in off[3].metrics)
+
+
+def test_files_arrow_refuses_are_read_by_spark_in_the_same_epoch(spark, tmp_path: Path,
+                                                                 monkeypatch) -> None:
+    """One file with undecodable lines and one with a record without event time: both go
+    to Spark (dead letters as before); the others are decoded by Arrow; same output."""
+    monkeypatch.delenv("STREAMER_ARROW_INPUT", raising=False)
+    json_events(tmp_path / "data", files=5, rows=300, seed=5)
+    data = tmp_path / "data" / "jsonl"
+    bad = data / "part-001.jsonl"
+    lines = bad.read_text().splitlines()
+    lines[10] = lines[10][:20]  # cut short
+    lines[20] = '{"user": "x", "grp": 1.5, "ts": "2026-01-01T00:00:01Z"}'  # not an int
+    bad.write_text("\n".join(lines) + "\n")
+    untimed = data / "part-003.jsonl"
+    lines = untimed.read_text().splitlines()
+    row = json.loads(lines[5])
+    row["ts"] = None
+    lines[5] = json.dumps(row)
+    untimed.write_text("\n".join(lines) + "\n")
+
+    found = run_both(spark, tmp_path, data, "tumbling-rocksdb-p3")
+    off, on = found["false"], found["true"]
+    assert on[0] == off[0] and on[0]
+    assert on[1] == off[1] and len(on[1]) == 3  # the three bad records, as dead letters
+    assert on[2] == off[2]
+    refused = {}
+    for m in on[3].metrics:
+        refused.update(m.arrow_refused)
+    assert sorted(refused) == [str(bad), str(untimed)], refused
+    assert "without event time" in refused[str(untimed)]
+    reading = [m for m in on[3].metrics if m.records_in]
+    assert [m.arrow_decoded for m in reading] == [{"events": 1}, {"events": 1}, {"events": 1}]
+
+
+def test_an_expression_arrow_does_not_take_keeps_sparks_staging(spark, tmp_path: Path,
+                                                                monkeypatch) -> None:
+    """`upper()` is not translated: the plan says so and Spark stages every epoch."""
+    from streamer.pipeline.validate import load_pipeline_text
+    from streamer.runtime.checks import physical_plan
+
+    monkeypatch.delenv("STREAMER_ARROW_INPUT", raising=False)
+    json_events(tmp_path / "data", files=3, rows=100, seed=2)
+    extra = '  - {id: loud, input: derive, with_columns: {user: "upper(user)"}}\n'
+    parallelism, backend, _, keys, body = CASES["tumbling-rocksdb-p3"]
+    text = PIPELINE.format(
+        name="upper", data=tmp_path / "data" / "jsonl", out=tmp_path / "out",
+        dead=tmp_path / "dead", state=tmp_path / "st", arrow="true", parallelism=parallelism,
+        backend=backend, keys=keys, body=body, prefix=PREFIX + extra, last="loud")
+    described = [s.describe() for s in physical_plan(load_pipeline_text(text), spark).stages]
+    keyed = next(s for s in described if s["stage"] == "keyed")
+    why = {n["name"]: n["why"] for n in keyed.get("not_used", [])}
+    assert "upper" in why["arrow-tasks"], why
+    assert next(s for s in described if s["stage"] == "events")["strategy"] == "spark-scan"
+    _, result = run(spark, text)
+    assert result.status == "finished"
+    reading = [m for m in result.metrics if m.records_in]
+    assert reading and all(m.staged == ["keyed"] and not m.arrow_decoded for m in reading)
+
+
+def test_staged_directories_of_ended_epochs_go(tmp_path: Path) -> None:
+    from streamer.runtime.arrow_input import clear_other_epochs
+
+    for name in ("epoch-1", "epoch-1-arrow", "epoch-2", "epoch-12-arrow"):
+        (tmp_path / name).mkdir()
+    clear_other_epochs(str(tmp_path), "epoch-2-arrow")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-2"]
