@@ -95,10 +95,11 @@ def _lines(data: bytes) -> int:
     return int(has.sum())
 
 
-def decode(data: bytes, columns: Sequence[tuple[str, str]]) -> Any:
+def decode(data: bytes, columns: Sequence[tuple[str, str]], records: int | None = None) -> Any:
     """The records of the JSON lines `data` as an Arrow table of `columns` (name, Spark
     type), timestamps as `timestamp[us, UTC]`, exactly as Spark's `from_json` would give
-    them; `Refused` when that is not certain."""
+    them; `Refused` when that is not certain. `records`: `data` is that many values joined
+    by line breaks, each a record (a Kafka value: a blank one is a bad record to Spark)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.json as pj
@@ -109,6 +110,9 @@ def decode(data: bytes, columns: Sequence[tuple[str, str]]) -> Any:
         msg = "the file is not valid UTF-8"
         raise Refused(msg) from exc
     expected = _lines(data)
+    if records is not None and expected != records:
+        msg = f"{records - expected} of {records} values are blank (bad records to Spark)"
+        raise Refused(msg)
     schema = pa.schema([(name, arrow_type(kind)) for name, kind in columns])
     if not expected:
         return _with_timestamps(schema.empty_table(), columns)

@@ -285,7 +285,7 @@ class KafkaSource(Source):
         if self.client == "spark":
             return self._spark_frame(ranges)
         frame = self.ctx.spark.range(0, len(ranges), 1, numPartitions=len(ranges))
-        return frame.mapInArrow(_range_reader(ranges, self._reader_conf()), RAW_DDL)
+        return frame.mapInArrow(_range_reader(ranges, self.reader_conf()), RAW_DDL)
 
     def _local_frame(self, ranges: list[list[Any]]) -> DataFrame | None:
         """The ranges' records read on the driver as a local relation, when they are few
@@ -301,7 +301,7 @@ class KafkaSource(Source):
             # A kept consumer re-assigned to a partition waits out the long poll of its
             # previous fetch there first (`fetch.wait.max.ms`, 500 ms by default): measured
             # 500-1,000 ms per 100-record read, against 1-30 ms with 10 ms.
-            conf = {"fetch.wait.max.ms": 10, **self._reader_conf()}
+            conf = {"fetch.wait.max.ms": 10, **self.reader_conf()}
             self._reader = Consumer(conf, logger=quiet_logger())
         batches: list[pa.RecordBatch] = []
         for topic, part, start, end in ranges:
@@ -316,7 +316,7 @@ class KafkaSource(Source):
         table = pa.Table.from_batches(batches, schema=schema).combine_chunks()
         return self.ctx.spark.createDataFrame(table, schema=RAW_DDL)
 
-    def _reader_conf(self) -> dict[str, Any]:
+    def reader_conf(self) -> dict[str, Any]:
         """The configuration of the consumers that read planned ranges (never a group's)."""
         return {**self.conf, "group.id": f"streamer.{self.ctx.job_name}.{self.spec.id}",
                 "enable.auto.commit": False, "enable.partition.eof": True,

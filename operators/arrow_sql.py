@@ -7,7 +7,8 @@ ANSI mode) and translates the analyzed plan into a `Program` of Arrow compute ca
 why it cannot. It takes Project and Filter nodes over a handful of expressions whose Arrow
 kernels give Spark's results: column references, literals (no decimals), widening numeric
 casts, `+ - *` and unary minus (integers with overflow checks), `/` on doubles,
-comparisons, `AND`/`OR` (both three-valued), `NOT`, `IS [NOT] NULL` and `<=>`.
+comparisons, `AND`/`OR` (both three-valued), `NOT`, `IS [NOT] NULL`, `<=>` and
+`timestamp_millis`/`timestamp_micros` of integers (checked against overflow as Spark does).
 
 At run time `Program.run` raises `Refused` wherever Arrow's answer could differ from Spark's,
 and the caller has Spark compute those rows instead (where Spark then also fails, it fails
@@ -110,7 +111,7 @@ def _eval(expr: Any, env: dict[int, Any], rows: int) -> Any:
         return env[expr[1]]
     if kind == "lit":
         return pa.scalar(expr[1], type=_arrow(expr[2]))
-    args = [_eval(e, env, rows) for e in expr[2:]]
+    args = [_eval(e, env, rows) for e in expr[2:] if isinstance(e, tuple)]
     target = expr[1]
     try:
         if kind == "cast":
@@ -118,6 +119,10 @@ def _eval(expr: Any, env: dict[int, Any], rows: int) -> Any:
         if kind in ("add", "subtract", "multiply"):
             integral = target in ("int", "bigint")
             return pc.call_function(f"{kind}_checked" if integral else kind, args)
+        if kind == "to_timestamp":  # timestamp_millis / timestamp_micros of an integer
+            micros = pc.multiply_checked(pc.cast(args[0], pa.int64()), pa.scalar(
+                expr[3], pa.int64()))
+            return pc.cast(micros, _arrow("timestamp"))
         if kind == "negate":
             integral = target in ("int", "bigint")
             return pc.call_function("negate_checked" if integral else "negate", args)
@@ -252,6 +257,9 @@ def _expr(e: Any) -> Any:
     simple = {"And": "and", "Or": "or", "Not": "not", "IsNull": "is_null",
               "IsNotNull": "is_not_null", "EqualNullSafe": "null_safe", "UnaryMinus": "negate",
               **_ARITHMETIC, **_COMPARE}
+    if cls in ("MillisToTimestamp", "MicrosToTimestamp") and args[0].dataType().simpleString() \
+            in ("int", "bigint"):
+        return ("to_timestamp", kind, _expr(args[0]), 1000 if cls == "MillisToTimestamp" else 1)
     if cls == "Divide" and kind == "double":
         return ("divide", kind, *[_expr(a) for a in args])
     if cls in simple and ((cls not in _ARITHMETIC and cls != "UnaryMinus")

@@ -1,20 +1,22 @@
-"""A keyed stage's JSON-lines input decoded, filtered and derived in Python tasks with Arrow
+"""A keyed stage's JSON input decoded, filtered and derived in Python tasks with Arrow
 (`job.execution.arrow_input`), where that is certainly what Spark would compute.
 
 The staged-input strategy (`runtime.stages.keyed.StagedRun`) has Spark decode a source's
 text, apply the stateless operators before the keyed stage and write the result as local
-parquet files for the subtasks. For a local JSON-lines `files` source whose columns and
-operators Arrow computes as Spark does (`connectors.arrow_json`, `operators.arrow_sql`),
-one Spark job of Python tasks does that instead, a file per task: decode, event time,
-operators, and the stage's columns written as a parquet file. A file where any step is not
-certain (a line Spark could read otherwise or call a bad record, an overflow, a NaN met by a
-comparison) is refused whole, and Spark reads, checks and computes it as before in the same
-epoch: dead letters, errors and results are Spark's either way.
+parquet files for the subtasks. For a local JSON-lines `files` source, or a Kafka source of
+JSON values read by confluent-kafka, whose columns, event time and operators Arrow computes
+as Spark does (`connectors.arrow_json`, `operators.arrow_sql`), one Spark job of Python
+tasks does that instead, a task per file or per partition range: read, decode, event time,
+operators, and the stage's columns written as a parquet file. A file or range where any step
+is not certain (a line Spark could read otherwise or call a bad record, a record without
+event time, an overflow, a NaN met by a comparison) is refused whole, and Spark reads,
+checks and computes it as before in the same epoch: dead letters, errors and results are
+Spark's either way.
 """
 
 from __future__ import annotations
 
-import re
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -23,13 +25,15 @@ from typing import TYPE_CHECKING, Any
 from streamer.columns import EVENT_TIME
 from streamer.connectors.arrow_json import TYPES
 from streamer.operators.arrow_sql import Program, compile_ops
+from streamer.pipeline.spec import OperatorSpec
+from streamer.runtime.stages.event_time import lenient
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from streamer.connectors.base import SourceSlice
     from streamer.pipeline.graph import Dataflow
     from streamer.runtime.keyed import DirectShape
-
 
 #: A bigger file is left to Spark, which reads it in splits: a task reads a file whole.
 MAX_FILE_BYTES = 512 << 20
@@ -37,30 +41,44 @@ MAX_FILE_BYTES = 512 << 20
 
 @dataclass(frozen=True)
 class ArrowInput:
-    """How the tasks compute a keyed stage's input from its source's files."""
+    """How the tasks compute a keyed stage's input from its source."""
 
     source_id: str
+    #: "files" (a task per JSON-lines file) or "kafka" (a task per partition range).
+    kind: str
     #: The stateless operators between the source and the keyed stage, in order.
     op_ids: tuple[str, ...]
     #: The source's columns (name, Spark type), as decoded.
     columns: tuple[tuple[str, str], ...]
-    #: The source's event-time column (a timestamp column), or None.
-    ts_column: str | None
+    #: Computes the event-time column from the decoded ones (None: no event time).
+    event_time: Program | None
     program: Program
     #: The columns the subtasks read (`DirectShape.columns`: name, Arrow type).
     out: tuple[tuple[str, Any], ...]
+    #: A Kafka source's consumer configuration.
+    conf: Mapping[str, Any] | None = None
+
+    def units(self, piece: SourceSlice) -> list[Any]:
+        """What the tasks read of a slice: its files, or its partition ranges."""
+        return list(piece.payload["files" if self.kind == "files" else "ranges"])
+
+    def rest(self, piece: SourceSlice, units: list[Any]) -> SourceSlice:
+        """The slice narrowed to `units` (those the tasks refused), for Spark to read."""
+        from dataclasses import replace
+
+        key = "files" if self.kind == "files" else "ranges"
+        return replace(piece, payload={**piece.payload, key: units})
 
 
-def plan_arrow_input(spark: SparkSession, flow: Dataflow, node_id: str, sources: Mapping[str, Any],
-                     schemas: Mapping[str, Any], shape: DirectShape) -> ArrowInput | str:
+def plan_arrow_input(spark: SparkSession, flow: Dataflow, node_id: str,
+                     sources: Mapping[str, Any], schemas: Mapping[str, Any],
+                     shape: DirectShape) -> ArrowInput | str:
     """Whether the keyed stage `node_id`'s input can be computed by Arrow tasks, or why not:
     its input is a chain of filter, select and with_columns operators (or none) read only by
-    the next, starting at a local JSON-lines `files` source only that chain reads; the
-    source's columns are bigint, int, double, string, boolean or timestamp; its event time,
-    if any, is a timestamp column; Spark's session time zone is UTC; and `operators.arrow_sql`
-    translates the operators."""
-    from pyspark.sql.types import StructField, StructType, TimestampType
-
+    the next, starting at a source only that chain reads, local JSON-lines files or a Kafka
+    topic of JSON values read by confluent-kafka (no `key:`, no `record_timestamp:`); the
+    source's columns are bigint, int, double, string, boolean or timestamp; Spark's session
+    time zone is UTC; and `operators.arrow_sql` translates the event time and operators."""
     node = flow.node(node_id)
     chain: list[Any] = []
     current = node.inputs[0] if len(node.inputs) == 1 else None
@@ -75,46 +93,82 @@ def plan_arrow_input(spark: SparkSession, flow: Dataflow, node_id: str, sources:
     if current is None:
         return "it has more than one input"
     source = sources[current]
-    spec = source.spec
     if len(flow.consumers(current)) != 1:
         return f"source {current!r} has other readers"
-    if spec.type != "files" or getattr(source, "format", None) != "jsonl" or not getattr(
-            source, "local", False) or spec.option("reload"):
-        return f"source {current!r} is not local JSON-lines files"
+    kind = _source_kind(source)
+    if kind is None:
+        return (f"source {current!r} is neither local JSON-lines files nor Kafka JSON values "
+                "read by confluent-kafka without key: or record_timestamp:")
     schema = schemas[current]
     columns = tuple((f.name, f.dataType.simpleString()) for f in schema.fields)
-    for name, kind in columns:
-        if kind not in TYPES:
-            return f"column {name!r} of source {current!r} has type {kind}"
-    ts_column = None
-    if spec.event_time:
-        ts_column = spec.event_time.strip().strip("`")
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", ts_column) or \
-                dict(columns).get(ts_column) != "timestamp":
-            return "the source's event time is not a timestamp column"
-        schema = StructType([*schema.fields, StructField(EVENT_TIME, TimestampType())])
+    for name, column_kind in columns:
+        if column_kind not in TYPES:
+            return f"column {name!r} of source {current!r} has type {column_kind}"
     zone = (spark.conf.get("spark.sql.session.timeZone", "UTC") or "").strip()
     if zone not in ("UTC", "Etc/UTC", "Z", "+00:00"):
         return f"Spark's session time zone is {zone}, not UTC"
+    event_time = None
+    if source.spec.event_time:
+        event_time = _event_time(spark, source.spec, schema)
+        if isinstance(event_time, str):
+            return event_time
+        schema = event_time.schema
     program = compile_ops(spark, schema, chain)
     if isinstance(program, str):
         return program
-    return ArrowInput(current, tuple(op.id for op in chain), columns, ts_column, program,
-                      tuple(shape.columns))
+    conf = source.reader_conf() if kind == "kafka" else None
+    return ArrowInput(current, kind, tuple(op.id for op in chain), columns,
+                      event_time.program if event_time else None, program,
+                      tuple(shape.columns), conf)
 
 
-def decode_files(spark: SparkSession, plan: ArrowInput, files: list[str],
+def _source_kind(source: Any) -> str | None:
+    """"files", "kafka", or None for a source the tasks do not read."""
+    spec = source.spec
+    if spec.type == "files" and getattr(source, "format", None) == "jsonl" and getattr(
+            source, "local", False) and not spec.option("reload"):
+        return "files"
+    if spec.type == "kafka" and getattr(source, "format", None) == "json" and getattr(
+            source, "client", None) == "confluent" and not getattr(source, "key", None) \
+            and not getattr(source, "record_timestamp", None):
+        return "kafka"
+    return None
+
+
+@dataclass(frozen=True)
+class _EventTime:
+    program: Program
+    schema: Any
+
+
+def _event_time(spark: SparkSession, spec: Any, schema: Any) -> _EventTime | str:
+    """The source's event-time expression as a program adding `EVENT_TIME`, analyzed as
+    `runtime.stages.event_time` analyzes it (ANSI off: a value that cannot be computed is
+    null, a bad record, which the tasks refuse), or why it cannot be one."""
+    from pyspark.sql.types import StructField, StructType, TimestampType
+
+    op = OperatorSpec(id=f"{spec.id} event_time", inputs=(spec.id,), kind="with_columns",
+                      path=spec.path, uid=f"{spec.id}.event_time",
+                      columns=((EVENT_TIME, spec.event_time),))
+    with lenient(spark):
+        program = compile_ops(spark, schema, [op])
+    if isinstance(program, str):
+        return f"the event time: {program}"
+    return _EventTime(program, StructType([*schema.fields, StructField(
+        EVENT_TIME, TimestampType())]))
+
+
+def decode_units(spark: SparkSession, plan: ArrowInput, units: list[Any],
                  target: str) -> list[dict[str, Any]]:
-    """One Spark job, a Python task per file: each file's result, `{"file", "path"` (the
-    parquet file written into directory `target`), `"rows_in"`, `"max_ts"` (epoch ms or
-    None), `"filters"` (op id -> [in, out])`}` or `{"file", "refused": why}`."""
-    import os
+    """One Spark job, a Python task per file or range: each one's result, `{"unit", "split",
+    "path"` (the parquet file written into directory `target`), `"rows_in"`, `"max_ts"`
+    (epoch ms or None), `"filters"` (op id -> [in, out])`}` or `{"unit", "refused": why}`."""
     import shutil
 
     shutil.rmtree(target, ignore_errors=True)
     os.makedirs(target)
     clear_other_epochs(os.path.dirname(target), os.path.basename(target))
-    work = list(enumerate(files))
+    work = list(enumerate(units))
     rdd = spark.sparkContext.parallelize(work, len(work))
     return rdd.map(partial(_decode_one, plan, target)).collect()
 
@@ -122,7 +176,6 @@ def decode_files(spark: SparkSession, plan: ArrowInput, files: list[str],
 def clear_other_epochs(root: str, keep: str) -> None:
     """Remove the staged directories under `root` other than this epoch's (`keep` is one of
     them, `epoch-<n>` or `epoch-<n>-arrow`): the epochs that already ended read theirs."""
-    import os
     import shutil
 
     epoch = keep.removesuffix("-arrow")
@@ -131,11 +184,9 @@ def clear_other_epochs(root: str, keep: str) -> None:
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
-def _decode_one(plan: ArrowInput, target: str, item: tuple[int, str]) -> dict[str, Any]:
-    """A task: one file decoded, its event time taken, the operators run, the stage's
-    columns written (see `decode_files`)."""
-    import os
-
+def _decode_one(plan: ArrowInput, target: str, item: tuple[int, Any]) -> dict[str, Any]:
+    """A task: one file or range read and decoded, its event time taken, the operators run,
+    the stage's columns written (see `decode_units`)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -143,29 +194,60 @@ def _decode_one(plan: ArrowInput, target: str, item: tuple[int, str]) -> dict[st
     from streamer.connectors.arrow_json import Refused as Undecodable
     from streamer.connectors.arrow_json import decode
     from streamer.operators.arrow_sql import Refused
+    from streamer.worker import prepare_task
 
-    index, name = item
+    prepare_task()
+    index, unit = item
     try:
-        if os.path.getsize(name) > MAX_FILE_BYTES:
-            msg = f"the file is over {MAX_FILE_BYTES >> 20} MiB, more than a task holds"
-            raise Undecodable(msg)
-        with open(name, "rb") as f:
-            table = decode(f.read(), plan.columns)
+        data, records, split = _read(plan, unit)
+        table = decode(data, plan.columns, records)
         max_ts = None
-        if plan.ts_column is not None:
-            ts = table.column(plan.ts_column)
+        if plan.event_time is not None:
+            table, _ = plan.event_time.run(table)
+            ts = table.column(EVENT_TIME)
             if ts.null_count:
                 msg = "a record without event time (a bad record to Spark)"
                 raise Undecodable(msg)
-            table = table.append_column(EVENT_TIME, ts)
             if table.num_rows:
                 max_ts = pc.max(ts).cast(pa.int64()).as_py() // 1000
         rows_in = table.num_rows
         table, filters = plan.program.run(table)
     except (Undecodable, Refused) as exc:
-        return {"file": name, "refused": str(exc)}
-    out = pa.table([table.column(n).cast(t) for n, t in plan.out], names=[n for n, _ in plan.out])
+        return {"unit": unit, "refused": str(exc)}
+    out = pa.table([table.column(n).cast(t) for n, t in plan.out],
+                   names=[n for n, _ in plan.out])
     path = f"{target}/part-{index:05d}.parquet"
     pq.write_table(out, path, compression="none")
-    return {"file": name, "path": path, "rows_in": rows_in, "max_ts": max_ts,
+    return {"unit": unit, "split": split, "path": path, "rows_in": rows_in, "max_ts": max_ts,
             "filters": {k: list(v) for k, v in filters.items()}}
+
+
+def _read(plan: ArrowInput, unit: Any) -> tuple[bytes, int | None, str]:
+    """(The unit's JSON text, its number of records when each is one value (Kafka), its
+    split's name); `Refused` for a unit the tasks cannot read as Spark would."""
+    from streamer.connectors.arrow_json import Refused
+
+    if plan.kind == "files":
+        from streamer.connectors.files import SPLIT
+
+        if os.path.getsize(unit) > MAX_FILE_BYTES:
+            msg = f"the file is over {MAX_FILE_BYTES >> 20} MiB, more than a task holds"
+            raise Refused(msg)
+        with open(unit, "rb") as f:
+            return f.read(), None, SPLIT
+    from streamer.connectors.kafka import read_range, split_name
+
+    topic, partition, start, end = unit
+    assert plan.conf is not None
+    values: list[bytes] = []
+    for batch in read_range(dict(plan.conf), topic, partition, start, end):
+        column = batch.column(1)
+        if column.null_count:
+            msg = "a value is null (a tombstone: a bad record to Spark)"
+            raise Refused(msg)
+        values += column.to_pylist()
+    data = b"\n".join(values)
+    if data.count(b"\n") != max(len(values) - 1, 0) or b"\r" in data:
+        msg = "a value holds a line break"
+        raise Refused(msg)
+    return data, len(values), split_name(topic, partition)

@@ -102,9 +102,9 @@ class SubtaskReadSource(ScanSource):
 
 
 class ArrowDecodeSource(ScanSource):
-    """A JSON-lines slice decoded (and the operators after it run) by Arrow in Python tasks
-    for the keyed stage that alone reads it (`runtime.arrow_input`); the files refused there
-    are read by Spark as `ScanSource` reads a slice."""
+    """A JSON slice decoded (and the operators after it run) by Arrow in Python tasks for
+    the keyed stage that alone reads it (`runtime.arrow_input`); the files or ranges refused
+    there are read by Spark as `ScanSource` reads a slice."""
 
     strategy = "arrow-tasks"
 
@@ -117,37 +117,54 @@ class ArrowDecodeSource(ScanSource):
         self.root = root
 
     def run(self, ctx: EpochContext, piece: SourceSlice | None = None) -> None:
-        """Decode the slice's files in Arrow tasks; Spark reads the files they refuse."""
-        from dataclasses import replace
-
-        from streamer.runtime.arrow_input import decode_files
+        """Decode the slice's files or ranges in Arrow tasks; Spark reads those they
+        refuse."""
+        from streamer.runtime.arrow_input import decode_units
 
         piece = ctx.slices.get(self.node_id)
-        if piece is None or ctx.decision.small or not piece.payload.get("files"):
-            super().run(ctx)  # (a small epoch: Spark's small-epoch path, no staging)
+        units = self.plan.units(piece) if piece is not None else []
+        if not units or ctx.decision.small or self._local(units):
+            super().run(ctx)  # (Spark's small-epoch or local path: no staging)
             return
-        files = list(piece.payload["files"])
+        assert piece is not None
         target = f"{self.root}/epoch-{ctx.epoch}-arrow"
         results = ctx.guard(f"reading source {self.node_id!r}", partial(
-            decode_files, self.source.ctx.spark, self.plan, files, target))
+            decode_units, self.source.ctx.spark, self.plan, units, target))
         done = [r for r in results if "path" in r]
-        refused = {r["file"]: r["refused"] for r in results if "refused" in r}
+        refused = [r for r in results if "refused" in r]
         ctx.prestaged[self.keyed_id] = [r["path"] for r in done]
         ctx.arrow_decoded[self.node_id] = len(done)
-        ctx.arrow_refused.update(refused)
+        ctx.arrow_refused.update({_named(r["unit"]): r["refused"] for r in refused})
         for result in done:
             for op_id, (n_in, n_out) in result["filters"].items():
                 had = ctx.prefiltered.get(op_id, (0, 0))
                 ctx.prefiltered[op_id] = (had[0] + n_in, had[1] + n_out)
-        seen: Any = LocalSeen({"n": sum(r["rows_in"] for r in done), "ts0": max(
-            (r["max_ts"] for r in done if r["max_ts"] is not None), default=None)})
+        got: dict[str, Any] = {"n": sum(r["rows_in"] for r in done)}
+        for i, split in enumerate(piece.end):  # the newest event time per split
+            got[f"ts{i}"] = max((r["max_ts"] for r in done if r["split"] == str(split)
+                                 and r["max_ts"] is not None), default=None)
+        seen: Any = LocalSeen(got)
         if refused:
-            rest = replace(piece, payload={**piece.payload, "files": sorted(refused)})
-            super().run(ctx, rest)
+            super().run(ctx, self.plan.rest(piece, [r["unit"] for r in refused]))
             seen = SummedSeen([seen, ctx.seen_in[self.node_id]])
         else:
             ctx.frames[self.node_id] = None
         ctx.seen_in[self.node_id] = seen
+
+    def _local(self, units: list[Any]) -> bool:
+        """Whether a Kafka slice is small enough for the driver to read (`runtime.local`)."""
+        if self.plan.kind != "kafka":
+            return False
+        total = sum(end - start for _, _, start, end in units)
+        return total <= self.source.ctx.local_rows
+
+
+def _named(unit: Any) -> str:
+    """A file's name, or a Kafka range as `topic:partition[start, end)`."""
+    if isinstance(unit, str):
+        return unit
+    topic, partition, start, end = unit
+    return f"{topic}:{partition}[{start}, {end})"
 
 
 class SummedSeen:

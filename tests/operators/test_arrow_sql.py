@@ -42,6 +42,8 @@ CHAINS = [
     [op("filter", "user = 'u1' OR user < 'u' OR ts IS NULL")],
     [op("select", {"user": "user", "twice": "amount + amount", "idd": "CAST(n AS DOUBLE) / id"})],
     [op("filter", "amount = amount AND -n < 5 AND ok <=> true")],
+    [op("with_columns", {"t": "timestamp_millis(id)", "u": "timestamp_micros(n)"}),
+     op("filter", "t > timestamp_millis(0) OR u IS NULL", 1)],
 ]
 
 ROWS = st.lists(st.fixed_dictionaries({

@@ -166,3 +166,88 @@ def test_staged_directories_of_ended_epochs_go(tmp_path: Path) -> None:
         (tmp_path / name).mkdir()
     clear_other_epochs(str(tmp_path), "epoch-2-arrow")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-2"]
+
+
+KAFKA = """
+name: {name}
+job:
+  parallelism: 2
+  max_parallelism: 16
+  state: {{backend: rocksdb, local_dir: "{state}"}}
+  execution: {{small_epoch_rows: 0, local_rows: 0, arrow_input: {arrow}}}
+sources:
+  - id: events
+    type: kafka
+    bootstrap_servers: {bootstrap}
+    topic: {topic}
+    bounded: true
+    max_records_per_epoch: 600
+    schema: {{id: bigint, user: string, amount: double, ts: bigint}}
+    event_time: timestamp_millis(ts)
+    watermark: {{max_out_of_orderness: 5s}}
+    on_error: dead
+operators:
+  - {{id: keep, input: events, filter: "amount >= 10"}}
+  - id: derive
+    input: keep
+    with_columns: {{amount: "amount * 2 + 1", ts: "timestamp_millis(ts)"}}
+  - id: keyed
+    input: derive
+    key_by: [user]
+    window: {{tumbling: 1m}}
+    aggregate: {{n: count(), total: sum(amount), last: max(ts)}}
+sinks:
+  - id: out
+    type: files
+    input: keyed
+    path: "{out}"
+    format: jsonl
+  - id: dead
+    type: files
+    path: "{dead}"
+    format: jsonl
+"""
+
+
+@pytest.mark.kafka
+def test_kafka_ranges_decoded_by_arrow_tasks(spark, kafka, tmp_path: Path,
+                                             monkeypatch) -> None:
+    """JSON values from a 2-partition topic: partition 0's ranges all go to the Arrow tasks;
+    partition 1 holds a bad value, a tombstone and a value without event time in its first
+    range, which Spark reads (dead letters as before). Same output as Spark's staging."""
+    import random
+    import uuid
+
+    monkeypatch.delenv("STREAMER_ARROW_INPUT", raising=False)
+    topic = kafka.create_topic(f"arrow-{uuid.uuid4().hex[:8]}", 2)
+    rng = random.Random(4)
+    records = []
+    for i in range(3000):
+        value = {"id": i, "user": f"u{rng.randrange(30)}", "amount": float(rng.randrange(40)),
+                 "ts": 1767225600000 + i * 150 - rng.randrange(4000)}
+        records.append((None, value, i % 2))
+    records[701] = (None, "{not json", 1)
+    records[703] = (None, None, 1)
+    records[705] = (None, {"id": 705, "user": "u1", "amount": 12.0, "ts": None}, 1)
+    kafka.produce(topic, records)
+    found = {}
+    for arrow in ("false", "true"):
+        out, dead = tmp_path / f"out-{arrow}", tmp_path / f"dead-{arrow}"
+        _, result = run(spark, KAFKA.format(
+            name=f"kafka-arrow-{arrow}", state=tmp_path / f"st-{arrow}", arrow=arrow,
+            bootstrap=kafka.bootstrap, topic=topic, out=out, dead=dead))
+        assert result.status == "finished", result
+        metrics = [(m.records_in, {k: v for k, v in m.records_out.items() if v}, m.watermark,
+                    m.late, m.filtered, m.dead_letters, m.operators) for m in result.metrics]
+        found[arrow] = (committed_rows(out), committed_rows(dead), metrics, result)
+    off, on = found["false"], found["true"]
+    assert off[0] and on[0] == off[0]
+    assert len(on[1]) == 3 and on[1] == off[1]
+    assert on[2] == off[2]
+    refused = {}
+    for m in on[3].metrics:
+        refused.update(m.arrow_refused)
+    assert list(refused) == [f"{topic}:1[0, 600)"], refused  # (600 per partition and epoch)
+    reading = [m for m in on[3].metrics if m.records_in]
+    assert [m.arrow_decoded for m in reading] == [{"events": 1}, {"events": 2},
+                                                  {"events": 2}]
