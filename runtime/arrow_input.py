@@ -107,19 +107,18 @@ def plan_arrow_input(spark: SparkSession, flow: Dataflow, node_id: str,
     zone = (spark.conf.get("spark.sql.session.timeZone", "UTC") or "").strip()
     if zone not in ("UTC", "Etc/UTC", "Z", "+00:00"):
         return f"Spark's session time zone is {zone}, not UTC"
-    event_time = None
+    event_time: Program | None = None
     if source.spec.event_time:
-        event_time = _event_time(spark, source.spec, schema)
-        if isinstance(event_time, str):
-            return event_time
-        schema = event_time.schema
+        found = _event_time(spark, source.spec, schema)
+        if isinstance(found, str):
+            return found
+        event_time, schema = found.program, found.schema
     program = compile_ops(spark, schema, chain)
     if isinstance(program, str):
         return program
     conf = source.reader_conf() if kind == "kafka" else None
-    return ArrowInput(current, kind, tuple(op.id for op in chain), columns,
-                      event_time.program if event_time else None, program,
-                      tuple(shape.columns), conf)
+    return ArrowInput(current, kind, tuple(op.id for op in chain), columns, event_time,
+                      program, tuple(shape.columns), conf)
 
 
 def _source_kind(source: Any) -> str | None:
