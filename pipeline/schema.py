@@ -435,11 +435,12 @@ EXECUTION = Obj(
             "aggregation and shuffles. Small epochs keep the Spark path. No effect on a "
             "cluster. Default true. $STREAMER_STAGED_INPUT overrides it.")),
         "arrow_input": Field(Bool(
-            "Where such staged input comes from local JSON-lines files, Python tasks decode "
-            "them with Arrow and run the filters and derived columns before the keyed "
-            "operator, for the files and expressions where Arrow's result is certainly "
-            "Spark's (any other file is read by Spark as before, in the same epoch). Default "
-            "true. $STREAMER_ARROW_INPUT overrides it.")),
+            "Where such staged input comes from local JSON-lines or parquet files or Kafka "
+            "JSON values, Python tasks read and decode them with Arrow and run the event time "
+            "and the filters and derived columns before the keyed operator, for the files, "
+            "ranges and expressions where Arrow's result is certainly Spark's (any other is "
+            "read by Spark as before, in the same epoch). Default true. "
+            "$STREAMER_ARROW_INPUT overrides it.")),
     },
     "Engine settings: how epochs run, not what they compute (results are the same either "
     "way). The environment variables named here override them for one run.",

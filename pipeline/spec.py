@@ -200,8 +200,9 @@ class ExecutionSpec:
     #: In local mode, Spark writes a keyed stage's computed input once as local parquet
     #: files that its subtasks read themselves (in place of aggregating and shuffling it).
     staged_input: bool = True
-    #: Staged input from local JSON-lines files is decoded, filtered and derived by Arrow in
-    #: Python tasks where that is certainly Spark's result (`runtime.arrow_input`).
+    #: Staged input from local JSON-lines or parquet files or Kafka JSON values is decoded,
+    #: filtered and derived by Arrow in Python tasks where that is certainly Spark's result
+    #: (`runtime.arrow_input`).
     arrow_input: bool = True
     #: Setting -> "default", "file" or "environment" (filled in for every setting).
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)

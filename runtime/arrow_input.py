@@ -7,11 +7,14 @@ parquet files for the subtasks. For a local JSON-lines `files` source, or a Kafk
 JSON values read by confluent-kafka, whose columns, event time and operators Arrow computes
 as Spark does (`connectors.arrow_json`, `operators.arrow_sql`), one Spark job of Python
 tasks does that instead, a task per file or per partition range: read, decode, event time,
-operators, and the stage's columns written as a parquet file. A file or range where any step
-is not certain (a line Spark could read otherwise or call a bad record, a record without
-event time, an overflow, a NaN met by a comparison) is refused whole, and Spark reads,
-checks and computes it as before in the same epoch: dead letters, errors and results are
-Spark's either way.
+operators, and the stage's columns written as a parquet file. A local parquet source with
+operators before the keyed stage (without them its subtasks read the files themselves)
+takes the same tasks, each file read when its column types are exactly Spark's.
+
+A file or range where any step is not certain (a line Spark could read otherwise or call a
+bad record, a record without event time, an overflow, a NaN met by a comparison) is refused
+whole, and Spark reads, checks and computes it as before in the same epoch: dead letters,
+errors and results are Spark's either way.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ class ArrowInput:
     """How the tasks compute a keyed stage's input from its source."""
 
     source_id: str
-    #: "files" (a task per JSON-lines file) or "kafka" (a task per partition range).
+    #: "files" (a task per JSON-lines file), "parquet" (per parquet file) or "kafka" (per
+    #: partition range).
     kind: str
     #: The stateless operators between the source and the keyed stage, in order.
     op_ids: tuple[str, ...]
@@ -60,13 +64,13 @@ class ArrowInput:
 
     def units(self, piece: SourceSlice) -> list[Any]:
         """What the tasks read of a slice: its files, or its partition ranges."""
-        return list(piece.payload["files" if self.kind == "files" else "ranges"])
+        return list(piece.payload["ranges" if self.kind == "kafka" else "files"])
 
     def rest(self, piece: SourceSlice, units: list[Any]) -> SourceSlice:
         """The slice narrowed to `units` (those the tasks refused), for Spark to read."""
         from dataclasses import replace
 
-        key = "files" if self.kind == "files" else "ranges"
+        key = "ranges" if self.kind == "kafka" else "files"
         return replace(piece, payload={**piece.payload, key: units})
 
 
@@ -75,8 +79,9 @@ def plan_arrow_input(spark: SparkSession, flow: Dataflow, node_id: str,
                      shape: DirectShape) -> ArrowInput | str:
     """Whether the keyed stage `node_id`'s input can be computed by Arrow tasks, or why not:
     its input is a chain of filter, select and with_columns operators (or none) read only by
-    the next, starting at a source only that chain reads, local JSON-lines files or a Kafka
-    topic of JSON values read by confluent-kafka (no `key:`, no `record_timestamp:`); the
+    the next (for parquet: at least one), starting at a source only that chain reads: local
+    JSON-lines or parquet files, or a Kafka topic of JSON values read by confluent-kafka
+    (no `key:`, no `record_timestamp:`); the
     source's columns are bigint, int, double, string, boolean or timestamp; Spark's session
     time zone is UTC; and `operators.arrow_sql` translates the event time and operators."""
     node = flow.node(node_id)
@@ -97,8 +102,8 @@ def plan_arrow_input(spark: SparkSession, flow: Dataflow, node_id: str,
         return f"source {current!r} has other readers"
     kind = _source_kind(source)
     if kind is None:
-        return (f"source {current!r} is neither local JSON-lines files nor Kafka JSON values "
-                "read by confluent-kafka without key: or record_timestamp:")
+        return (f"source {current!r} is not local JSON-lines or parquet files, nor Kafka "
+                "JSON values read by confluent-kafka without key: or record_timestamp:")
     schema = schemas[current]
     columns = tuple((f.name, f.dataType.simpleString()) for f in schema.fields)
     for name, column_kind in columns:
@@ -124,9 +129,9 @@ def plan_arrow_input(spark: SparkSession, flow: Dataflow, node_id: str,
 def _source_kind(source: Any) -> str | None:
     """"files", "kafka", or None for a source the tasks do not read."""
     spec = source.spec
-    if spec.type == "files" and getattr(source, "format", None) == "jsonl" and getattr(
-            source, "local", False) and not spec.option("reload"):
-        return "files"
+    if spec.type == "files" and getattr(source, "format", None) in ("jsonl", "parquet") \
+            and getattr(source, "local", False) and not spec.option("reload"):
+        return "files" if source.format == "jsonl" else "parquet"
     if spec.type == "kafka" and getattr(source, "format", None) == "json" and getattr(
             source, "client", None) == "confluent" and not getattr(source, "key", None) \
             and not getattr(source, "record_timestamp", None):
@@ -192,14 +197,18 @@ def _decode_one(plan: ArrowInput, target: str, item: tuple[int, Any]) -> dict[st
 
     from streamer.connectors.arrow_json import Refused as Undecodable
     from streamer.connectors.arrow_json import decode
+    from streamer.connectors.files import SPLIT
     from streamer.operators.arrow_sql import Refused
     from streamer.worker import prepare_task
 
     prepare_task()
     index, unit = item
     try:
-        data, records, split = _read(plan, unit)
-        table = decode(data, plan.columns, records)
+        if plan.kind == "parquet":
+            table, split = _parquet(plan, unit), SPLIT
+        else:
+            data, records, split = _read(plan, unit)
+            table = decode(data, plan.columns, records)
         max_ts = None
         if plan.event_time is not None:
             table, _ = plan.event_time.run(table)
@@ -221,13 +230,44 @@ def _decode_one(plan: ArrowInput, target: str, item: tuple[int, Any]) -> dict[st
             "filters": {k: list(v) for k, v in filters.items()}}
 
 
+def _parquet(plan: ArrowInput, name: str) -> Any:
+    """A parquet file's columns, when each has exactly the Arrow type Spark reads as the
+    declared type (timestamps: with a UTC zone, in ms or us); else `Refused` (Spark reads
+    the file: another type, a missing column Spark fills with nulls, a name that only
+    matches case-insensitively, a timestamp without zone or in ns)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from streamer.connectors.arrow_json import Refused, arrow_type
+
+    schema = pq.read_schema(name)
+    for column, kind in plan.columns:
+        if column not in schema.names:
+            msg = f"column {column!r} is not in the file"
+            raise Refused(msg)
+        found = schema.field(column).type
+        wanted = arrow_type(kind)
+        if kind == "timestamp":
+            ok = pa.types.is_timestamp(found) and found.unit in ("ms", "us") and \
+                found.tz in ("UTC", "+00:00", "Etc/UTC")
+        else:
+            ok = found == wanted or (kind == "string" and found == pa.large_string())
+        if not ok:
+            msg = f"column {column!r} is {found} in the file"
+            raise Refused(msg)
+    table = pq.read_table(name, columns=[c for c, _ in plan.columns])
+    return pa.table([table.column(c).cast(pa.timestamp("us", tz="UTC") if k == "timestamp"
+                                          else arrow_type(k)) for c, k in plan.columns],
+                    names=[c for c, _ in plan.columns])
+
+
 def _read(plan: ArrowInput, unit: Any) -> tuple[bytes, int | None, str]:
     """(The unit's JSON text, its number of records when each is one value (Kafka), its
     split's name); `Refused` for a unit the tasks cannot read as Spark would."""
     from streamer.connectors.arrow_json import Refused
 
     if plan.kind == "files":
-        from streamer.connectors.files import SPLIT
+        from streamer.connectors.files import SPLIT  # (one split: the files)
 
         if os.path.getsize(unit) > MAX_FILE_BYTES:
             msg = f"the file is over {MAX_FILE_BYTES >> 20} MiB, more than a task holds"

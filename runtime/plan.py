@@ -289,8 +289,9 @@ def _source_stage(node: Node, source: Source, keyed: Any,
             chain = "".join(f", runs {op_id!r}" for op_id in arrow.op_ids)
             return ArrowDecodeSource(
                 node.id, f"its only reader, keyed stage {stage.node_id!r}, takes its input "
-                f"from Python tasks that decode each file with Arrow{chain} and write the "
-                "stage's columns (job.execution.arrow_input); Spark reads a file they refuse",
+                f"from Python tasks that read each {'range' if arrow.kind == 'kafka' else 'file'}"
+                f" with Arrow{chain} and write the stage's columns (job.execution.arrow_input);"
+                " Spark reads what they refuse",
                 source, node.source, stage.node_id, arrow, stage.staged.root)
         if stage.subtask_read is not None and node.id in stage.subtask_read.shape.source_ids:
             return SubtaskReadSource(

@@ -251,3 +251,37 @@ def test_kafka_ranges_decoded_by_arrow_tasks(spark, kafka, tmp_path: Path,
     reading = [m for m in on[3].metrics if m.records_in]
     assert [m.arrow_decoded for m in reading] == [{"events": 1}, {"events": 2},
                                                   {"events": 2}]
+
+
+def test_parquet_with_operators_goes_through_arrow_tasks(spark, tmp_path: Path,
+                                                         monkeypatch) -> None:
+    """A parquet source with a filter and derived columns: Arrow tasks read each file whose
+    column types are Spark's; a file with zone-less timestamps is read by Spark."""
+    from test_direct import write_events
+
+    monkeypatch.delenv("STREAMER_ARROW_INPUT", raising=False)
+    data = tmp_path / "data"
+    write_events(data, files=4, rows=300, seed=8)
+    write_events(tmp_path / "naive", files=2, rows=300, seed=9, zoned=False)
+    (data / "part-002.parquet").unlink()
+    (tmp_path / "naive" / "part-001.parquet").rename(data / "part-002.parquet")
+    text = PIPELINE.replace("format: jsonl\n    schema", "format: parquet\n    schema")
+    found = {}
+    for arrow in ("false", "true"):
+        out = tmp_path / f"out-{arrow}"
+        _, result = run(spark, text.format(
+            name=f"pq-{arrow}", data=data, out=out, dead=tmp_path / f"dead-{arrow}",
+            state=tmp_path / f"st-{arrow}", arrow=arrow, parallelism=2, backend="rocksdb",
+            keys="[user]", body="window: {tumbling: 1m}\n    " + WINDOW, prefix=PREFIX,
+            last="derive"))
+        assert result.status == "finished", result
+        metrics = [(m.records_in, {k: v for k, v in m.records_out.items() if v},
+                    m.watermark, m.late, m.filtered, m.operators) for m in result.metrics]
+        found[arrow] = (committed_rows(out), metrics, result)
+    assert found["false"][0] and found["true"][0] == found["false"][0]
+    assert found["true"][1] == found["false"][1]
+    metrics = found["true"][2].metrics
+    refused = {k: v for m in metrics for k, v in m.arrow_refused.items()}
+    assert list(refused) == [str(data / "part-002.parquet")], refused
+    assert [m.arrow_decoded for m in metrics if m.records_in] == [{"events": 2},
+                                                                  {"events": 1}]
