@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from streamer.runtime.keyed import DirectShape
 
 #: A bigger file is left to Spark, which reads it in splits: a task reads a file whole.
-MAX_FILE_BYTES = 512 << 20
+MAX_FILE_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
