@@ -53,6 +53,8 @@ if TYPE_CHECKING:
 DEFAULT_MAX_RECORDS_PER_EPOCH = 1_000_000
 #: Records per Arrow batch handed to Spark by a reading task.
 BATCH_ROWS = 20_000
+#: Bytes a range's consumer fetches from its partition at a time (`reader_conf`).
+READER_FETCH_BYTES = 16 << 20
 #: A task that gets no record for this long while its range is not done fails.
 READ_TIMEOUT_S = 60.0
 RAW_DDL = ("key binary, value binary, topic string, partition int, offset bigint, "
@@ -317,8 +319,14 @@ class KafkaSource(Source):
         return self.ctx.spark.createDataFrame(table, schema=RAW_DDL)
 
     def reader_conf(self) -> dict[str, Any]:
-        """The configuration of the consumers that read planned ranges (never a group's)."""
-        return {**self.conf, "group.id": f"streamer.{self.ctx.job_name}.{self.spec.id}",
+        """The configuration of the consumers that read planned ranges (never a group's).
+
+        A range is read whole, so each fetch asks for up to `READER_FETCH_BYTES` of the
+        partition (librdkafka's default is 1 MiB: a 200,000-record range of ~75-byte
+        values took 1.2-1.4 s to read, against 0.3 s with 16 MiB; `properties:` may set
+        `max.partition.fetch.bytes` otherwise)."""
+        return {"max.partition.fetch.bytes": READER_FETCH_BYTES, **self.conf,
+                "group.id": f"streamer.{self.ctx.job_name}.{self.spec.id}",
                 "enable.auto.commit": False, "enable.partition.eof": True,
                 "auto.offset.reset": "error"}
 
