@@ -120,7 +120,7 @@ def test_programs_compute_what_spark_computes(spark: Any, chain: int) -> None:
 
 
 @pytest.mark.parametrize(("text", "why"), [
-    ("upper(user) = 'U1'", "upper"), ("id > 1.5BD", "decimal"),
+    ("upper(user) = 'U1'", "upper"), ("CAST(amount AS DECIMAL(10,2)) > 0", "decimal"),
     ("CAST(user AS INT) > 1", "cast from string"), ("ts > '2026-01-01'", "cast from string"),
     ("id + 1.5 > 0", "decimal")])
 def test_what_is_not_translated_is_named(spark: Any, text: str, why: str) -> None:
