@@ -63,6 +63,14 @@ CASES = {  # name: (parallelism, backend, prefix, keys, body)
 }
 
 
+def epoch_metrics(result) -> list[tuple]:
+    """Per epoch what both paths must agree on: records in and out, watermark, late,
+    filtered and dead-letter counts, per-operator counts. (A dead-letter sink that got no
+    frame at all is not in records_out: 0 either way.)"""
+    return [(m.records_in, {k: v for k, v in m.records_out.items() if v}, m.watermark,
+             m.late, m.filtered, m.dead_letters, m.operators) for m in result.metrics]
+
+
 def run_both(spark, tmp_path: Path, data: Path, case: str, *, extra: str = ""):
     """The pipeline of `case` with arrow_input off and on: per mode (its committed output,
     its dead letters, per-epoch metrics, the run's result)."""
@@ -76,12 +84,8 @@ def run_both(spark, tmp_path: Path, data: Path, case: str, *, extra: str = ""):
             prefix=(PREFIX if prefix else "") + extra,
             last="derive" if prefix else "events"))
         assert result.status == "finished", result
-        # (a dead-letter sink that got no frame at all is not in records_out; 0 is the same)
-        metrics = [(m.records_in, {k: v for k, v in m.records_out.items() if v},
-                    m.watermark, m.late, m.filtered, m.dead_letters, m.operators)
-                   for m in result.metrics]
         found[arrow] = (committed_rows(out), committed_rows(dead) if dead.exists() else [],
-                        metrics, result)
+                        epoch_metrics(result), result)
     return found
 
 
@@ -237,9 +241,8 @@ def test_kafka_ranges_decoded_by_arrow_tasks(spark, kafka, tmp_path: Path,
             name=f"kafka-arrow-{arrow}", state=tmp_path / f"st-{arrow}", arrow=arrow,
             bootstrap=kafka.bootstrap, topic=topic, out=out, dead=dead))
         assert result.status == "finished", result
-        metrics = [(m.records_in, {k: v for k, v in m.records_out.items() if v}, m.watermark,
-                    m.late, m.filtered, m.dead_letters, m.operators) for m in result.metrics]
-        found[arrow] = (committed_rows(out), committed_rows(dead), metrics, result)
+        found[arrow] = (committed_rows(out), committed_rows(dead), epoch_metrics(result),
+                        result)
     off, on = found["false"], found["true"]
     assert off[0] and on[0] == off[0]
     assert len(on[1]) == 3 and on[1] == off[1]
@@ -275,9 +278,7 @@ def test_parquet_with_operators_goes_through_arrow_tasks(spark, tmp_path: Path,
             keys="[user]", body="window: {tumbling: 1m}\n    " + WINDOW, prefix=PREFIX,
             last="derive"))
         assert result.status == "finished", result
-        metrics = [(m.records_in, {k: v for k, v in m.records_out.items() if v},
-                    m.watermark, m.late, m.filtered, m.operators) for m in result.metrics]
-        found[arrow] = (committed_rows(out), metrics, result)
+        found[arrow] = (committed_rows(out), epoch_metrics(result), result)
     assert found["false"][0] and found["true"][0] == found["false"][0]
     assert found["true"][1] == found["false"][1]
     metrics = found["true"][2].metrics
