@@ -11,8 +11,9 @@ written once) and the strategies that run its subtasks for an epoch.
 - `StagedRun` (local mode): Spark computes the stage's input (a JSON, CSV or Kafka read, a
   filter, a derived column) and writes it once as local parquet files, which the subtasks
   then read as `SubtaskReadRun` reads a source's: one write instead of a partial
-  aggregation, two shuffles and a final aggregation. For a JSON-lines source, Python tasks
-  may compute most or all of that input with Arrow instead (`runtime.arrow_input`).
+  aggregation, two shuffles and a final aggregation. For JSON-lines files, Kafka JSON values
+  or parquet files with operators before the stage, Python tasks may compute most or all of
+  that input with Arrow instead (`runtime.arrow_input`).
 
 Which one runs in an epoch follows one rule (`KeyedOperatorStage.choose`): the subtasks read
 their source themselves when the epoch's decision gave them its slice; else the epoch is
@@ -140,7 +141,7 @@ class StagedRun(KeyedRun):
         self.shape = shape
         #: The directory of the staged epochs (local: the subtasks share the driver's disk).
         self.root = root
-        #: Arrow tasks compute the input from its JSON-lines source (`runtime.arrow_input`).
+        #: Arrow tasks compute the input from its source (`runtime.arrow_input`), or None.
         self.arrow: ArrowInput | None = None
 
     def run(self, ctx: EpochContext, present: list[DataFrame], fire: int, tasks: Any,
