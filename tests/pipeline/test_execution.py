@@ -15,13 +15,14 @@ from streamer.pipeline.spec import ExecutionSpec, JobSpec, PipelineSpec
 from streamer.pipeline.validate import load_pipeline_text
 
 KEYS = ("small_epoch_rows", "local_rows", "direct_read", "driver_subtasks", "task_sink",
-        "staged_input")
+        "staged_input", "arrow_input")
 VARIABLES = {"small_epoch_rows": "STREAMER_SMALL_EPOCH_ROWS",
              "local_rows": "STREAMER_LOCAL_ROWS",
              "direct_read": "STREAMER_DIRECT_READ",
              "driver_subtasks": "STREAMER_DRIVER_SUBTASKS",
              "task_sink": "STREAMER_TASK_SINK",
-             "staged_input": "STREAMER_STAGED_INPUT"}
+             "staged_input": "STREAMER_STAGED_INPUT",
+             "arrow_input": "STREAMER_ARROW_INPUT"}
 
 
 def load(execution: str = "", env: dict[str, str] | None = None) -> PipelineSpec:
@@ -38,8 +39,8 @@ def load(execution: str = "", env: dict[str, str] | None = None) -> PipelineSpec
 def test_defaults_without_an_execution_block() -> None:
     execution = load().job.execution
     assert (execution.small_epoch_rows, execution.local_rows, execution.direct_read,
-            execution.driver_subtasks, execution.task_sink, execution.staged_input) == (
-                20_000, 1_000, True, True, True, True)
+            execution.driver_subtasks, execution.task_sink, execution.staged_input,
+            execution.arrow_input) == (20_000, 1_000, True, True, True, True, True)
     assert execution == ExecutionSpec() == JobSpec().execution
     assert execution.sources == dict.fromkeys(KEYS, "default")
 
@@ -60,10 +61,11 @@ def test_every_value_from_the_file() -> None:
         driver_subtasks: false
         task_sink: false
         staged_input: false
+        arrow_input: false
         """).job.execution
     assert execution == ExecutionSpec(small_epoch_rows=0, local_rows=5000, direct_read=False,
                                       driver_subtasks=False, task_sink=False,
-                                      staged_input=False)
+                                      staged_input=False, arrow_input=False)
     assert execution.sources == dict.fromkeys(KEYS, "file")
 
 
@@ -73,13 +75,15 @@ def test_a_value_written_as_the_default_still_comes_from_the_file() -> None:
     assert execution.task_sink is False
     assert execution.sources == {"small_epoch_rows": "default", "local_rows": "file",
                                  "direct_read": "default", "driver_subtasks": "default",
-                                 "task_sink": "file", "staged_input": "default"}
+                                 "task_sink": "file", "staged_input": "default",
+                                 "arrow_input": "default"}
     assert execution.describe() == {"small_epoch_rows": (20_000, "default"),
                                     "local_rows": (1000, "file"),
                                     "direct_read": (True, "default"),
                                     "driver_subtasks": (True, "default"),
                                     "task_sink": (False, "file"),
-                                    "staged_input": (True, "default")}
+                                    "staged_input": (True, "default"),
+                                    "arrow_input": (True, "default")}
 
 
 def test_value_from_a_pipeline_variable() -> None:
@@ -125,12 +129,14 @@ def test_variables_override_the_file_and_the_defaults() -> None:
     out = execution.with_overrides({
         "STREAMER_SMALL_EPOCH_ROWS": "0", "STREAMER_LOCAL_ROWS": " 2500 ",
         "STREAMER_DIRECT_READ": "1", "STREAMER_TASK_SINK": "off",
-        "STREAMER_STAGED_INPUT": "no", "UNRELATED": "x"})
+        "STREAMER_STAGED_INPUT": "no", "STREAMER_ARROW_INPUT": "false", "UNRELATED": "x"})
     assert out == ExecutionSpec(small_epoch_rows=0, local_rows=2500, direct_read=True,
-                                driver_subtasks=True, task_sink=False, staged_input=False)
+                                driver_subtasks=True, task_sink=False, staged_input=False,
+                                arrow_input=False)
     assert out.sources == {"small_epoch_rows": "environment", "local_rows": "environment",
                            "direct_read": "environment", "driver_subtasks": "default",
-                           "task_sink": "environment", "staged_input": "environment"}
+                           "task_sink": "environment", "staged_input": "environment",
+                           "arrow_input": "environment"}
     assert execution.local_rows == 0  # the original is unchanged
 
 
@@ -208,7 +214,7 @@ def test_override_variables_are_the_documented_ones() -> None:
 
 # -------------------------------------------------------------------------- the schema
 
-def test_schema_has_job_execution_with_all_six_keys() -> None:
+def test_schema_has_job_execution_with_all_seven_keys() -> None:
     execution = json_schema()["properties"]["job"]["properties"]["execution"]
     assert execution["type"] == "object"
     assert execution["additionalProperties"] is False
@@ -218,7 +224,7 @@ def test_schema_has_job_execution_with_all_six_keys() -> None:
     for key in ("small_epoch_rows", "local_rows"):
         assert props[key]["type"] == "integer"
         assert props[key]["minimum"] == 0
-    for key in ("direct_read", "driver_subtasks", "task_sink", "staged_input"):
+    for key in ("direct_read", "driver_subtasks", "task_sink", "staged_input", "arrow_input"):
         assert props[key]["type"] == "boolean"
 
 
@@ -242,7 +248,8 @@ def test_schema_agrees_with_the_validator_on_execution_values() -> None:
                 "sinks": [{"id": "out", "type": "console", "input": "src"}]}
 
     good = {"small_epoch_rows": 0, "local_rows": 5000, "direct_read": False,
-            "driver_subtasks": True, "task_sink": False, "staged_input": False}
+            "driver_subtasks": True, "task_sink": False, "staged_input": False,
+            "arrow_input": False}
     assert list(validator.iter_errors(doc(good))) == []
     for bad in ({"local_rows": -1}, {"small_epoch_rows": "1k"}, {"direct_read": "off"},
                 {"task_sinks": True}):
