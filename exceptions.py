@@ -13,6 +13,12 @@ class StreamerError(Exception):
     exit_code = 1
 
 
+class ArrowRefused(Exception):
+    """Arrow's answer for these rows is not certainly Spark's, so Spark computes them instead
+    (`connectors.arrow_json`, `operators.arrow_sql`, `runtime.arrow_input`). Never reaches a
+    user: the caller leaves the file or range to Spark's path."""
+
+
 class ConfigError(StreamerError):
     """Raised for an invalid command-line option or setting; fix the option named in the message."""
 

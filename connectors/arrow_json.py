@@ -35,6 +35,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from streamer.exceptions import ArrowRefused as Refused
+
 #: Spark simple type names this decoder takes, with the Arrow type it reads each as.
 TYPES = ("bigint", "int", "double", "string", "boolean", "timestamp")
 #: A `}` followed by `{` on one line.
@@ -42,10 +44,6 @@ _TWO_OBJECTS = re.compile(rb"\}[ \t]*\{")
 #: An ISO-8601 timestamp Spark's and Arrow's parsers read to the same instant.
 _ISO = (r"^[1-9][0-9]{3}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[T ]([01][0-9]|2[0-3]):[0-5][0-9]"
         r":[0-5][0-9](\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])?$")
-
-
-class Refused(Exception):
-    """Arrow's decode of these bytes is not certainly Spark's: Spark decodes them."""
 
 
 def arrow_type(kind: str) -> Any:

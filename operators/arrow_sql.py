@@ -23,18 +23,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-#: Spark simple type -> the Arrow type name values of it are held as.
-ARROW_TYPES = {"int": "int32", "bigint": "int64", "double": "double", "string": "string",
-               "boolean": "bool", "timestamp": "timestamp[us, tz=UTC]"}
+from streamer.exceptions import ArrowRefused as Refused
+
+#: Spark simple types whose values Arrow holds as Spark does (`arrow_type`).
+TYPES = ("int", "bigint", "double", "string", "boolean", "timestamp")
 #: Casts whose Arrow result is Spark's (a long rounds to the nearest double in both).
 _CASTS = {("int", "bigint"), ("int", "double"), ("bigint", "double")}
 _ARITHMETIC = {"Add": "add", "Subtract": "subtract", "Multiply": "multiply"}
 _COMPARE = {"EqualTo": "equal", "LessThan": "less", "LessThanOrEqual": "less_equal",
             "GreaterThan": "greater", "GreaterThanOrEqual": "greater_equal"}
-
-
-class Refused(Exception):
-    """Arrow's answer is not certainly Spark's for these rows: Spark computes them."""
 
 
 class Untranslatable(Exception):
@@ -110,19 +107,19 @@ def _eval(expr: Any, env: dict[int, Any], rows: int) -> Any:
     if kind == "attr":
         return env[expr[1]]
     if kind == "lit":
-        return pa.scalar(expr[1], type=_arrow(expr[2]))
+        return pa.scalar(expr[1], type=arrow_type(expr[2]))
     args = [_eval(e, env, rows) for e in expr[2:] if isinstance(e, tuple)]
     target = expr[1]
     try:
         if kind == "cast":
-            return pc.cast(args[0], _arrow(target), safe=False)
+            return pc.cast(args[0], arrow_type(target), safe=False)
         if kind in ("add", "subtract", "multiply"):
             integral = target in ("int", "bigint")
             return pc.call_function(f"{kind}_checked" if integral else kind, args)
         if kind == "to_timestamp":  # timestamp_millis / timestamp_micros of an integer
             micros = pc.multiply_checked(pc.cast(args[0], pa.int64()), pa.scalar(
                 expr[3], pa.int64()))
-            return pc.cast(micros, _arrow("timestamp"))
+            return pc.cast(micros, arrow_type("timestamp"))
         if kind == "negate":
             integral = target in ("int", "bigint")
             return pc.call_function("negate_checked" if integral else "negate", args)
@@ -159,7 +156,8 @@ def _eval(expr: Any, env: dict[int, Any], rows: int) -> Any:
     raise AssertionError(msg)
 
 
-def _arrow(kind: str) -> Any:
+def arrow_type(kind: str) -> Any:
+    """The Arrow type values of Spark type `kind` (one of `TYPES`) are held as."""
     import pyarrow as pa
 
     return {"int": pa.int32(), "bigint": pa.int64(), "double": pa.float64(),
@@ -178,7 +176,7 @@ def compile_ops(spark: Any, schema: Any, ops: Sequence[Any]) -> Program | str:
     steps = []
     for op in ops:
         for field in schema.fields:
-            if field.dataType.simpleString() not in ARROW_TYPES:
+            if field.dataType.simpleString() not in TYPES:
                 return f"column {field.name!r} of type {field.dataType.simpleString()}"
         df = apply_stateless(op, spark.createDataFrame([], schema))
         try:
@@ -225,7 +223,7 @@ def _expr(e: Any) -> Any:
     kids = e.children()
     args = [kids.apply(i) for i in range(kids.size())]
     kind = e.dataType().simpleString()
-    if kind not in ARROW_TYPES:
+    if kind not in TYPES:
         msg = f"{e.sql()} has type {kind}"
         raise Untranslatable(msg)
     if cls == "Alias":

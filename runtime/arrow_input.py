@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from streamer.columns import EVENT_TIME
 from streamer.connectors.arrow_json import TYPES
-from streamer.operators.arrow_sql import Program, compile_ops
+from streamer.exceptions import ArrowRefused
+from streamer.operators.arrow_sql import Program, arrow_type, compile_ops
 from streamer.pipeline.spec import OperatorSpec
 from streamer.runtime.stages.event_time import lenient
 
@@ -62,16 +63,20 @@ class ArrowInput:
     #: A Kafka source's consumer configuration.
     conf: Mapping[str, Any] | None = None
 
+    @property
+    def _key(self) -> str:
+        """Where a slice's payload lists what the tasks read."""
+        return "ranges" if self.kind == "kafka" else "files"
+
     def units(self, piece: SourceSlice) -> list[Any]:
         """What the tasks read of a slice: its files, or its partition ranges."""
-        return list(piece.payload["ranges" if self.kind == "kafka" else "files"])
+        return list(piece.payload[self._key])
 
     def rest(self, piece: SourceSlice, units: list[Any]) -> SourceSlice:
         """The slice narrowed to `units` (those the tasks refused), for Spark to read."""
         from dataclasses import replace
 
-        key = "ranges" if self.kind == "kafka" else "files"
-        return replace(piece, payload={**piece.payload, key: units})
+        return replace(piece, payload={**piece.payload, self._key: units})
 
 
 def plan_arrow_input(spark: SparkSession, flow: Dataflow, node_id: str,
@@ -195,10 +200,8 @@ def _decode_one(plan: ArrowInput, target: str, item: tuple[int, Any]) -> dict[st
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from streamer.connectors.arrow_json import Refused as Undecodable
     from streamer.connectors.arrow_json import decode
     from streamer.connectors.files import SPLIT
-    from streamer.operators.arrow_sql import Refused
     from streamer.worker import prepare_task
 
     prepare_task()
@@ -215,12 +218,12 @@ def _decode_one(plan: ArrowInput, target: str, item: tuple[int, Any]) -> dict[st
             ts = table.column(EVENT_TIME)
             if ts.null_count:
                 msg = "a record without event time (a bad record to Spark)"
-                raise Undecodable(msg)
+                raise ArrowRefused(msg)
             if table.num_rows:
                 max_ts = pc.max(ts).cast(pa.int64()).as_py() // 1000
         rows_in = table.num_rows
         table, filters = plan.program.run(table)
-    except (Undecodable, Refused) as exc:
+    except ArrowRefused as exc:
         return {"unit": unit, "refused": str(exc)}
     out = pa.table([table.column(n).cast(t) for n, t in plan.out],
                    names=[n for n, _ in plan.out])
@@ -232,19 +235,17 @@ def _decode_one(plan: ArrowInput, target: str, item: tuple[int, Any]) -> dict[st
 
 def _parquet(plan: ArrowInput, name: str) -> Any:
     """A parquet file's columns, when each has exactly the Arrow type Spark reads as the
-    declared type (timestamps: with a UTC zone, in ms or us); else `Refused` (Spark reads
+    declared type (timestamps: with a UTC zone, in ms or us); else `ArrowRefused` (Spark reads
     the file: another type, a missing column Spark fills with nulls, a name that only
     matches case-insensitively, a timestamp without zone or in ns)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from streamer.connectors.arrow_json import Refused, arrow_type
-
     schema = pq.read_schema(name)
     for column, kind in plan.columns:
         if column not in schema.names:
             msg = f"column {column!r} is not in the file"
-            raise Refused(msg)
+            raise ArrowRefused(msg)
         found = schema.field(column).type
         wanted = arrow_type(kind)
         if kind == "timestamp":
@@ -254,24 +255,21 @@ def _parquet(plan: ArrowInput, name: str) -> Any:
             ok = found == wanted or (kind == "string" and found == pa.large_string())
         if not ok:
             msg = f"column {column!r} is {found} in the file"
-            raise Refused(msg)
+            raise ArrowRefused(msg)
     table = pq.read_table(name, columns=[c for c, _ in plan.columns])
-    return pa.table([table.column(c).cast(pa.timestamp("us", tz="UTC") if k == "timestamp"
-                                          else arrow_type(k)) for c, k in plan.columns],
+    return pa.table([table.column(c).cast(arrow_type(k)) for c, k in plan.columns],
                     names=[c for c, _ in plan.columns])
 
 
 def _read(plan: ArrowInput, unit: Any) -> tuple[bytes, int | None, str]:
     """(The unit's JSON text, its number of records when each is one value (Kafka), its
-    split's name); `Refused` for a unit the tasks cannot read as Spark would."""
-    from streamer.connectors.arrow_json import Refused
-
+    split's name); `ArrowRefused` for a unit the tasks cannot read as Spark would."""
     if plan.kind == "files":
         from streamer.connectors.files import SPLIT  # (one split: the files)
 
         if os.path.getsize(unit) > MAX_FILE_BYTES:
             msg = f"the file is over {MAX_FILE_BYTES >> 20} MiB, more than a task holds"
-            raise Refused(msg)
+            raise ArrowRefused(msg)
         with open(unit, "rb") as f:
             return f.read(), None, SPLIT
     from streamer.connectors.kafka import read_range, split_name
@@ -283,10 +281,10 @@ def _read(plan: ArrowInput, unit: Any) -> tuple[bytes, int | None, str]:
         column = batch.column(1)
         if column.null_count:
             msg = "a value is null (a tombstone: a bad record to Spark)"
-            raise Refused(msg)
+            raise ArrowRefused(msg)
         values += column.to_pylist()
     data = b"\n".join(values)
     if data.count(b"\n") != max(len(values) - 1, 0) or b"\r" in data:
         msg = "a value holds a line break"
-        raise Refused(msg)
+        raise ArrowRefused(msg)
     return data, len(values), split_name(topic, partition)

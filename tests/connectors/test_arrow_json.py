@@ -18,7 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamer.connectors.arrow_json import Refused, decode
+from streamer.connectors.arrow_json import decode
+from streamer.exceptions import ArrowRefused as Refused
 
 pytestmark = pytest.mark.spark
 

@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from streamer.operators.arrow_sql import Program, Refused, compile_ops
+from streamer.exceptions import ArrowRefused as Refused
+from streamer.operators.arrow_sql import Program, compile_ops
 from streamer.pipeline.spec import OperatorSpec
 
 pytestmark = pytest.mark.spark
@@ -53,6 +54,9 @@ ROWS = st.lists(st.fixed_dictionaries({
     "user": st.one_of(st.none(), st.sampled_from(["u1", "u2", "", "é", "a"])),
     "ok": st.one_of(st.none(), st.booleans()),
     "ts": st.none()}), max_size=12)
+#: Rows no chain overflows or divides by zero on.
+SMALL = [{"id": 3, "n": 2, "amount": 12.5, "user": "u1", "ok": True, "ts": None},
+         {"id": -4, "n": 5, "amount": None, "user": None, "ok": False, "ts": None}]
 
 
 def spark_result(spark: Any, rows: list[dict[str, Any]], ops: list[OperatorSpec]) -> Any:
@@ -96,6 +100,7 @@ def test_programs_compute_what_spark_computes(spark: Any, chain: int) -> None:
     @settings(max_examples=30, deadline=None, database=None, derandomize=True,
               suppress_health_check=list(HealthCheck))
     @given(ROWS)
+    @example(SMALL)
     def check(rows: list[dict[str, Any]]) -> None:
         import pyarrow as pa
 
@@ -116,7 +121,10 @@ def test_programs_compute_what_spark_computes(spark: Any, chain: int) -> None:
         outcomes.append("same")
 
     check()
-    assert outcomes.count("same") >= 10, outcomes  # most row sets are Arrow's to compute
+    # Not vacuous: small values are Arrow's to compute, and so are many generated row sets
+    # (those with an integer near its limits are refused, in some chains most of them).
+    assert outcomes[0] == "same", outcomes
+    assert outcomes.count("same") >= 5, outcomes
 
 
 @pytest.mark.parametrize(("text", "why"), [
