@@ -1,0 +1,232 @@
+r"""JSON lines encoded by Arrow exactly as Spark's JSON writer encodes them.
+
+A `files` sink of format `jsonl` is written by Spark's JSON data source (after
+`formats.timestamps_as_iso`, with `ignoreNullFields` off). When the keyed tasks write the
+sink's files themselves (`connectors.files_sink.TaskFile`), `JsonLines.encode` renders each
+batch with Arrow compute kernels to the same bytes, or raises `ArrowRefused` and the task
+hands the rows to Spark's writer instead. What Spark writes, found by writing with it
+(tests/connectors/test_arrow_json_writer.py compares the two byte for byte):
+- one line per row, `\n` after every line, fields in schema order, no spaces; a null is
+  `null`;
+- strings and field names in quotes, with `"` and `\` escaped, `\b \t \n \f \r` as such and
+  the other characters below U+0020 as `\u00XX` (upper-case hex); everything else as is, in
+  UTF-8 (DEL, U+2028 and non-ASCII are not escaped);
+- integers as decimal digits; booleans `true`/`false`;
+- timestamps as `formats.iso_timestamp` renders them: `yyyy-MM-ddTHH:mm:ss`, then the
+  microseconds without trailing zeros (none when zero), then `Z` (UTC). Years outside
+  1000-9999 are refused;
+- doubles as Java's `Double.toString`: in [10^-3, 10^7) plain with at least one fractional
+  digit (`3.0`, `0.001`), otherwise `d.dddE±n`; `-0.0`; NaN and the infinities as the
+  strings `"NaN"`, `"Infinity"`, `"-Infinity"`. Java 19 and later print the shortest digits
+  that identify the double, the nearest of them (as Python's `repr` and Arrow's cast do).
+  Java 17 and 18 sometimes print one more digit where the shortest has 16 or 17, and more
+  for some values past 2^53 (JDK-4511638). On those JVMs a double is encoded only when
+  it is a whole number below 2^53 or in [10^-3, 10^7) with at most 15 significant digits;
+  any other value refuses the batch (`shortest` says which JVM rule applies).
+
+Only the types in `TYPES` are encoded; a sink with another column type is written by Spark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from streamer.exceptions import ArrowRefused
+
+#: Spark simple types `JsonLines` encodes.
+TYPES = ("string", "bigint", "int", "double", "boolean", "timestamp")
+#: Jackson's short escapes; other characters below U+0020 become \u00XX.
+_SHORT = {"\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+#: 1000-01-01T00:00:00Z and 10000-01-01T00:00:00Z in microseconds since the epoch.
+_YEARS = (-30610224000 * 10**6, 253402300800 * 10**6)
+
+
+def quoted(text: str) -> str:
+    """`text` as Spark's JSON writer writes a string or field name (quotes included)."""
+    out = text.replace("\\", "\\\\").replace('"', '\\"')
+    for code in range(0x20):
+        char = chr(code)
+        if char in out:
+            out = out.replace(char, _SHORT.get(char, f"\\u{code:04X}"))
+    return f'"{out}"'
+
+
+def unsupported(fields: Sequence[tuple[str, str]]) -> str | None:
+    """Why rows of these (name, Spark simple type) columns are not encoded, or None."""
+    for name, kind in fields:
+        if kind not in TYPES:
+            return f"column {name!r} is {kind}"
+    return None
+
+
+@dataclass(frozen=True)
+class JsonLines:
+    """The encoder of one sink's rows: its columns (name, Spark simple type) in order and
+    whether the JVM prints the shortest digits of a double (Java 19 or later)."""
+
+    fields: tuple[tuple[str, str], ...]
+    shortest: bool
+
+    def encode(self, batch: Any) -> Any:
+        """The rows of `batch` (an Arrow table or record batch with these columns) as Spark
+        writes them, as an Arrow buffer; `ArrowRefused` when a value is one this encoder
+        cannot be certain of."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        pieces: list[Any] = []
+        for i, (name, kind) in enumerate(self.fields):
+            column = batch.column(name)
+            if isinstance(column, pa.ChunkedArray):
+                column = column.combine_chunks()
+            text = self._render(column, kind)
+            if column.null_count:
+                text = pc.fill_null(text, "null")
+            pieces += [pa.scalar(("{" if i == 0 else ",") + quoted(name) + ":"), text]
+        pieces.append(pa.scalar("}\n"))
+        if not batch.num_rows:
+            return pa.py_buffer(b"")
+        lines = pc.binary_join_element_wise(*pieces, pa.scalar(""))
+        if isinstance(lines, pa.ChunkedArray):
+            lines = lines.combine_chunks()
+        offsets = lines.buffers()[1]
+        first, last = (int.from_bytes(offsets[4 * k:4 * k + 4], "little", signed=True)
+                       for k in (lines.offset, lines.offset + len(lines)))
+        return lines.buffers()[2][first:last]
+
+    def _render(self, column: Any, kind: str) -> Any:
+        """`column`'s values as JSON text (nulls stay null)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if kind == "string":
+            return _strings(column)
+        if kind in ("bigint", "int"):
+            return pc.cast(column, pa.string())
+        if kind == "boolean":
+            return pc.if_else(column, pa.scalar("true"), pa.scalar("false"))
+        if kind == "timestamp":
+            return _timestamps(column)
+        return _doubles(column, self.shortest)
+
+
+def _strings(column: Any) -> Any:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    text = pc.replace_substring(column, "\\", "\\\\")
+    text = pc.replace_substring(text, '"', '\\"')
+    if pc.any(pc.match_substring_regex(text, "[\\x00-\\x1f]")).as_py():
+        for code in range(0x20):
+            char = chr(code)
+            text = pc.replace_substring(text, char, _SHORT.get(char, f"\\u{code:04X}"))
+    quote = pa.scalar('"')
+    return pc.binary_join_element_wise(quote, text, quote, pa.scalar(""))
+
+
+def _timestamps(column: Any) -> Any:
+    """`yyyy-MM-ddTHH:mm:ss[.ffffff without trailing zeros]Z` in quotes. Only the distinct
+    days go through `strftime` (about 1 us a value); the time of day is integer arithmetic."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    micros = pc.cast(column, pa.timestamp("us", tz="UTC"))
+    numbers = pc.cast(micros, pa.int64())
+    low, high = pc.min_max(numbers).values()
+    if low.is_valid and (low.as_py() < _YEARS[0] or high.as_py() >= _YEARS[1]):
+        msg = "a timestamp outside the years 1000-9999"
+        raise ArrowRefused(msg)
+    distinct = pc.unique(numbers)
+    if len(distinct) < len(numbers) // 2:  # (windows' bounds: a few distinct values)
+        return pc.take(_iso(distinct.cast(pa.timestamp("us", tz="UTC")), distinct),
+                       pc.index_in(numbers, distinct))
+    return _iso(micros, numbers)
+
+
+def _iso(micros: Any, numbers: Any) -> Any:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    day = pc.cast(pc.floor_temporal(micros, unit="day"), pa.int64())
+    days = pc.unique(day)
+    dates = pc.strftime(pc.cast(days, pa.timestamp("us", tz="UTC")), format="%Y-%m-%d")
+    date = pc.take(dates, pc.index_in(day, days))
+    since = pc.subtract(numbers, day)  # (microseconds into the day, never negative)
+    fraction = pc.subtract(since, pc.multiply(pc.divide(since, 10**6), 10**6))
+    second = pc.divide(since, 10**6)
+    parts = []
+    for unit, size in ((3600, 24), (60, 60), (1, 60)):
+        value = pc.divide(second, unit)
+        if size != 24:
+            value = pc.subtract(value, pc.multiply(pc.divide(value, size), size))
+        parts.append(pc.utf8_lpad(pc.cast(value, pa.string()), 2, "0"))
+    digits = pc.utf8_rtrim(pc.utf8_lpad(pc.cast(fraction, pa.string()), 6, "0"), "0")
+    tail = pc.if_else(pc.equal(fraction, 0), pa.scalar('Z"'),
+                      pc.binary_join_element_wise(pa.scalar("."), digits, pa.scalar('Z"'),
+                                                  pa.scalar("")))
+    text = [pa.scalar('"'), date, pa.scalar("T"), parts[0], pa.scalar(":"), parts[1],
+            pa.scalar(":"), parts[2], tail]
+    return pc.binary_join_element_wise(*text, pa.scalar(""))
+
+
+def _doubles(column: Any, shortest: bool) -> Any:
+    """Doubles as `Double.toString`: Arrow's shortest text where it is plain and in
+    [10^-3, 10^7) or zero, each other value in Python (see the module's note on Java 17)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    text = pc.cast(column, pa.string())
+    size = pc.abs(column)
+    plain = pc.and_(pc.or_(pc.equal(size, 0.0), pc.and_(pc.greater_equal(size, 1e-3),
+                                                          pc.less(size, 1e7))),
+                    pc.invert(pc.match_substring(text, "e")))
+    if not shortest:
+        digits = pc.utf8_length(pc.utf8_ltrim(pc.replace_substring(
+            pc.replace_substring(text, "-", ""), ".", ""), "0"))
+        if pc.any(pc.and_(plain, pc.greater(digits, 15))).as_py():
+            msg = "a double whose shortest digits are more than 15 (Java 17 may print others)"
+            raise ArrowRefused(msg)
+    text = pc.if_else(pc.match_substring(text, "."), text,
+                      pc.binary_join_element_wise(text, pa.scalar(".0"), pa.scalar("")))
+    others = pc.invert(pc.fill_null(plain, True))  # (a null stays null)
+    if not pc.any(others).as_py():
+        return text
+    values = pc.filter(column, others).to_pylist()
+    rendered = pa.array([java_double(v, shortest) for v in values], pa.string())
+    return pc.replace_with_mask(text, others, rendered)
+
+
+def java_double(value: float, shortest: bool = True) -> str:
+    """`value` as Spark's JSON writer prints a double (`Double.toString`; NaN and the
+    infinities quoted); `ArrowRefused` where Java 17 may differ (`shortest` false)."""
+    import math
+    import sys
+
+    if math.isnan(value):
+        return '"NaN"'
+    if math.isinf(value):
+        return '"Infinity"' if value > 0 else '"-Infinity"'
+    sign = "-" if math.copysign(1.0, value) < 0 else ""
+    if value == 0:
+        return f"{sign}0.0"
+    if abs(value) < sys.float_info.min:  # (Java prints at least two digits: 4.9E-324)
+        msg = f"the subnormal double {value!r}"
+        raise ArrowRefused(msg)
+    mantissa, _, power = repr(abs(value)).partition("e")  # (the shortest, nearest digits)
+    whole, _, fraction = mantissa.partition(".")
+    significant = (whole + fraction).lstrip("0").rstrip("0") or "0"
+    lead = len(whole) - 1 if whole != "0" else len(fraction.lstrip("0")) - len(fraction) - 1
+    point = lead + int(power or 0)  # (the power of ten of the first significant digit)
+    plain = 1e-3 <= abs(value) < 1e7
+    if not shortest and not ((value == int(value) and abs(value) < 2**53)
+                             or (plain and len(significant) <= 15)):
+        msg = f"the double {value!r} (Java 17 may print other digits)"
+        raise ArrowRefused(msg)
+    if not plain:
+        return f"{sign}{significant[0]}.{significant[1:] or '0'}E{point}"
+    if point < 0:
+        return f"{sign}0.{'0' * (-point - 1)}{significant}"
+    whole_digits = significant[:point + 1].ljust(point + 1, "0")
+    return f"{sign}{whole_digits}.{significant[point + 1:] or '0'}"
