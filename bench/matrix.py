@@ -525,6 +525,26 @@ def configs(spark: Any, c: Cell, data: Data, scratch: Path,
     return runs
 
 
+#: How long one output check may take before it is abandoned (its Spark jobs cancelled).
+CHECK_SECONDS = 300
+
+
+def timed_check(spark: Any, c: Cell, data: Data, run: Run, sss: bool) -> str:
+    """`check`, or 'check timed out' after `CHECK_SECONDS` (once, a Spark count in a check
+    hung with no task running, and the whole table was lost)."""
+    import threading
+
+    found: list[str] = []
+    worker = threading.Thread(target=lambda: found.append(check(spark, c, data, run, sss)),
+                              daemon=True)
+    worker.start()
+    worker.join(CHECK_SECONDS)
+    if worker.is_alive():
+        spark.sparkContext.cancelAllJobs()
+        return f"check timed out after {CHECK_SECONDS} s"
+    return found[0] if found else "check failed"
+
+
 def measure(spark: Any, cells: list[Cell], data: Data, scratch: Path, args: argparse.Namespace,
             console: Console) -> list[Result]:
     results = []
@@ -539,7 +559,8 @@ def measure(spark: Any, cells: list[Cell], data: Data, scratch: Path, args: argp
                     if i:
                         result.runs.setdefault(name, []).append(run)
             for name, runs in result.runs.items():
-                result.checks[name] = check(spark, c, data, runs[-1], name.startswith("SSS"))
+                result.checks[name] = timed_check(spark, c, data, runs[-1],
+                                                  name.startswith("SSS"))
         except Exception as exc:  # one broken cell does not lose the others' results
             console.print(f"  {c.name}: FAILED {type(exc).__name__}: "
                           f"{' '.join(str(exc).split())[:300]}", highlight=False)

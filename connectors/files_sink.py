@@ -14,12 +14,16 @@ Two-phase commit per epoch:
 Readers see only `part-*` files outside `_staging`; a rename on a local file system, a PUT
 or copy on an object store, makes each file appear whole.
 
-A local parquet sink fed by nothing but one keyed operator lets that operator's Spark tasks
-write the staging files themselves (`task_target`, `TaskFile`): each subtask writes its
-output rows with pyarrow as Spark would (its schema in the footer, timestamps as
-`spark.sql.parquet.outputTimestampType` says), and the rows never cross into the JVM; the
-commit is the same. A local epoch (`runtime.local`: rows Spark evaluated on the driver,
-without a job) is written the same way, from the driver (`write_table`). On S3, Spark writes
+A local parquet or jsonl sink fed by nothing but one keyed operator lets that operator's
+Spark tasks write the staging files themselves (`task_target`, `TaskFile`): each subtask writes
+its output rows with pyarrow as Spark would (parquet: its schema in the footer, timestamps as
+`spark.sql.parquet.outputTimestampType` says; jsonl: `connectors.arrow_json_writer`, Spark's
+bytes), and the rows never cross into the JVM; the commit is the same. Where the JSON encoder
+refuses a batch (a double Java 17 may print otherwise, a year outside 1000-9999), that subtask's
+remaining rows are kept as a parquet file and Spark's JSON writer renders it when the sink
+stages the epoch (`tasks_wrote`), so the bytes are always Spark's. A local epoch
+(`runtime.local`: rows Spark evaluated on the driver, without a job) of a parquet sink is
+written the same way, from the driver (`write_table`). On S3, Spark writes
 the staging directory itself through S3A (`connectors/s3a.py`); Spark writes to other file
 systems (`memory://`, ...) go to a local temporary directory first and are then uploaded.
 """
@@ -37,11 +41,13 @@ from typing import TYPE_CHECKING, Any
 
 from streamer.columns import HIDDEN_PREFIX
 from streamer.connectors import manifests
+from streamer.connectors.arrow_json_writer import JsonLines, unsupported
 from streamer.connectors.base import ConnectorContext, Sink
 from streamer.connectors.exceptions import ConnectorError
 from streamer.connectors.files import is_local, spark_path
 from streamer.connectors.formats import timestamps_as_iso
 from streamer.connectors.s3a import is_s3, spark_url
+from streamer.exceptions import ArrowRefused
 from streamer.storage import abort_stale_uploads
 
 if TYPE_CHECKING:
@@ -54,6 +60,8 @@ if TYPE_CHECKING:
 #: Sink format -> (Spark data source, extension of committed files).
 FORMATS = {"jsonl": ("json", "jsonl"), "csv": ("csv", "csv"), "parquet": ("parquet", "parquet")}
 STAGING = "_staging"
+#: How a jsonl sink's task file of rows left to Spark's JSON writer ends (`TaskFile`).
+SPILL = ".spill.parquet"
 
 
 def _has_rows(local_file: str, fmt: str) -> bool:
@@ -103,6 +111,8 @@ class TaskTarget:
     spark_schema: str
     timestamps: str
     spark_version: str
+    #: A jsonl sink's encoder (None: the sink is parquet).
+    json: JsonLines | None = None
 
     def writer(self, path: str, schema: pa.Schema) -> Any:
         """A `pyarrow.parquet.ParquetWriter` at `path` that writes rows of `schema` as
@@ -140,8 +150,10 @@ def nullable(schema: pa.Schema) -> pa.Schema:
 class TaskFile:
     """One subtask's staging file of a `TaskTarget`: `take` writes the output rows
     (`kind_column == out_kind`, hidden `__` columns dropped) of a batch and returns the rest;
-    `close` publishes the file as `part-<subtask>.parquet` with one rename (a retried task
-    replaces it whole) and returns the rows written."""
+    `close` publishes the file with one rename (a retried task replaces it whole) and returns
+    the rows written. Parquet: `part-<subtask>.parquet`. Jsonl: `part-<subtask>-0.jsonl`,
+    and, from the first batch the encoder refuses (`refused` says why), the rest of the rows
+    in `part-<subtask>-1.spill.parquet` for Spark's writer."""
 
     def __init__(self, target: TaskTarget, subtask: int, kind_column: str, out_kind: str) -> None:
         self.target = target
@@ -149,40 +161,62 @@ class TaskFile:
         self.kind_column = kind_column
         self.out_kind = out_kind
         self.rows = 0
+        self.refused: str | None = None
         self._writer: Any = None
+        self._text: Any = None
         self._tmp = os.path.join(target.directory,
                                  f".part-{subtask:05d}-{uuid.uuid4().hex}.tmp")
 
     def take(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """Write `batch`'s output rows; return its other rows."""
-        import pyarrow as pa
         import pyarrow.compute as pc
 
         is_out = pc.equal(batch.column(self.kind_column), self.out_kind)
         out = batch.filter(is_out)
         if out.num_rows:
-            out = out.select([n for n in batch.schema.names if not n.startswith(HIDDEN_PREFIX)])
-            if self._writer is None:
-                self._writer = self.target.writer(self._tmp, nullable(out.schema))
-            self._writer.write_batch(pa.RecordBatch.from_arrays(
-                out.columns, schema=nullable(out.schema)))
+            self._write(out.select([n for n in batch.schema.names
+                                    if not n.startswith(HIDDEN_PREFIX)]))
             self.rows += out.num_rows
         return batch.filter(pc.invert(is_out))
 
+    def _write(self, out: pa.RecordBatch) -> None:
+        import pyarrow as pa
+
+        if self.target.json is not None and self.refused is None:
+            try:
+                data = self.target.json.encode(out)
+            except ArrowRefused as exc:
+                self.refused = str(exc)
+            else:
+                if self._text is None:
+                    self._text = open(f"{self._tmp}.jsonl", "wb")  # noqa: SIM115 (closed in close)
+                self._text.write(data)
+                return
+        if self._writer is None:
+            self._writer = self.target.writer(self._tmp, nullable(out.schema))
+        self._writer.write_batch(pa.RecordBatch.from_arrays(out.columns,
+                                                            schema=nullable(out.schema)))
+
     def close(self) -> int:
-        """Publish the file (if any row was written); the number of rows written."""
+        """Publish the file(s) (those with rows); the number of rows written."""
+        part = os.path.join(self.target.directory, f"part-{self.subtask:05d}")
+        if self._text is not None:
+            self._text.close()
+            os.replace(f"{self._tmp}.jsonl", f"{part}-0.jsonl")
         if self._writer is not None:
             self._writer.close()
-            os.replace(self._tmp, os.path.join(self.target.directory,
-                                               f"part-{self.subtask:05d}.parquet"))
+            os.replace(self._tmp, f"{part}-1{SPILL}" if self.target.json else f"{part}.parquet")
         return self.rows
 
     def discard(self) -> None:
-        """Drop a half-written file (the task failed)."""
+        """Drop half-written files (the task failed)."""
         if self._writer is not None:
             self._writer.close()
-        if os.path.exists(self._tmp):
-            os.remove(self._tmp)
+        if self._text is not None:
+            self._text.close()
+        for path in (self._tmp, f"{self._tmp}.jsonl"):
+            if os.path.exists(path):
+                os.remove(path)
 
 
 class FilesSink(Sink):
@@ -280,13 +314,26 @@ class FilesSink(Sink):
 
     @property
     def takes_task_files(self) -> bool:
-        """Whether keyed tasks may write this sink's files themselves: local parquet only."""
-        return self.format == "parquet" and self.local
+        """Whether keyed tasks may write this sink's files themselves: local parquet or
+        jsonl (of rows `task_files_refused` accepts)."""
+        return self.format in ("parquet", "jsonl") and self.local
+
+    def task_files_refused(self, schema: StructType) -> str | None:
+        """Why the keyed tasks cannot write rows of `schema` to this sink, or None."""
+        if not self.takes_task_files:
+            return f"sink {self.spec.id!r} is not a local parquet or jsonl files sink"
+        if self.format != "jsonl":
+            return None
+        zone = str(self.ctx.spark.conf.get("spark.sql.session.timeZone", "UTC")).strip()
+        if zone not in ("UTC", "Etc/UTC", "Z", "+00:00"):
+            return f"Spark's session time zone is {zone}, not UTC"
+        why = unsupported([(f.name, f.dataType.simpleString()) for f in schema.fields])
+        return None if why is None else f"sink {self.spec.id!r}: {why}"
 
     def task_target(self, epoch: int, schema: StructType) -> TaskTarget | None:
         """Where the epoch's keyed tasks may write rows of `schema` themselves (an empty
         staging directory), or None when the sink does not take task-written files."""
-        if not self.takes_task_files:
+        if self.task_files_refused(schema) is not None:
             return None
         staging = self.staging_dir(epoch)
         if self.fs.exists(staging):
@@ -297,13 +344,25 @@ class FilesSink(Sink):
         conf = self.ctx.spark.conf.get("spark.sql.parquet.outputTimestampType", "INT96")
         optional = StructType([StructField(f.name, f.dataType, True, f.metadata)
                                for f in schema.fields])  # as Spark's writer: all nullable
+        json = None
+        if self.format == "jsonl":
+            json = JsonLines(tuple((f.name, f.dataType.simpleString()) for f in schema.fields),
+                             shortest=self._java_version() >= 19)
         return TaskTarget(directory=staging, spark_schema=optional.json(),
-                          timestamps=str(conf).upper(), spark_version=self.ctx.spark.version)
+                          timestamps=str(conf).upper(), spark_version=self.ctx.spark.version,
+                          json=json)
+
+    def _java_version(self) -> int:
+        """The feature version of the JVM Spark runs on (17 for "17", 8 for "1.8")."""
+        found = self.ctx.spark.sparkContext._jvm.java.lang.System.getProperty(  # type: ignore
+            "java.specification.version")
+        text = str(found)
+        return int(text.split(".")[1] if text.startswith("1.") else text.split(".")[0])
 
     @property
     def takes_tables(self) -> bool:
         """Local parquet only, written as the keyed tasks write it (`TaskTarget.writer`)."""
-        return self.takes_task_files
+        return self.format == "parquet" and self.local
 
     def write_table(self, epoch: int, table: pa.Table) -> dict[str, Any]:
         """Stage a local epoch's rows, collected on the driver, as one parquet file."""
@@ -329,9 +388,30 @@ class FilesSink(Sink):
         them into `task_target(epoch)`; the handle is `write`'s."""
         run()
         staging = self.staging_dir(epoch)
+        for name in sorted(os.listdir(staging)):
+            if name.endswith(SPILL):
+                self._spill_to_json(staging, name)
         staged = sorted(n for n in os.listdir(staging)
-                        if n.startswith("part-") and n.endswith(".parquet"))
+                        if n.startswith("part-") and n.endswith(f".{self.extension}"))
         return self._handle(epoch, staged)
+
+    def _spill_to_json(self, staging: str, name: str) -> None:
+        """Have Spark's JSON writer render a task's refused rows (`SPILL`), as `write` does:
+        `part-<subtask>-1-<k>.jsonl`, which sorts after the task's own `-0.jsonl`."""
+        spill = os.path.join(staging, name)
+        target = os.path.join(staging, f".{name}.spark")
+        df = timestamps_as_iso(self.ctx.spark.read.parquet(spark_path(spill)))
+        df.write.mode("overwrite").option("ignoreNullFields", False).json(
+            spark_path(target, for_read=False))
+        stem = name[:-len(SPILL)]
+        parts = sorted(n for n in os.listdir(target)
+                       if n.startswith("part-") and not n.endswith(".crc"))
+        for k, part in enumerate(parts):
+            if _has_rows(os.path.join(target, part), self.format):
+                os.replace(os.path.join(target, part), os.path.join(staging,
+                                                                    f"{stem}-{k:05d}.jsonl"))
+        shutil.rmtree(target)
+        os.remove(spill)
 
     def _move(self, source: str, target: str) -> None:
         if self.local:

@@ -424,8 +424,10 @@ EXECUTION = Obj(
             "Spark job. No effect on a cluster. Default true. $STREAMER_DRIVER_SUBTASKS "
             "overrides it.")),
         "task_sink": Field(Bool(
-            "A keyed operator's tasks write the staging files of a local parquet files sink "
-            "that reads only that operator (with pyarrow); false has Spark write them. "
+            "A keyed operator's tasks write the staging files of a local parquet or jsonl "
+            "files sink that reads only that operator (with pyarrow, in the bytes Spark's "
+            "writer gives; jsonl rows they cannot be sure of go to Spark's writer); false has "
+            "Spark write them. "
             "Default true. $STREAMER_TASK_SINK overrides it.")),
         "staged_input": Field(Bool(
             "In local mode, a rolling aggregate, a tumbling, sliding or session window or a "

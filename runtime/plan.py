@@ -262,7 +262,8 @@ def _task_written_sink(spec: PipelineSpec, flow: Dataflow, node_id: str, stage: 
     """The sink whose files the keyed stage `node_id`'s tasks write themselves
     (`FilesSink.task_target`) and why, or (None, why none): the stage's only consumer is
     that sink, the sink reads nothing else (no dead letters, late or side outputs), the
-    stage has no side outputs, and the sink is local parquet."""
+    stage has no side outputs, and the sink is local parquet or jsonl (of columns the JSON
+    encoder takes, `FilesSink.task_files_refused`)."""
     from streamer.connectors.files_sink import FilesSink
 
     if not settings.task_sink:
@@ -274,11 +275,14 @@ def _task_written_sink(spec: PipelineSpec, flow: Dataflow, node_id: str, stage: 
         return None, "its output is read by more than one sink or by an operator"
     sink_id = consumers[0].id
     sink = sinks.get(sink_id)
-    if not isinstance(sink, FilesSink) or not sink.takes_task_files:
-        return None, f"sink {sink_id!r} is not a local parquet files sink"
+    if not isinstance(sink, FilesSink):
+        return None, f"sink {sink_id!r} is not a local parquet or jsonl files sink"
+    why = sink.task_files_refused(stage.visible_schema)
+    if why is not None:
+        return None, why
     if flow.node(sink_id).inputs != (node_id,) or sink_id in spec.dead_letter_sinks:
         return None, f"sink {sink_id!r} reads other inputs too"
-    return sink_id, "its only consumer is a local parquet files sink"
+    return sink_id, f"its only consumer is a local {sink.format} files sink"
 
 
 def _source_stage(node: Node, source: Source, keyed: Any,
@@ -308,9 +312,11 @@ def _source_stage(node: Node, source: Source, keyed: Any,
 def _sink_stage(node: Node, sink: Sink, keyed: Any) -> SparkWriterSink:
     for stage in keyed:
         if stage.task_sink is not None and stage.task_sink[0] == node.id:
+            how = ("local parquet" if getattr(sink, "format", "") == "parquet" else
+                   "local jsonl in Spark's bytes; rows the encoder refuses go to Spark's writer")
             return SubtaskWrittenSink(node.id, f"written by the subtasks of keyed stage "
-                                      f"{stage.node_id!r} (local parquet: no rows cross into "
-                                      "the JVM)", sink, node.inputs)
+                                      f"{stage.node_id!r} ({how}: no rows cross into the JVM)",
+                                      sink, node.inputs)
     reason = "Spark's writer"
     if sink.takes_tables:
         reason += "; a local epoch's rows are written from the driver without a job"

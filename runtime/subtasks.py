@@ -97,7 +97,8 @@ def subtask_batches(cfg: KeyedConfig, batches: Iterator[Any], subtask: int, writ
                 yield batch
         if out is not None:
             written = out.close()
-            report(json.dumps({"subtask": subtask, "sink_rows": written}))
+            report(json.dumps({"subtask": subtask, "sink_rows": written,
+                               "sink_refused": out.refused}))
     except BaseException:
         if out is not None:
             out.discard()

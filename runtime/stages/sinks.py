@@ -5,7 +5,8 @@ commit; the coordinator commits after the checkpoint that covers the epoch).
   side outputs routed to it) goes to the sink's Spark writer. In a local epoch, a sink that
   takes Arrow tables gets the rows collected on the driver instead, without a job.
 - `SubtaskWrittenSink`: the keyed stage feeding it writes the sink's staging files from its
-  subtasks (`FilesSink.task_target`); the sink stages what they wrote.
+  subtasks (`FilesSink.task_target`); the sink stages what they wrote. A jsonl subtask whose
+  rows the JSON encoder refused is named in the epoch's `arrow_refused` metrics.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ class SparkWriterSink(Stage):
 
 
 class SubtaskWrittenSink(SparkWriterSink):
-    """A local parquet files sink whose staging files the keyed subtasks write."""
+    """A local parquet or jsonl files sink whose staging files the keyed subtasks write."""
 
     strategy = "written-by-subtasks"
 
@@ -94,6 +95,10 @@ class SubtaskWrittenSink(SparkWriterSink):
         ctx.handles[self.node_id] = ctx.guard(f"writing sink {self.node_id!r}", partial(
             self.sink.tasks_wrote, ctx.epoch, run_job))  # type: ignore[attr-defined]
         ctx.seen_out[self.node_id] = TaskRows(metas)
+        for meta in metas:  # (a jsonl sink's rows the encoder left to Spark's writer)
+            if meta.get("sink_refused"):
+                ctx.arrow_refused[f"sink {self.node_id} subtask {meta['subtask']}"] = \
+                    meta["sink_refused"]
 
 
 class TaskRows:

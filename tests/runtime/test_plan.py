@@ -142,7 +142,10 @@ def test_json_filter_session_to_json_plans_a_fused_chain_and_staged_input(
     assert keyed["strategy"] == "local | spark-staged-files | spark-routed"
     why = {r["name"]: r["why"] for r in keyed["not_used"]}
     assert why["subtasks-read-files"] == "its input is not a source it alone reads"
-    assert why["writes its sink"] == "sink 'out' is not a local parquet files sink"
+    assert "writes its sink" not in why
+    assert keyed["writes_sink"] == "out"  # (a local jsonl sink of columns the encoder takes)
+    assert stage(plan, "out")["strategy"] == "written-by-subtasks"
+    assert "local jsonl in Spark's bytes" in stage(plan, "out")["reason"]
     assert "arrow-tasks" not in why  # (JSON lines, a filter and a derived column Arrow takes)
     source = stage(plan, "views")
     assert source["strategy"] == "arrow-tasks"
@@ -200,13 +203,14 @@ def test_plan_physical_cli_prints_the_stages_as_text_and_json(
         monkeypatch.delenv(name, raising=False)
     file = tmp_path / "p.yaml"
     file.write_text(textwrap.dedent(PARQUET_WINDOW.format(
-        src=parquet_input(tmp_path / "in"), out=tmp_path / "out", sink_format="jsonl")))
+        src=parquet_input(tmp_path / "in"), out=tmp_path / "out", sink_format="csv")))
     runner = CliRunner()
     text = runner.invoke(app, ["plan", str(file), "--physical"])
     assert text.exit_code == 0, text.output
     assert "keyed stage per_minute: subtasks-read-files | local | spark-routed" in text.output
     assert "source stage events: read-by-subtasks" in text.output
-    assert "not writes its sink: sink 'out' is not a local parquet files sink" in text.output
+    assert ("not writes its sink: sink 'out' is not a local parquet or jsonl files sink"
+            in text.output)
     as_json = runner.invoke(app, ["plan", str(file), "--physical", "--format", "json"])
     assert as_json.exit_code == 0, as_json.output
     found = json.loads(as_json.output)
