@@ -71,6 +71,9 @@ CASES = {  # name: (backend, operators, the operator the sink reads, what reads 
 
 
 def run(spark, tmp_path: Path, case: str, mode: str, fmt: str = "parquet"):
+    """The case's pipeline with STREAMER_TASK_SINK=`mode` (set by the caller): (runner,
+    result, output directory, committed files), checked to have finished with committed
+    files only, task-written when `mode` is 1."""
     backend, operators, last, _ = CASES[case]
     out = tmp_path / f"out-{mode}"
     spec = load_pipeline_text(textwrap.dedent(PIPELINE.format(
@@ -79,7 +82,14 @@ def run(spark, tmp_path: Path, case: str, mode: str, fmt: str = "parquet"):
     runner = JobRunner(spec, RunOptions(ui=False, checkpoints=True, fresh=True,
                                         storage=str(tmp_path / f"storage-{mode}")),
                        spark=spark)
-    return runner, runner.run(), out
+    result = runner.run()
+    assert result.status == "finished"
+    assert runner.task_sinks == ({"agg": "out"} if mode == "1" else {})
+    files = sorted(out.glob(f"part-*.{fmt}"))
+    assert files, "the pipeline produced nothing to compare"
+    assert sorted(p for p in out.rglob("*") if p.is_file()) == files, \
+        "something besides committed files was left"
+    return runner, result, out, files
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -89,14 +99,8 @@ def test_task_written_parquet_equals_sparks(spark, tmp_path: Path, monkeypatch,
     found = {}
     for mode in ("0", "1"):
         monkeypatch.setenv("STREAMER_TASK_SINK", mode)
-        runner, result, out = run(spark, tmp_path, case, mode)
-        assert result.status == "finished"
-        assert runner.task_sinks == ({"agg": "out"} if mode == "1" else {})
+        runner, result, out, files = run(spark, tmp_path, case, mode)
         assert (runner.keyed["agg"].direct is not None) == (CASES[case][3] == "direct")
-        files = sorted(out.glob("part-*.parquet"))
-        assert files, "the pipeline produced nothing to compare"
-        assert sorted(p for p in out.rglob("*") if p.is_file()) == files, \
-            "something besides committed files was left"
         frame = spark.read.parquet(str(out))
         found[mode] = {
             "rows": sorted(map(repr, frame.collect())),
@@ -122,13 +126,7 @@ def test_task_written_jsonl_is_sparks_bytes(spark, tmp_path: Path, monkeypatch,
     found = {}
     for mode in ("0", "1"):
         monkeypatch.setenv("STREAMER_TASK_SINK", mode)
-        runner, result, out = run(spark, tmp_path, case, mode, fmt="jsonl")
-        assert result.status == "finished"
-        assert runner.task_sinks == ({"agg": "out"} if mode == "1" else {})
-        files = sorted(out.glob("part-*.jsonl"))
-        assert files, "the pipeline produced nothing to compare"
-        assert sorted(p for p in out.rglob("*") if p.is_file()) == files, \
-            "something besides committed files was left"
+        _, result, _, files = run(spark, tmp_path, case, mode, fmt="jsonl")
         refused = [why for m in result.metrics for name, why in m.arrow_refused.items()
                    if name.startswith("sink out")]
         found[mode] = {"files": [p.read_bytes() for p in files], "refused": refused,
