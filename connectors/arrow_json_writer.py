@@ -88,7 +88,11 @@ class JsonLines:
         pieces.append(pa.scalar("}\n"))
         if not batch.num_rows:
             return pa.py_buffer(b"")
-        lines = pc.binary_join_element_wise(*pieces, pa.scalar(""))
+        try:
+            lines = pc.binary_join_element_wise(*pieces, pa.scalar(""))
+        except (pa.ArrowInvalid, pa.ArrowCapacityError) as exc:  # (over 2 GiB of text)
+            msg = f"the batch's text does not fit one Arrow string array: {exc}"
+            raise ArrowRefused(msg) from exc
         if isinstance(lines, pa.ChunkedArray):
             lines = lines.combine_chunks()
         offsets = lines.buffers()[1]
