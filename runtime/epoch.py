@@ -270,7 +270,7 @@ class EpochRunner:
             snapshot_ms=barrier["snapshot_ms"], small=ctx.decision.small,
             direct=sorted(ctx.ran_direct), local=ctx.ran_local,
             staged=sorted(ctx.ran_staged), arrow_decoded=dict(ctx.arrow_decoded),
-            arrow_refused=dict(ctx.arrow_refused),
+            arrow_refused=dict(ctx.arrow_refused), sink_refused=dict(ctx.sink_refused),
             moves=barrier["moves"], restores=barrier["restores"],
             restore_ms=round(barrier["restore_ms"], 1),
             executors=sorted(barrier["executors"]))

@@ -63,10 +63,12 @@ class EpochMetrics:
     #: staged for them this epoch (`job.execution.staged_input`).
     staged: list[str] = field(default_factory=list)
     #: Source id -> files Arrow tasks decoded for its keyed stage (`job.execution.
-    #: arrow_input`); file -> why one was left to Spark, and `sink <id> subtask <n>` -> why a
-    #: task writing a jsonl sink left its remaining rows to Spark's writer.
+    #: arrow_input`); file -> why one was left to Spark.
     arrow_decoded: dict[str, int] = field(default_factory=dict)
     arrow_refused: dict[str, str] = field(default_factory=dict)
+    #: `<sink id> subtask <n>` -> why a keyed task writing a jsonl sink left its remaining
+    #: rows to Spark's writer (`connectors.arrow_json_writer`).
+    sink_refused: dict[str, str] = field(default_factory=dict)
     #: Keyed subtasks that ran on another executor than in the epoch before (on a cluster),
     #: subtasks that restored their state, and the slowest restore (ms).
     moves: int = 0

@@ -99,6 +99,8 @@ class EpochContext:
     #: Source id -> its files the Arrow tasks decoded; file -> why they left one to Spark.
     arrow_decoded: dict[str, int] = field(default_factory=dict)
     arrow_refused: dict[str, str] = field(default_factory=dict)
+    #: `<sink id> subtask <n>` -> why the JSON encoder left that task's rows to Spark's writer.
+    sink_refused: dict[str, str] = field(default_factory=dict)
     #: Sink id -> (the job whose keyed tasks write its files, their metadata).
     task_jobs: dict[str, tuple[Callable[[], Any], Any]] = field(default_factory=dict)
     #: Sink id -> its pre-commit handle for this epoch.

@@ -6,7 +6,7 @@ commit; the coordinator commits after the checkpoint that covers the epoch).
   takes Arrow tables gets the rows collected on the driver instead, without a job.
 - `SubtaskWrittenSink`: the keyed stage feeding it writes the sink's staging files from its
   subtasks (`FilesSink.task_target`); the sink stages what they wrote. A jsonl subtask whose
-  rows the JSON encoder refused is named in the epoch's `arrow_refused` metrics.
+  rows the JSON encoder refused is named in the epoch's `sink_refused` metrics.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ class SubtaskWrittenSink(SparkWriterSink):
         ctx.seen_out[self.node_id] = TaskRows(metas)
         for meta in metas:  # (a jsonl sink's rows the encoder left to Spark's writer)
             if meta.get("sink_refused"):
-                ctx.arrow_refused[f"sink {self.node_id} subtask {meta['subtask']}"] = \
+                ctx.sink_refused[f"{self.node_id} subtask {meta['subtask']}"] = \
                     meta["sink_refused"]
 
 

@@ -127,8 +127,8 @@ def test_task_written_jsonl_is_sparks_bytes(spark, tmp_path: Path, monkeypatch,
     for mode in ("0", "1"):
         monkeypatch.setenv("STREAMER_TASK_SINK", mode)
         _, result, _, files = run(spark, tmp_path, case, mode, fmt="jsonl")
-        refused = [why for m in result.metrics for name, why in m.arrow_refused.items()
-                   if name.startswith("sink out")]
+        refused = [why for m in result.metrics for name, why in m.sink_refused.items()
+                   if name.startswith("out subtask")]
         found[mode] = {"files": [p.read_bytes() for p in files], "refused": refused,
                        "counts": [(m.records_in, m.records_out) for m in result.metrics]}
     assert found["1"]["files"] == found["0"]["files"]
