@@ -74,6 +74,22 @@ class JsonLines:
         writes them, as an Arrow buffer; `ArrowRefused` when a value is one this encoder
         cannot be certain of."""
         import pyarrow as pa
+
+        if not batch.num_rows:
+            return pa.py_buffer(b"")
+        try:
+            lines = self._lines(batch)
+        except pa.ArrowException as exc:  # (over 2 GiB of text, an Arrow type not foreseen)
+            msg = f"Arrow could not render the batch: {exc}"
+            raise ArrowRefused(msg) from exc
+        offsets = lines.buffers()[1]
+        first, last = (int.from_bytes(offsets[4 * k:4 * k + 4], "little", signed=True)
+                       for k in (lines.offset, lines.offset + len(lines)))
+        return lines.buffers()[2][first:last]
+
+    def _lines(self, batch: Any) -> Any:
+        """One string array: each row's line, its line end included."""
+        import pyarrow as pa
         import pyarrow.compute as pc
 
         pieces: list[Any] = []
@@ -81,24 +97,17 @@ class JsonLines:
             column = batch.column(name)
             if isinstance(column, pa.ChunkedArray):
                 column = column.combine_chunks()
+            if kind == "string" and column.type != pa.string():
+                column = column.cast(pa.string())  # (large or view strings)
             text = self._render(column, kind)
             if column.null_count:
                 text = pc.fill_null(text, "null")
             pieces += [pa.scalar(("{" if i == 0 else ",") + quoted(name) + ":"), text]
         pieces.append(pa.scalar("}\n"))
-        if not batch.num_rows:
-            return pa.py_buffer(b"")
-        try:
-            lines = pc.binary_join_element_wise(*pieces, pa.scalar(""))
-        except (pa.ArrowInvalid, pa.ArrowCapacityError) as exc:  # (over 2 GiB of text)
-            msg = f"the batch's text does not fit one Arrow string array: {exc}"
-            raise ArrowRefused(msg) from exc
+        lines = pc.binary_join_element_wise(*pieces, pa.scalar(""))
         if isinstance(lines, pa.ChunkedArray):
             lines = lines.combine_chunks()
-        offsets = lines.buffers()[1]
-        first, last = (int.from_bytes(offsets[4 * k:4 * k + 4], "little", signed=True)
-                       for k in (lines.offset, lines.offset + len(lines)))
-        return lines.buffers()[2][first:last]
+        return lines
 
     def _render(self, column: Any, kind: str) -> Any:
         """`column`'s values as JSON text (nulls stay null)."""

@@ -113,6 +113,21 @@ def test_java_17_rule_refuses_what_it_cannot_be_sure_of() -> None:
     assert java_double(12345678.0, shortest=False) == "1.2345678E7"
 
 
+def test_other_arrow_string_types_and_arrow_errors() -> None:
+    """Large or view strings are encoded as strings; an Arrow error (here a struct where a
+    string was declared) is a refusal, never a failed task."""
+    import pyarrow as pa
+
+    fields = (("s", "string"), ("n", "bigint"))
+    for kind in (pa.large_string(), pa.string_view()):
+        table = pa.table({"s": pa.array(["a", 'b"'], kind), "n": pa.array([1, None])})
+        assert JsonLines(fields, False).encode(table).to_pybytes() == \
+            b'{"s":"a","n":1}\n{"s":"b\\"","n":null}\n'
+    odd = pa.table({"s": pa.array([{"a": 1}]), "n": pa.array([1])})
+    with pytest.raises(ArrowRefused, match="could not render"):
+        JsonLines(fields, False).encode(odd)
+
+
 def test_other_types_are_named() -> None:
     assert unsupported(FIELDS) is None
     why = unsupported((("a", "string"), ("m", "map<string,int>")))
