@@ -15,8 +15,9 @@ class StreamerError(Exception):
 
 class ArrowRefused(Exception):
     """Arrow's answer for these rows is not certainly Spark's, so Spark computes them instead
-    (`connectors.arrow_json`, `operators.arrow_sql`, `runtime.arrow_input`). Never reaches a
-    user: the caller leaves the file or range to Spark's path."""
+    (`connectors.arrow_json`, `connectors.arrow_json_writer`, `operators.arrow_sql`,
+    `runtime.arrow_input`). Never reaches a user: the caller leaves the file, range or rows to
+    Spark's path."""
 
 
 class ConfigError(StreamerError):

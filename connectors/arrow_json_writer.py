@@ -53,6 +53,14 @@ def quoted(text: str) -> str:
     return f'"{out}"'
 
 
+def jvm_prints_shortest(spark: Any) -> bool:
+    """Whether the JVM Spark runs on prints a double's shortest digits (Java 19 or later;
+    `java.specification.version` is "17", or "1.8" on old JVMs)."""
+    text = str(spark.sparkContext._jvm.java.lang.System.getProperty(
+        "java.specification.version"))
+    return int(text.split(".")[1] if text.startswith("1.") else text.split(".")[0]) >= 19
+
+
 def unsupported(fields: Sequence[tuple[str, str]]) -> str | None:
     """Why rows of these (name, Spark simple type) columns are not encoded, or None."""
     for name, kind in fields:

@@ -41,11 +41,11 @@ from typing import TYPE_CHECKING, Any
 
 from streamer.columns import HIDDEN_PREFIX
 from streamer.connectors import manifests
-from streamer.connectors.arrow_json_writer import JsonLines, unsupported
+from streamer.connectors.arrow_json_writer import JsonLines, jvm_prints_shortest, unsupported
 from streamer.connectors.base import ConnectorContext, Sink
 from streamer.connectors.exceptions import ConnectorError
 from streamer.connectors.files import is_local, spark_path
-from streamer.connectors.formats import timestamps_as_iso
+from streamer.connectors.formats import not_utc, timestamps_as_iso
 from streamer.connectors.s3a import is_s3, spark_url
 from streamer.exceptions import ArrowRefused
 from streamer.storage import abort_stale_uploads
@@ -250,18 +250,38 @@ class FilesSink(Sink):
         """Create the output directory."""
         self.fs.makedirs(self.root, exist_ok=True)
 
-    def write(self, epoch: int, df: DataFrame) -> dict[str, Any]:
-        """Stage the epoch's rows with one Spark write; the handle lists staged -> final names."""
+    def _spark_writer(self, df: DataFrame) -> Any:
+        """Spark's writer of `df` in this sink's format, as every Spark-written file of the
+        sink is written (timestamps as ISO text outside parquet, a csv header, jsonl nulls)."""
         if self.format != "parquet":
             df = timestamps_as_iso(df)
-        staging = self.staging_dir(epoch)
-        if self.fs.exists(staging):
-            self.fs.rm(staging, recursive=True)
         writer = df.write.mode("overwrite").format(self.spark_format)
         if self.format == "csv":
             writer = writer.option("header", True)
         elif self.format == "jsonl":
             writer = writer.option("ignoreNullFields", False)
+        return writer
+
+    def _parts_with_rows(self, directory: str) -> list[str]:
+        """The part files Spark wrote into local `directory` that hold rows (name order);
+        empty ones are removed."""
+        found = []
+        for name in sorted(os.listdir(directory)):
+            path = os.path.join(directory, name)
+            if not name.startswith("part-") or name.endswith(".crc"):
+                continue
+            if _has_rows(path, self.format):
+                found.append(name)
+            else:
+                os.remove(path)
+        return found
+
+    def write(self, epoch: int, df: DataFrame) -> dict[str, Any]:
+        """Stage the epoch's rows with one Spark write; the handle lists staged -> final names."""
+        staging = self.staging_dir(epoch)
+        if self.fs.exists(staging):
+            self.fs.rm(staging, recursive=True)
+        writer = self._spark_writer(df)
         if self.s3a:  # Spark writes straight into the staging prefix on S3
             writer.save(spark_url(staging))
             return self._handle(epoch, self._staged_on_s3(staging))
@@ -269,15 +289,7 @@ class FilesSink(Sink):
         target = staging if scratch is None else os.path.join(scratch, "out")
         try:
             writer.save(spark_path(target, for_read=False))
-            staged = []
-            for name in sorted(os.listdir(target)):
-                path = os.path.join(target, name)
-                if not name.startswith("part-") or name.endswith(".crc"):
-                    continue
-                if _has_rows(path, self.format):
-                    staged.append(name)
-                else:
-                    os.remove(path)
+            staged = self._parts_with_rows(target)
             if scratch is not None and staged:
                 self.fs.makedirs(staging, exist_ok=True)
                 for name in staged:
@@ -312,21 +324,16 @@ class FilesSink(Sink):
         return {"epoch": epoch,
                 "files": [[name, self.final_name(epoch, i)] for i, name in enumerate(staged)]}
 
-    @property
-    def takes_task_files(self) -> bool:
-        """Whether keyed tasks may write this sink's files themselves: local parquet or
-        jsonl (of rows `task_files_refused` accepts)."""
-        return self.format in ("parquet", "jsonl") and self.local
-
     def task_files_refused(self, schema: StructType) -> str | None:
-        """Why the keyed tasks cannot write rows of `schema` to this sink, or None."""
-        if not self.takes_task_files:
+        """Why the keyed tasks cannot write rows of `schema` to this sink themselves, or None:
+        they write local parquet, and local jsonl of the types the JSON encoder takes."""
+        if self.format not in ("parquet", "jsonl") or not self.local:
             return f"sink {self.spec.id!r} is not a local parquet or jsonl files sink"
         if self.format != "jsonl":
             return None
-        zone = str(self.ctx.spark.conf.get("spark.sql.session.timeZone", "UTC")).strip()
-        if zone not in ("UTC", "Etc/UTC", "Z", "+00:00"):
-            return f"Spark's session time zone is {zone}, not UTC"
+        why = not_utc(self.ctx.spark)
+        if why is not None:
+            return why
         why = unsupported([(f.name, f.dataType.simpleString()) for f in schema.fields])
         return None if why is None else f"sink {self.spec.id!r}: {why}"
 
@@ -347,17 +354,10 @@ class FilesSink(Sink):
         json = None
         if self.format == "jsonl":
             json = JsonLines(tuple((f.name, f.dataType.simpleString()) for f in schema.fields),
-                             shortest=self._java_version() >= 19)
+                             shortest=jvm_prints_shortest(self.ctx.spark))
         return TaskTarget(directory=staging, spark_schema=optional.json(),
                           timestamps=str(conf).upper(), spark_version=self.ctx.spark.version,
                           json=json)
-
-    def _java_version(self) -> int:
-        """The feature version of the JVM Spark runs on (17 for "17", 8 for "1.8")."""
-        found = self.ctx.spark.sparkContext._jvm.java.lang.System.getProperty(  # type: ignore
-            "java.specification.version")
-        text = str(found)
-        return int(text.split(".")[1] if text.startswith("1.") else text.split(".")[0])
 
     @property
     def takes_tables(self) -> bool:
@@ -400,16 +400,12 @@ class FilesSink(Sink):
         `part-<subtask>-1-<k>.jsonl`, which sorts after the task's own `-0.jsonl`."""
         spill = os.path.join(staging, name)
         target = os.path.join(staging, f".{name}.spark")
-        df = timestamps_as_iso(self.ctx.spark.read.parquet(spark_path(spill)))
-        df.write.mode("overwrite").option("ignoreNullFields", False).json(
+        self._spark_writer(self.ctx.spark.read.parquet(spark_path(spill))).save(
             spark_path(target, for_read=False))
         stem = name[:-len(SPILL)]
-        parts = sorted(n for n in os.listdir(target)
-                       if n.startswith("part-") and not n.endswith(".crc"))
-        for k, part in enumerate(parts):
-            if _has_rows(os.path.join(target, part), self.format):
-                os.replace(os.path.join(target, part), os.path.join(staging,
-                                                                    f"{stem}-{k:05d}.jsonl"))
+        for k, part in enumerate(self._parts_with_rows(target)):
+            os.replace(os.path.join(target, part), os.path.join(staging,
+                                                                f"{stem}-{k:05d}.jsonl"))
         shutil.rmtree(target)
         os.remove(spill)
 

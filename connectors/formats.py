@@ -226,6 +226,15 @@ def _as_iso(col: Column, dtype: Any) -> Column | None:
     return None
 
 
+def not_utc(spark: SparkSession) -> str | None:
+    """Why Spark's session time zone is not UTC, or None when it is. Paths that compute
+    Spark's text or instants outside Spark (Arrow decoding, task-written jsonl) assume UTC."""
+    zone = str(spark.conf.get("spark.sql.session.timeZone", "UTC") or "").strip()
+    if zone in ("UTC", "Etc/UTC", "Z", "+00:00"):
+        return None
+    return f"Spark's session time zone is {zone}, not UTC"
+
+
 def timestamps_as_iso(df: DataFrame) -> DataFrame:
     """Render timestamps as ISO-8601 UTC strings and dates as `yyyy-MM-dd`, also inside
     arrays, maps and structs.

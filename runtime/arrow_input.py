@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamer.columns import EVENT_TIME
 from streamer.connectors.arrow_json import TYPES
+from streamer.connectors.formats import not_utc
 from streamer.exceptions import ArrowRefused
 from streamer.operators.arrow_sql import Program, arrow_type, compile_ops
 from streamer.pipeline.spec import OperatorSpec
@@ -114,9 +115,9 @@ def plan_arrow_input(spark: SparkSession, flow: Dataflow, node_id: str,
     for name, column_kind in columns:
         if column_kind not in TYPES:
             return f"column {name!r} of source {current!r} has type {column_kind}"
-    zone = (spark.conf.get("spark.sql.session.timeZone", "UTC") or "").strip()
-    if zone not in ("UTC", "Etc/UTC", "Z", "+00:00"):
-        return f"Spark's session time zone is {zone}, not UTC"
+    zone = not_utc(spark)
+    if zone is not None:
+        return zone
     event_time: Program | None = None
     if source.spec.event_time:
         found = _event_time(spark, source.spec, schema)

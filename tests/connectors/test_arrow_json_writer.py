@@ -18,7 +18,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamer.connectors.arrow_json_writer import JsonLines, java_double, quoted, unsupported
+from streamer.connectors.arrow_json_writer import (
+    JsonLines,
+    java_double,
+    jvm_prints_shortest,
+    quoted,
+    unsupported,
+)
 from streamer.exceptions import ArrowRefused
 
 pytestmark = pytest.mark.spark
@@ -26,12 +32,6 @@ pytestmark = pytest.mark.spark
 DDL = "s string, n bigint, i int, d double, b boolean, t timestamp"
 FIELDS = tuple((part.split()[0], part.split()[1]) for part in DDL.split(", "))
 UTC = dt.UTC
-
-
-def shortest(spark: Any) -> bool:
-    """Whether Spark's JVM prints a double's shortest digits (Java 19 or later)."""
-    version = spark.sparkContext._jvm.java.lang.System.getProperty("java.specification.version")
-    return int(str(version).split(".")[-1] if str(version).startswith("1.") else version) >= 19
 
 
 def spark_bytes(spark: Any, rows: list[tuple[Any, ...]], ddl: str, where: Path) -> bytes:
@@ -47,7 +47,7 @@ def spark_bytes(spark: Any, rows: list[tuple[Any, ...]], ddl: str, where: Path) 
 def arrow_bytes(spark: Any, rows: list[tuple[Any, ...]], ddl: str,
                 fields: tuple[tuple[str, str], ...]) -> bytes:
     table = spark.createDataFrame(rows, ddl).toArrow()
-    return JsonLines(fields, shortest(spark)).encode(table).to_pybytes()
+    return JsonLines(fields, jvm_prints_shortest(spark)).encode(table).to_pybytes()
 
 
 LISTED = [
@@ -188,7 +188,7 @@ def test_doubles_are_what_this_jvm_prints_or_refused(spark: Any, tmp_path: Path)
     where = tmp_path / "doubles"
     spark.createDataFrame([(i, v) for i, v in enumerate(values)], "i bigint, d double") \
         .coalesce(1).write.json(str(where))
-    jvm_shortest = shortest(spark)
+    jvm_shortest = jvm_prints_shortest(spark)
     printed, refused = 0, set()
     for part in sorted(where.glob("part-*")):
         for line in part.read_text().splitlines():
