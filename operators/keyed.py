@@ -16,6 +16,7 @@ from __future__ import annotations
 import pickle
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 from streamer.columns import (
@@ -145,29 +146,12 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
             return
         checkpointing.check_version(cfg, subtask, done)
         out = _Emitter(cfg)
-        if cfg.kind == "process":
-            from streamer.operators.process import run_process
-
-            out.rows.extend(run_process(cfg.fn_class, cfg.keys, cfg.record_columns, rows,
-                                        backend, cfg.fire_up_to, cfg.now_ms))
-        elif cfg.kind == "join":
-            from streamer.operators.join import run_join
-
-            run_join(cfg, backend, rows, out)
-        elif cfg.kind == "dedupe":
-            from streamer.operators.dedupe import run_dedupe
-
-            run_dedupe(cfg, backend, rows.table, out)
-        elif cfg.kind == "aggregate":
-            _rolling(cfg, backend, rows, out)
-        elif cfg.window_kind == "session":
-            from streamer.operators.sessions import run_sessions
-
-            run_sessions(cfg, backend, rows.table, out)
-        elif cfg.window_kind == "count":
-            _count_windows(cfg, backend, rows, out)
-        else:
-            _time_windows(cfg, backend, rows, out)
+        _operate(cfg, backend, rows, out)
+        if cfg.flush_to is not None:
+            # The end of input follows the epoch's last records (Flink's MAX_WATERMARK after
+            # them): every timer up to it fires, as in an epoch of its own without records.
+            none: Any = [] if isinstance(rows, list) else _Input(rows.table.slice(0, 0))
+            _operate(replace(cfg, fire_up_to=cfg.flush_to), backend, none, out)
         meta: dict[str, Any] = {"subtask": subtask, "out": len(out), "executor": executor,
                                 "next_event": backend.next_timer("event"),
                                 "next_processing": backend.next_timer("processing"),
@@ -186,6 +170,34 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
             backend.park()  # rocksdb stays open for this process's next task of the subtask
         else:
             backend.close()
+
+
+def _operate(cfg: KeyedConfig, backend: Any, rows: Any, out: _Emitter) -> None:
+    """The operator's work on one subtask's `rows` (an `_Input`, or a list for the operators
+    that work row by row): timers up to `cfg.fire_up_to` fire, the rows are processed."""
+    if cfg.kind == "process":
+        from streamer.operators.process import run_process
+
+        out.rows.extend(run_process(cfg.fn_class, cfg.keys, cfg.record_columns, rows,
+                                    backend, cfg.fire_up_to, cfg.now_ms))
+    elif cfg.kind == "join":
+        from streamer.operators.join import run_join
+
+        run_join(cfg, backend, rows, out)
+    elif cfg.kind == "dedupe":
+        from streamer.operators.dedupe import run_dedupe
+
+        run_dedupe(cfg, backend, rows.table, out)
+    elif cfg.kind == "aggregate":
+        _rolling(cfg, backend, rows, out)
+    elif cfg.window_kind == "session":
+        from streamer.operators.sessions import run_sessions
+
+        run_sessions(cfg, backend, rows.table, out)
+    elif cfg.window_kind == "count":
+        _count_windows(cfg, backend, rows, out)
+    else:
+        _time_windows(cfg, backend, rows, out)
 
 
 def _stored_bytes(batch: Any) -> bytes:

@@ -37,6 +37,9 @@ class KeyedConfig:
     epoch: int
     #: Timers at or before this time fire this epoch (watermark, or wall clock).
     fire_up_to: int
+    #: The end of input (or a drain) in this epoch: after its records, the task fires every
+    #: timer up to this too, in a second pass without records (`keyed.run_task`).
+    flush_to: int | None = None
     #: process only: the user's KeyedProcessFunction subclass, and the wall clock.
     fn_class: Any = None
     now_ms: int = 0

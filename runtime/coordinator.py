@@ -37,6 +37,7 @@ from streamer.runtime.job import JobState, RunOptions, now_ms
 from streamer.runtime.jobcontrol import JobControl
 from streamer.runtime.metrics import EpochMetrics, QuietReporter, Reporter, TeeReporter
 from streamer.runtime.recovery import Recovery
+from streamer.runtime.watermarks import MAX_WATERMARK
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -353,8 +354,12 @@ class JobRunner:
             plan_ms = (time.monotonic() - tick) * 1000
             if slices or self._timers_due(self.job.tracker.current, now):
                 ran += 1
-                due = self.checkpoints.due() or bool(savepoint_url)
-                self._epoch(slices, plan_ms, checkpoint=due, savepoint_url=savepoint_url)
+                last = self._ends_input(live, slices) and (
+                    self.options.max_epochs is None or ran < self.options.max_epochs)
+                due = (self.checkpoints.due() or bool(savepoint_url)
+                       or (last and self.options.checkpoints))
+                self._epoch(slices, plan_ms, checkpoint=due, savepoint_url=savepoint_url,
+                            flush=MAX_WATERMARK if last else None)
                 if self.options.max_epochs is not None and ran >= self.options.max_epochs:
                     if self.checkpoints.unsaved():
                         self._final_checkpoint(None)
@@ -373,8 +378,6 @@ class JobRunner:
             return None
         control.check_deadline()
         if self.checkpoints.unsaved() or control.stop_savepoint is not None:
-            from streamer.runtime.watermarks import MAX_WATERMARK
-
             self._final_checkpoint(MAX_WATERMARK if control.stop_drain else None,
                                    savepoint_url=control.stop_savepoint)
         if not control.stop.is_set():  # a failed stop-with-savepoint keeps the job going
@@ -392,10 +395,19 @@ class JobRunner:
                 live[sid] = src
         return live
 
-    def _end_of_input(self, savepoint_url: str | None) -> None:
-        """Every source ended: the watermark goes to +inf and every timer fires."""
-        from streamer.runtime.watermarks import MAX_WATERMARK
+    def _ends_input(self, live: Mapping[str, Source], slices: Mapping[str, SourceSlice]
+                    ) -> bool:
+        """Whether these slices are the last of every source: then the epoch that reads
+        them also ends the input (Flink's end-of-input watermark follows the last records
+        in the same stream): after its records, every timer fires, and with checkpoints on
+        it is the final checkpoint; no empty epoch follows it to do that."""
+        return bool(slices) and all(
+            src.bounded and sid in slices and src.exhausted(slices[sid].end)
+            for sid, src in live.items())
 
+    def _end_of_input(self, savepoint_url: str | None) -> None:
+        """Every source ended: the watermark goes to +inf and every timer fires (unless the
+        epoch with the last records did that already)."""
         if not (self._timers_due(MAX_WATERMARK, MAX_WATERMARK) or self.checkpoints.unsaved()
                 or savepoint_url):
             return

@@ -105,8 +105,7 @@ class EpochRunner:
         job = self.job
         assert job.plan is not None
         failpoints.reached("epoch-start", epoch)
-        decision = decide(job.plan, job.sources, slices,
-                          job.tracker.current if flush is None else flush,
+        decision = decide(job.plan, job.sources, slices, job.tracker.current,
                           job.history[-1].total_in if job.history else None)
         self.use_small_conf(decision.small)
         ctx = EpochContext(

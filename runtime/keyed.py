@@ -366,9 +366,10 @@ class KeyedStage:
     def run(self, df: DataFrame | None, epoch: int, now_ms: int, watermark: int,
             fire_up_to: int, checkpointing: Any = None, small: bool = False,
             write_to: Any = None, broadcast: DataFrame | None = None,
-            table_load: int | None = None) -> KeyedResult:
+            table_load: int | None = None, flush: int | None = None) -> KeyedResult:
         """Run the keyed stage for one epoch (one Spark job); `watermark` decides lateness,
-        `fire_up_to` which timers fire (the watermark, or wall clock for processing time).
+        `fire_up_to` which timers fire (the watermark, or wall clock for processing time),
+        and `flush` (the end of input) which fire after the epoch's records too.
         `small`: the epoch has few rows, so they are routed before they are aggregated (one
         shuffle, see `_prepare`). `write_to`: the tasks write the output rows to this
         files-sink `TaskTarget` (see `_launch`). `broadcast`: a process function's
@@ -398,8 +399,8 @@ class KeyedStage:
                 rows = rows.unionByName(self._broadcast_copies(broadcast, epoch, now_ms),
                                         allowMissingColumns=True)
             rows = self._routed(rows)
-        cfg = replace(self.base_config, epoch=epoch, fire_up_to=fire_up_to, now_ms=now_ms,
-                      checkpointing=checkpointing, park=small)
+        cfg = replace(self.base_config, epoch=epoch, fire_up_to=fire_up_to, flush_to=flush,
+                      now_ms=now_ms, checkpointing=checkpointing, park=small)
         if table_load is not None:
             cfg = replace(cfg, extra={**cfg.extra, "table_load": table_load})
         return replace(self._launch(rows, cfg, late, write_to), late_seen=late_seen)
@@ -425,14 +426,15 @@ class KeyedStage:
 
     def run_direct(self, read: DirectRead, epoch: int, now_ms: int, fire_up_to: int,
                    checkpointing: Any = None, write_to: Any = None,
-                   table_load: int | None = None) -> KeyedResult:
+                   table_load: int | None = None, flush: int | None = None) -> KeyedResult:
         """Run the keyed stage for one epoch whose subtasks read the epoch's files
         themselves (`direct_plan` said they can): one Spark task per subtask, no scan and no
         shuffle; each task's metadata carries the epoch's `records_in` and `max_ts`. Every
         epoch parks the subtask's state open in its worker (big ones too): its p tasks
         usually land on the same p workers, and the open + close it saves was ~10 % of the
         keyed-windows benchmark (bench/keyed_windows.py: 1.69 -> 1.53 s)."""
-        cfg = self._direct_config(read, epoch, now_ms, fire_up_to, checkpointing, table_load)
+        cfg = replace(self._direct_config(read, epoch, now_ms, fire_up_to, checkpointing,
+                                          table_load), flush_to=flush)
         if write_to is not None:  # nothing reads the output through Spark
             return self._launch(None, cfg, None, write_to)
         if self._starts is None:
@@ -442,7 +444,7 @@ class KeyedStage:
 
     def run_local(self, read: DirectRead, epoch: int, now_ms: int, fire_up_to: int,
                   checkpointing: Any = None, write_to: Any = None,
-                  table_load: int | None = None) -> KeyedResult:
+                  table_load: int | None = None, flush: int | None = None) -> KeyedResult:
         """Run the keyed stage for a local epoch (`runtime.local`): `read` holds the
         epoch's few rows, collected on the driver without a job. With `in_driver` (local
         mode: the driver reaches the subtasks' state directories) the driver runs the
@@ -450,7 +452,8 @@ class KeyedStage:
         RDD job of one task per subtask runs now and brings the output rows back to the
         driver. Either way the output becomes a local relation, so what reads it runs no job
         either (or the subtasks write it to `write_to`)."""
-        cfg = self._direct_config(read, epoch, now_ms, fire_up_to, checkpointing, table_load)
+        cfg = replace(self._direct_config(read, epoch, now_ms, fire_up_to, checkpointing,
+                                          table_load), flush_to=flush)
         if self.in_driver and not cfg.executor_scoped:
             texts: list[str] = []
             parts: list[Any] = []

@@ -58,7 +58,8 @@ class EpochContext:
     now: int
     #: The job's watermark at the epoch's start (decides lateness).
     watermark: int
-    #: The end of input or a drain: every event-time timer up to this fires (else None).
+    #: The end of input or a drain: after the epoch's records, every timer up to this
+    #: fires (else None: event-time timers up to `watermark`).
     flush: int | None
     checkpoint_id: int | None
     savepoint_url: str | None
@@ -107,11 +108,6 @@ class EpochContext:
     handles: dict[str, Any] = field(default_factory=dict)
     #: Frames persisted for several consumers, unpersisted when the epoch ends.
     cached: list[DataFrame] = field(default_factory=list)
-
-    @property
-    def fire_watermark(self) -> int:
-        """The event time up to which windows and timers fire this epoch."""
-        return self.watermark if self.flush is None else self.flush
 
     def inputs(self, node_ids: tuple[str, ...]) -> list[DataFrame]:
         """The frames of `node_ids` that have rows this epoch."""

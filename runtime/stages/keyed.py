@@ -84,8 +84,8 @@ class RoutedRun(KeyedRun):
         op = self.stage.op
         broadcast = ctx.frames.get(op.broadcast) if op.broadcast else None
         return self.stage.run(union(present) if present else None, ctx.epoch, ctx.now,
-                              ctx.fire_watermark, fire, tasks, ctx.decision.small, write_to,
-                              broadcast, table_load=self.table_load(ctx))
+                              ctx.watermark, fire, tasks, ctx.decision.small, write_to,
+                              broadcast, table_load=self.table_load(ctx), flush=ctx.flush)
 
 
 class SubtaskReadRun(KeyedRun):
@@ -102,7 +102,7 @@ class SubtaskReadRun(KeyedRun):
         """One Spark task per subtask over the files the epoch's decision listed."""
         _, read, _ = ctx.decision.direct[self.shape.source_id]
         result = self.stage.run_direct(read, ctx.epoch, ctx.now, fire, tasks, write_to,
-                                       table_load=self.table_load(ctx))
+                                       table_load=self.table_load(ctx), flush=ctx.flush)
         for side, source_id in enumerate(self.shape.source_ids):
             if ctx.decision.direct[source_id][0] is not None:  # the source had a slice: its
                 # records in and newest event time (a join: per side)
@@ -124,9 +124,9 @@ class LocalRun(KeyedRun):
     def run(self, ctx: EpochContext, present: list[DataFrame], fire: int, tasks: Any,
             write_to: Any, collected: Any = None) -> KeyedResult:
         """Run the subtasks over `collected` (an Arrow table of the epoch's input)."""
-        inline = self.shape.read(ctx.fire_watermark, table=ipc_bytes(collected))
+        inline = self.shape.read(ctx.watermark, table=ipc_bytes(collected))
         result = self.stage.run_local(inline, ctx.epoch, ctx.now, fire, tasks, write_to,
-                                      table_load=self.table_load(ctx))
+                                      table_load=self.table_load(ctx), flush=ctx.flush)
         ctx.ran_local.append(self.stage.op.id)
         return result
 
@@ -152,7 +152,7 @@ class StagedRun(KeyedRun):
         failpoints.reached("staged", ctx.epoch)
         read = self.shape.read(ctx.watermark, files=files)
         result = self.stage.run_direct(read, ctx.epoch, ctx.now, fire, tasks, write_to,
-                                       table_load=self.table_load(ctx))
+                                       table_load=self.table_load(ctx), flush=ctx.flush)
         ctx.ran_staged.append(self.stage.op.id)
         return result
 
@@ -244,8 +244,7 @@ class KeyedOperatorStage(Stage):
                 ctx.route(sink_id, frame, DEAD)
         else:
             present = ctx.inputs(stage.op.inputs)
-        fire = ctx.flush if ctx.flush is not None else (
-            ctx.now if stage.domain == "processing" else ctx.watermark)
+        fire = ctx.now if stage.domain == "processing" else ctx.watermark
         tasks = self.checkpointing(node_id, ctx.checkpoint_id, ctx.savepoint_url)
         write_to = None
         if self.task_sink is not None:

@@ -335,3 +335,77 @@ def test_small_epochs_run_interpreted_and_give_the_same_results(spark, tmp_path:
         assert spark.conf.get(key) == before
         outputs[mode] = sorted(json.dumps(r, sort_keys=True) for r in committed_rows(out))
     assert outputs["codegen"] and outputs["codegen"] == outputs["small"] == outputs["mixed"]
+
+
+#: (format, job.execution) -> the keyed path the last epoch takes (so each is covered).
+LAST_EPOCH_PATHS = {
+    ("jsonl", "{}"): "spark", ("parquet", "{}"): "direct",
+    ("jsonl", "{small_epoch_rows: 0, local_rows: 0}"): "staged",
+    ("parquet", "{small_epoch_rows: 0, local_rows: 0}"): "direct",
+    ("jsonl", "{direct_read: false, staged_input: false}"): "spark",
+    ("parquet", "{direct_read: false, staged_input: false}"): "spark"}
+
+
+@pytest.mark.parametrize(("fmt", "execution"), sorted(LAST_EPOCH_PATHS))
+def test_the_epoch_with_the_last_records_ends_the_input(spark, tmp_path: Path, fmt,
+                                                        execution) -> None:
+    """The end of input follows the last records in their own epoch (Flink's MAX_WATERMARK
+    after them): no empty epoch follows to fire the windows or take the final checkpoint.
+    Lateness in that epoch is still judged at the epoch's start: its one late record is late
+    and its others count; on each path a keyed stage's epoch can take."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    base = 1_767_225_600_000
+    src = tmp_path / "in"
+    src.mkdir()
+    files = [[{"user": f"u{i % 3}", "ts": base + (60 * n + i) * 1000} for i in range(30)]
+             for n in range(3)]
+    files[2].append({"user": "u0", "ts": base})  # the first window fired in epoch 2
+    for n, rows in enumerate(files):
+        table = pa.table({"user": [r["user"] for r in rows],
+                          "ts": pa.array([r["ts"] * 1000 for r in rows],
+                                         pa.timestamp("us", tz="UTC"))})
+        if fmt == "parquet":
+            pq.write_table(table, src / f"{n}.parquet")
+        else:
+            (src / f"{n}.jsonl").write_text("".join(
+                json.dumps({"user": r["user"], "ts": r["ts"] / 1000}) + "\n" for r in rows))
+    out = tmp_path / "out"
+    ts_type = "timestamp" if fmt == "parquet" else "double"
+    event_time = "ts" if fmt == "parquet" else "timestamp_seconds(ts)"
+    _, result = run(spark, f"""
+        name: last-epoch
+        storage: {tmp_path / "storage"}
+        job: {{parallelism: 2, checkpoint: {{interval: 1h}}, execution: {execution}}}
+        sources:
+          - id: events
+            type: files
+            path: {src}
+            format: {fmt}
+            schema: {{user: string, ts: {ts_type}}}
+            max_files_per_epoch: 1
+            event_time: {event_time}
+            watermark: {{max_out_of_orderness: 0s}}
+        operators:
+          - id: counts
+            input: events
+            key_by: [user]
+            window: {{tumbling: 1m}}
+            aggregate: {{n: count()}}
+        sinks:
+          - id: out
+            type: files
+            input: counts
+            path: {out}
+            format: jsonl
+        """, checkpoints=True)
+    assert result.status == "finished"
+    assert result.epochs == 3
+    assert [m.checkpoint_id is not None for m in result.metrics] == [False, False, True]
+    assert result.late == 1 and result.metrics[-1].late == 1
+    last = result.metrics[-1]
+    assert ("direct" if last.direct else "staged" if last.staged else "local" if last.local
+            else "spark") == LAST_EPOCH_PATHS[(fmt, execution)]
+    windows = sorted((r["user"], r["n"]) for r in committed_rows(out))
+    assert windows == sorted((f"u{u}", 10) for u in range(3) for _ in range(3))

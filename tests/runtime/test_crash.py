@@ -47,7 +47,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 KILLS = int(os.environ.get("STREAMER_CRASH_KILLS", "8"))
 SEED = int(os.environ.get("STREAMER_CRASH_SEED") or random.SystemRandom().randrange(2**32))
 JOB = "crash"
-#: records per split, and per epoch over both splits: 10 epochs of data, then the final one
+#: records per split, and per epoch over both splits: 10 epochs of data, the last one final
 LIMIT, PER_EPOCH = 600, 120
 
 #: The job of the campaign up to its sinks (name, storage, state backend; the datagen source; its
@@ -102,8 +102,9 @@ def write_job(root: Path, backend: str, fmt: str = "jsonl") -> Path:
 BACKENDS = ("rocksdb", "memory")
 #: The sink format of each backend's campaign: parquet output is written by the keyed tasks.
 FORMATS = {"rocksdb": "jsonl", "memory": "parquet"}
-#: Epochs of the job: its data, then the final one (end of input: every window fires).
-EPOCHS = 2 * LIMIT // PER_EPOCH + 1
+#: Epochs of the job: its data; the last of them also ends the input (every window fires, and
+#: the final checkpoint is taken), as no empty epoch follows the last records.
+EPOCHS = 2 * LIMIT // PER_EPOCH
 
 
 #: The reference job: the windows into a jsonl and a parquet files sink, both written by Spark.
