@@ -31,6 +31,23 @@ def _add(a: Any, b: Any) -> Any:
     return a + b
 
 
+def _sum_merge(what: str) -> Callable[[Any, Any], Any]:
+    """`_add` for a sum, which raises `sum_overflow(what)` where integers pass 64 bits (state
+    kept across epochs is merged as Python integers, which do not wrap, and Arrow would fail
+    to take the result with a bare OverflowError)."""
+    def merge(a: Any, b: Any) -> Any:
+        if a is None:
+            return b
+        if b is None:
+            return a
+        total = a + b
+        if type(total) is int and not -(2**63) <= total < 2**63:
+            raise sum_overflow(what)
+        return total
+
+    return merge
+
+
 def _min(a: Any, b: Any) -> Any:
     return b if a is None else a if b is None else min(a, b)
 
@@ -154,8 +171,8 @@ def accumulator(spec: AggregateSpec, ts: str, seq: str) -> Accumulator:
                            "count(1)", _zero_for_null, _zero_for_null)
     assert x is not None
     if fn == "sum":
-        return Accumulator(spec, (f"sum({x})",), _add, lambda p: p[0], lambda a: a,
-                           f"sum({x})", _same, _same)
+        return Accumulator(spec, (f"sum({x})",), _sum_merge(f"sum({x})"), lambda p: p[0],
+                           lambda a: a, f"sum({x})", _same, _same)
     if fn == "min":
         return Accumulator(spec, (f"min({x})",), _min, lambda p: p[0], lambda a: a, f"min({x})",
                            _same, _same)

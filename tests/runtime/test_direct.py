@@ -294,3 +294,26 @@ def test_a_bigint_sum_past_64_bits_fails_as_sparks_does(spark, tmp_path: Path, m
         parallelism=1, backend="memory", keys="[user]", window=window))
     assert result.status == "finished"
     assert [json.loads(r)["units"] for r in committed_rows(tmp_path / "out-fits")] == [-(2**63)]
+
+
+@pytest.mark.parametrize("window", ["window: {tumbling: 1m}", "window: {session: {gap: 20s}}",
+                                    ""])
+def test_a_bigint_sum_past_64_bits_across_epochs_fails_as_sparks_does(
+        spark, tmp_path: Path, monkeypatch, window: str) -> None:
+    """Each epoch's sum fits, the sum kept in state does not: merged across epochs as Python
+    integers, it fails with ARITHMETIC_OVERFLOW (Spark's state would hold a bigint), not with
+    a bare OverflowError from Arrow."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for i, (user, qty) in enumerate([("a", 2**62), ("b", 1), ("a", 2**62)]):  # 2 files/epoch
+        pq.write_table(pa.table({
+            "user": [user], "grp": pa.array([1], pa.int32()), "amount": [1.0],
+            "ts": pa.array([(BASE_MS + (i + 1) * 1000) * 1000], pa.timestamp("us", tz="UTC")),
+            "qty": pa.array([qty], pa.int64())}), data / f"part-{i:03d}.parquet")
+    for mode in ("0", "1"):
+        monkeypatch.setenv("STREAMER_DIRECT_READ", mode)
+        text = PIPELINE.format(name=f"ovf-{mode}", data=data, out=tmp_path / f"out-{mode}",
+                               state=tmp_path / f"state-{mode}", parallelism=1,
+                               backend="memory", keys="[user]", window=window)
+        with pytest.raises(JobFailedError, match=r"epoch 2 .*\[ARITHMETIC_OVERFLOW\]"):
+            run(spark, text)
