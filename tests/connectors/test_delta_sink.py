@@ -25,8 +25,9 @@ from streamer.runtime.checks import analyze_spec
 from streamer.runtime.coordinator import JobRunner, RunOptions
 
 BASE_MS = 1767225600000
-#: rows per split, and per epoch over both splits: 3 epochs of data, then the final one
-LIMIT, PER_EPOCH = 180, 120
+#: rows per split, and per epoch over both splits: 4 epochs of data (6 s of event time each),
+#: the last one final; windows fire in the third and the fourth
+LIMIT, PER_EPOCH = 240, 120
 
 PIPELINE = """\
 name: dtest
@@ -146,7 +147,7 @@ def test_append_windows_and_merge_totals_exactly_once_over_epochs(
     # Merge: one row per key, its last value, after several epochs of updates.
     assert table_rows(tmp_path / "totals") == expected_totals()
     operations = [op["operation"] for op in DeltaTable(str(tmp_path / "totals")).history()]
-    assert operations == ["MERGE", "MERGE", "WRITE"], operations
+    assert operations == ["MERGE", "MERGE", "MERGE", "WRITE"], operations
     # Every commit records its epoch under the run's app id, in the same commit.
     for table in ("windows", "totals"):
         log = txns(tmp_path / table)
