@@ -42,7 +42,7 @@ TYPES = ("bigint", "int", "double", "string", "boolean", "timestamp")
 #: A `}` followed by `{` on one line.
 _TWO_OBJECTS = re.compile(rb"\}[ \t]*\{")
 #: An ISO-8601 timestamp Spark's and Arrow's parsers read to the same instant.
-_ISO = (r"^[1-9][0-9]{3}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[T ]([01][0-9]|2[0-3]):[0-5][0-9]"
+ISO = (r"^[1-9][0-9]{3}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[T ]([01][0-9]|2[0-3]):[0-5][0-9]"
         r":[0-5][0-9](\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])?$")
 
 
@@ -52,6 +52,19 @@ def arrow_type(kind: str) -> Any:
 
     return {"bigint": pa.int64(), "int": pa.int32(), "double": pa.float64(),
             "string": pa.string(), "boolean": pa.bool_(), "timestamp": pa.string()}[kind]
+
+
+def check_utf8(data: bytes) -> None:
+    """`Refused` unless `data` is valid UTF-8 (Spark would read replacement characters)."""
+    import pyarrow as pa
+
+    try:  # one string over the bytes, without a copy: its cast validates the UTF-8
+        offsets = pa.py_buffer(pa.array([0, len(data)], pa.int64()).buffers()[1])
+        pa.Array.from_buffers(pa.large_binary(), 1, [None, offsets, pa.py_buffer(data)]).cast(
+            pa.large_string())
+    except pa.ArrowInvalid as exc:
+        msg = "the file is not valid UTF-8"
+        raise Refused(msg) from exc
 
 
 def _lines(data: bytes) -> int:
@@ -104,20 +117,14 @@ def decode(data: bytes, columns: Sequence[tuple[str, str]], records: int | None 
     import pyarrow.compute as pc
     import pyarrow.json as pj
 
-    try:  # one string over the bytes, without a copy: its cast validates the UTF-8
-        offsets = pa.py_buffer(pa.array([0, len(data)], pa.int64()).buffers()[1])
-        pa.Array.from_buffers(pa.large_binary(), 1, [None, offsets, pa.py_buffer(data)]).cast(
-            pa.large_string())
-    except pa.ArrowInvalid as exc:
-        msg = "the file is not valid UTF-8"
-        raise Refused(msg) from exc
+    check_utf8(data)
     expected = _lines(data)
     if records is not None and expected != records:
         msg = f"{records - expected} of {records} values are blank (bad records to Spark)"
         raise Refused(msg)
     schema = pa.schema([(name, arrow_type(kind)) for name, kind in columns])
     if not expected:
-        return _with_timestamps(schema.empty_table(), columns)
+        return with_timestamps(schema.empty_table(), columns)
     try:
         table = pj.read_json(
             pa.py_buffer(data), read_options=pj.ReadOptions(use_threads=False,
@@ -133,14 +140,14 @@ def decode(data: bytes, columns: Sequence[tuple[str, str]], records: int | None 
     for name, kind in columns:
         if kind == "timestamp":
             text = table.column(name)
-            ok = pc.match_substring_regex(text, _ISO)
+            ok = pc.match_substring_regex(text, ISO)
             if pc.any(pc.invert(ok)).as_py():  # (null stays null: `any` skips it)
                 msg = f"a value of timestamp column {name!r} is not plain ISO-8601"
                 raise Refused(msg)
-    return _with_timestamps(table.select([n for n, _ in columns]), columns)
+    return with_timestamps(table.select([n for n, _ in columns]), columns)
 
 
-def _with_timestamps(table: Any, columns: Sequence[tuple[str, str]]) -> Any:
+def with_timestamps(table: Any, columns: Sequence[tuple[str, str]]) -> Any:
     """`table` with its ISO-8601 timestamp text as `timestamp[us, UTC]` (no zone: UTC)."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -150,7 +157,7 @@ def _with_timestamps(table: Any, columns: Sequence[tuple[str, str]]) -> Any:
             continue
         text = table.column(name)
         if text.null_count < len(text):
-            # Arrow's ISO-8601 parser takes the forms `_ISO` lets through; a value without a
+            # Arrow's ISO-8601 parser takes the forms `ISO` lets through; a value without a
             # zone is UTC, as Spark reads it in a UTC session.
             zoned = pc.if_else(pc.match_substring_regex(text, r"(Z|[+-][0-9]{2}:[0-9]{2})$"),
                                text, pc.binary_join_element_wise(text, "Z", ""))

@@ -437,7 +437,7 @@ EXECUTION = Obj(
             "aggregation and shuffles. Small epochs keep the Spark path. No effect on a "
             "cluster. Default true. $STREAMER_STAGED_INPUT overrides it.")),
         "arrow_input": Field(Bool(
-            "Where such staged input comes from local JSON-lines or parquet files or Kafka "
+            "Where such staged input comes from local JSON-lines, CSV or parquet files or Kafka "
             "JSON values, Python tasks read and decode them with Arrow and run the event time "
             "and the filters and derived columns before the keyed operator, for the files, "
             "ranges and expressions where Arrow's result is certainly Spark's (any other is "

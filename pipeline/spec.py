@@ -200,7 +200,7 @@ class ExecutionSpec:
     #: In local mode, Spark writes a keyed stage's computed input once as local parquet
     #: files that its subtasks read themselves (in place of aggregating and shuffling it).
     staged_input: bool = True
-    #: Staged input from local JSON-lines or parquet files or Kafka JSON values is decoded,
+    #: Staged input from local JSON-lines, CSV or parquet files or Kafka JSON values is decoded,
     #: filtered and derived by Arrow in Python tasks where that is certainly Spark's result
     #: (`runtime.arrow_input`).
     arrow_input: bool = True

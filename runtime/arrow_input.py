@@ -49,8 +49,8 @@ class ArrowInput:
     """How the tasks compute a keyed stage's input from its source."""
 
     source_id: str
-    #: "files" (a task per JSON-lines file), "parquet" (per parquet file) or "kafka" (per
-    #: partition range).
+    #: "files" (a task per JSON-lines file), "csv" (per CSV file), "parquet" (per parquet
+    #: file) or "kafka" (per partition range).
     kind: str
     #: The stateless operators between the source and the keyed stage, in order.
     op_ids: tuple[str, ...]
@@ -61,7 +61,7 @@ class ArrowInput:
     program: Program
     #: The columns the subtasks read (`DirectShape.columns`: name, Arrow type).
     out: tuple[tuple[str, Any], ...]
-    #: A Kafka source's consumer configuration.
+    #: A Kafka source's consumer configuration; a CSV source's `header` and `delimiter`.
     conf: Mapping[str, Any] | None = None
 
     @property
@@ -86,9 +86,9 @@ def plan_arrow_input(spark: SparkSession, flow: Dataflow, node_id: str,
     """Whether the keyed stage `node_id`'s input can be computed by Arrow tasks, or why not:
     its input is a chain of filter, select and with_columns operators (or none) read only by
     the next (for parquet: at least one), starting at a source only that chain reads: local
-    JSON-lines or parquet files, or a Kafka topic of JSON values read by confluent-kafka
-    (no `key:`, no `record_timestamp:`); the
-    source's columns are bigint, int, double, string, boolean or timestamp; Spark's session
+    JSON-lines, CSV (delimiter `,` `;` `|` or tab) or parquet files, or a Kafka topic of
+    JSON values read by confluent-kafka (no `key:`, no `record_timestamp:`); the source's
+    columns are bigint, int, double, string, boolean or timestamp; Spark's session
     time zone is UTC; and `operators.arrow_sql` translates the event time and operators."""
     node = flow.node(node_id)
     chain: list[Any] = []
@@ -108,8 +108,8 @@ def plan_arrow_input(spark: SparkSession, flow: Dataflow, node_id: str,
         return f"source {current!r} has other readers"
     kind = _source_kind(source)
     if kind is None:
-        return (f"source {current!r} is not local JSON-lines or parquet files, nor Kafka "
-                "JSON values read by confluent-kafka without key: or record_timestamp:")
+        return (f"source {current!r} is not local JSON-lines, CSV or parquet files, nor "
+                "Kafka JSON values read by confluent-kafka without key: or record_timestamp:")
     schema = schemas[current]
     columns = tuple((f.name, f.dataType.simpleString()) for f in schema.fields)
     for name, column_kind in columns:
@@ -128,16 +128,24 @@ def plan_arrow_input(spark: SparkSession, flow: Dataflow, node_id: str,
     if isinstance(program, str):
         return program
     conf = source.reader_conf() if kind == "kafka" else None
+    if kind == "csv":
+        from streamer.connectors.arrow_csv import refusal
+
+        why = refusal(source.delimiter)
+        if why is not None:
+            return f"source {current!r}: {why}"
+        conf = {"header": source.header, "delimiter": source.delimiter}
     return ArrowInput(current, kind, tuple(op.id for op in chain), columns, event_time,
                       program, tuple(shape.columns), conf)
 
 
 def _source_kind(source: Any) -> str | None:
-    """"files", "kafka", or None for a source the tasks do not read."""
+    """"files" (JSON lines), "csv", "parquet", "kafka", or None for a source the tasks do
+    not read."""
     spec = source.spec
-    if spec.type == "files" and getattr(source, "format", None) in ("jsonl", "parquet") \
+    if spec.type == "files" and getattr(source, "format", None) in ("jsonl", "csv", "parquet") \
             and getattr(source, "local", False) and not spec.option("reload"):
-        return "files" if source.format == "jsonl" else "parquet"
+        return {"jsonl": "files"}.get(source.format, source.format)
     if spec.type == "kafka" and getattr(source, "format", None) == "json" and getattr(
             source, "client", None) == "confluent" and not getattr(source, "key", None) \
             and not getattr(source, "record_timestamp", None):
@@ -201,6 +209,7 @@ def _decode_one(plan: ArrowInput, target: str, item: tuple[int, Any]) -> dict[st
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    from streamer.connectors.arrow_csv import decode as decode_csv
     from streamer.connectors.arrow_json import decode
     from streamer.connectors.files import SPLIT
     from streamer.worker import prepare_task
@@ -212,7 +221,12 @@ def _decode_one(plan: ArrowInput, target: str, item: tuple[int, Any]) -> dict[st
             table, split = _parquet(plan, unit), SPLIT
         else:
             data, records, split = _read(plan, unit)
-            table = decode(data, plan.columns, records)
+            if plan.kind == "csv":
+                assert plan.conf is not None
+                table = decode_csv(data, plan.columns, header=plan.conf["header"],
+                                   delimiter=plan.conf["delimiter"])
+            else:
+                table = decode(data, plan.columns, records)
         max_ts = None
         if plan.event_time is not None:
             table, _ = plan.event_time.run(table)
@@ -263,9 +277,9 @@ def _parquet(plan: ArrowInput, name: str) -> Any:
 
 
 def _read(plan: ArrowInput, unit: Any) -> tuple[bytes, int | None, str]:
-    """(The unit's JSON text, its number of records when each is one value (Kafka), its
+    """(The unit's JSON or CSV text, its number of records when each is one value (Kafka), its
     split's name); `ArrowRefused` for a unit the tasks cannot read as Spark would."""
-    if plan.kind == "files":
+    if plan.kind in ("files", "csv"):
         from streamer.connectors.files import SPLIT  # (one split: the files)
 
         if os.path.getsize(unit) > MAX_FILE_BYTES:
