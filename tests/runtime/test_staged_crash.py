@@ -30,9 +30,9 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 KILLS = int(os.environ.get("STREAMER_STAGED_CRASH_KILLS", "4"))
 KINDS = ("staged", "in-task", "after-metadata", "random")
 JOB = "staged-crash"
-#: One JSON file of 200 events per epoch, then the final epoch.
+#: One JSON file of 200 events per epoch, the last one also the final epoch.
 FILES, ROWS = 6, 200
-EPOCHS = FILES + 1
+EPOCHS = FILES
 
 PIPELINE = """\
 name: {job}

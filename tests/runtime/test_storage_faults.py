@@ -31,9 +31,9 @@ from streamer.checkpoint.metadata import CheckpointMetadata, CheckpointStore, Li
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 JOB = "faults"
-#: 8 epochs of data (a checkpoint after each), then the final one.
+#: 8 epochs of data (a checkpoint after each), the last one also the final one.
 LIMIT, PER_EPOCH = 480, 120
-EPOCHS = 2 * LIMIT // PER_EPOCH + 1
+EPOCHS = 2 * LIMIT // PER_EPOCH
 
 PIPELINE = """\
 name: {job}
