@@ -342,20 +342,53 @@ def test_local_keyed_subtasks_write_the_parquet_sink_as_spark_does(
 def test_timers_after_big_epochs_fire_on_the_spark_path(spark, tmp_path: Path,
                                                         monkeypatch) -> None:
     """An epoch without input runs locally only when the stage's last input did: after big
-    epochs its timers may fire many windows, which Spark's tasks fire in parallel."""
-    event_time, operator = KEYED_CASES["tumbling"]
+    epochs its timers may fire many windows, which Spark's tasks fire in parallel. (A
+    watched directory: a bounded source's last epoch fires its timers itself.)"""
+    import json
+
     monkeypatch.setenv("STREAMER_LOCAL_ROWS", "50")  # below the 100 rows per epoch
-    spec = load_pipeline_text(textwrap.dedent(KEYED.format(
-        mode="big", backend="rocksdb", state=tmp_path / "state", event_time=event_time,
-        operator=operator)))
-    runner = JobRunner(spec, RunOptions(ui=False, checkpoints=False, fresh=True,
+    src = tmp_path / "in"
+    src.mkdir()
+    for f in range(3):
+        (src / f"{f}.jsonl").write_text("".join(json.dumps({
+            "user": f"u{o * 7 % 13}", "amount": float(o % 10),
+            "ts": (1_700_000_000_000 + o * 1000) / 1000}) + "\n"
+            for o in range(f * 100, f * 100 + 100)))
+    spec = load_pipeline_text(textwrap.dedent(f"""
+        name: local-keyed-timers
+        job:
+          parallelism: 2
+          max_parallelism: 16
+          epoch: 100ms
+          state: {{backend: rocksdb, local_dir: "{tmp_path / 'state'}"}}
+        sources:
+          - id: gen
+            type: files
+            path: {src}
+            format: jsonl
+            watch: true
+            max_files_per_epoch: 1
+            schema: {{user: string, amount: double, ts: double}}
+            event_time: timestamp_seconds(ts)
+        operators:
+          - id: agg
+            input: gen
+            key_by: [user]
+            window: {{tumbling: 20s}}
+            aggregate: {{n: count(), low: min(amount)}}
+        sinks:
+          - id: out
+            type: console
+            input: agg
+        """))
+    runner = JobRunner(spec, RunOptions(ui=False, checkpoints=False, fresh=True, max_epochs=4,
                                         storage=str(tmp_path / "storage")),
                        spark=spark, sink_factory=MemorySink)
     result = runner.run()
     assert [bool(m.records_in) for m in result.metrics] == [True, True, True, False]
     assert [m.local for m in result.metrics] == [[], [], [], []]
     fired = result.metrics[-1].records_out["out"]
-    assert fired > 0, "the last epoch fires the windows still open"
+    assert fired > 0, "the last epoch fires the windows its watermark closed"
 
 
 def test_what_fails_on_the_driver_fails_the_epoch_as_a_task_would(spark, tmp_path: Path) -> None:
