@@ -49,9 +49,6 @@ _PATTERNS = {
     "bigint": r"^-?[0-9]+$", "int": r"^-?[0-9]+$",
     "double": r"^(-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?|NaN|-?Infinity|-?Inf)$",
     "boolean": r"^(true|false)$", "timestamp": ISO, "string": None}
-#: Spark's (and Java's) names of the special doubles, as Arrow reads them.
-_SPECIAL_DOUBLES = {"Infinity": "inf", "-Infinity": "-inf", "Inf": "inf", "-Inf": "-inf",
-                    "NaN": "nan"}
 
 
 def refusal(delimiter: str) -> str | None:
@@ -119,19 +116,13 @@ def _typed(table: Any, columns: Sequence[tuple[str, str]]) -> Any:
     """`table` (every column text) with each column cast to its type (timestamps stay text
     for `with_timestamps`); `Refused` where a value is out of its type's range."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     from streamer.connectors.arrow_json import arrow_type
 
     out = []
     for name, kind in columns:
-        text = table.column(name)
-        if kind == "double":
-            for spark_text, arrow_text in _SPECIAL_DOUBLES.items():
-                text = pc.replace_substring_regex(text, f"^{re.escape(spark_text)}$",
-                                                  arrow_text)
-        try:
-            out.append(text.cast(arrow_type(kind)))
+        try:  # (Arrow's cast reads `NaN`, `Infinity`, `Inf` and their negatives as Spark does)
+            out.append(table.column(name).cast(arrow_type(kind)))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             msg = f"column {name!r}: {str(exc)[:200]}"
             raise Refused(msg) from exc

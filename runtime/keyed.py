@@ -433,8 +433,8 @@ class KeyedStage:
         epoch parks the subtask's state open in its worker (big ones too): its p tasks
         usually land on the same p workers, and the open + close it saves was ~10 % of the
         keyed-windows benchmark (bench/keyed_windows.py: 1.69 -> 1.53 s)."""
-        cfg = replace(self._direct_config(read, epoch, now_ms, fire_up_to, checkpointing,
-                                          table_load), flush_to=flush)
+        cfg = self._direct_config(read, epoch, now_ms, fire_up_to, checkpointing, table_load,
+                                  flush)
         if write_to is not None:  # nothing reads the output through Spark
             return self._launch(None, cfg, None, write_to)
         if self._starts is None:
@@ -452,8 +452,8 @@ class KeyedStage:
         RDD job of one task per subtask runs now and brings the output rows back to the
         driver. Either way the output becomes a local relation, so what reads it runs no job
         either (or the subtasks write it to `write_to`)."""
-        cfg = replace(self._direct_config(read, epoch, now_ms, fire_up_to, checkpointing,
-                                          table_load), flush_to=flush)
+        cfg = self._direct_config(read, epoch, now_ms, fire_up_to, checkpointing, table_load,
+                                  flush)
         if self.in_driver and not cfg.executor_scoped:
             texts: list[str] = []
             parts: list[Any] = []
@@ -484,11 +484,12 @@ class KeyedStage:
         return KeyedResult(self._local_output(parts), None, metas)
 
     def _direct_config(self, read: DirectRead, epoch: int, now_ms: int, fire_up_to: int,
-                       checkpointing: Any, table_load: int | None) -> KeyedConfig:
+                       checkpointing: Any, table_load: int | None,
+                       flush: int | None) -> KeyedConfig:
         """The subtasks' config of an epoch whose input they read (`run_direct`,
         `run_local`)."""
-        cfg = replace(self.base_config, epoch=epoch, fire_up_to=fire_up_to, now_ms=now_ms,
-                      checkpointing=checkpointing, park=True, direct=read)
+        cfg = replace(self.base_config, epoch=epoch, fire_up_to=fire_up_to, flush_to=flush,
+                      now_ms=now_ms, checkpointing=checkpointing, park=True, direct=read)
         if table_load is not None:
             cfg = replace(cfg, extra={**cfg.extra, "table_load": table_load})
         return cfg
