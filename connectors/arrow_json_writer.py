@@ -95,8 +95,20 @@ class JsonLines:
                        for k in (lines.offset, lines.offset + len(lines)))
         return lines.buffers()[2][first:last]
 
-    def _lines(self, batch: Any) -> Any:
-        """One string array: each row's line, its line end included."""
+    def values(self, batch: Any) -> Any:
+        """The rows of `batch` as Spark's `to_json` renders them (one JSON object a row, no
+        line end: a Kafka sink's values), as an Arrow string array; `ArrowRefused` as
+        `encode`."""
+        import pyarrow as pa
+
+        try:
+            return self._lines(batch, "}")
+        except pa.ArrowException as exc:
+            msg = f"Arrow could not render the batch: {exc}"
+            raise ArrowRefused(msg) from exc
+
+    def _lines(self, batch: Any, end: str = "}\n") -> Any:
+        """One string array: each row's line, ending with `end`."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -111,7 +123,7 @@ class JsonLines:
             if column.null_count:
                 text = pc.fill_null(text, "null")
             pieces += [pa.scalar(("{" if i == 0 else ",") + quoted(name) + ":"), text]
-        pieces.append(pa.scalar("}\n"))
+        pieces.append(pa.scalar(end))
         lines = pc.binary_join_element_wise(*pieces, pa.scalar(""))
         if isinstance(lines, pa.ChunkedArray):
             lines = lines.combine_chunks()

@@ -60,8 +60,10 @@ if TYPE_CHECKING:
 #: Sink format -> (Spark data source, extension of committed files).
 FORMATS = {"jsonl": ("json", "jsonl"), "csv": ("csv", "csv"), "parquet": ("parquet", "parquet")}
 STAGING = "_staging"
-#: How a jsonl sink's task file of rows left to Spark's JSON writer ends (`TaskFile`).
+#: How a jsonl (or Kafka) sink's task file of rows left to Spark ends (`TaskFile`).
 SPILL = ".spill.parquet"
+#: How a Kafka sink's task file of (key, value) records ends (`TaskTarget.records`).
+RECORDS = ".records.parquet"
 
 
 def _has_rows(local_file: str, fmt: str) -> bool:
@@ -111,8 +113,12 @@ class TaskTarget:
     spark_schema: str
     timestamps: str
     spark_version: str
-    #: A jsonl sink's encoder (None: the sink is parquet).
+    #: A jsonl sink's encoder (None: the sink is parquet), or a Kafka sink's (`records`).
     json: JsonLines | None = None
+    #: Kafka records: each row becomes (key, value) — the `key` column as text (or null)
+    #: and the row as a JSON object — written as `part-<subtask>-0.records.parquet`.
+    records: bool = False
+    key: str | None = None
 
     def writer(self, path: str, schema: pa.Schema) -> Any:
         """A `pyarrow.parquet.ParquetWriter` at `path` that writes rows of `schema` as
@@ -140,6 +146,24 @@ class TaskTarget:
         return writer
 
 
+def kafka_records(batch: pa.RecordBatch, json: JsonLines, key: str | None) -> pa.RecordBatch:
+    """`batch`'s rows as a Kafka sink's (key, value) records, as its Spark plan renders them
+    (`KafkaSink._records`: the key cast to a string, the row through `to_json`)."""
+    import pyarrow as pa
+
+    values = json.values(batch)
+    keys = (pa.nulls(batch.num_rows, pa.string()) if key is None
+            else batch.column(key).cast(pa.string()))
+    return pa.RecordBatch.from_arrays([keys, values], schema=record_schema())
+
+
+def record_schema() -> pa.Schema:
+    """The (key, value) columns of staged Kafka records (both text, either may be null)."""
+    import pyarrow as pa
+
+    return pa.schema([("__streamer_key", pa.string()), ("__streamer_value", pa.string())])
+
+
 def nullable(schema: pa.Schema) -> pa.Schema:
     """`schema` with every column nullable, as Spark writes parquet."""
     import pyarrow as pa
@@ -155,7 +179,8 @@ class TaskFile:
     and, from the first batch the encoder refuses (`refused` says why), the rest of the rows
     in `part-<subtask>-1.spill.parquet` for Spark's writer."""
 
-    def __init__(self, target: TaskTarget, subtask: int, kind_column: str, out_kind: str) -> None:
+    def __init__(self, target: TaskTarget, subtask: int, kind_column: str = "",
+                 out_kind: str = "") -> None:
         self.target = target
         self.subtask = subtask
         self.kind_column = kind_column
@@ -179,15 +204,31 @@ class TaskFile:
             self.rows += out.num_rows
         return batch.filter(pc.invert(is_out))
 
+    def write_rows(self, table: pa.Table) -> None:
+        """Write every row of `table` (the sink's columns, in order)."""
+        for batch in table.to_batches():
+            if batch.num_rows:
+                self._write(batch)
+                self.rows += batch.num_rows
+
     def _write(self, out: pa.RecordBatch) -> None:
         import pyarrow as pa
 
         if self.target.json is not None and self.refused is None:
             try:
-                data = self.target.json.encode(out)
+                data = (self.target.json.encode(out) if not self.target.records
+                        else kafka_records(out, self.target.json, self.target.key))
             except ArrowRefused as exc:
                 self.refused = str(exc)
             else:
+                if self.target.records:
+                    import pyarrow.parquet as pq
+
+                    if self._text is None:
+                        self._text = pq.ParquetWriter(f"{self._tmp}{RECORDS}", record_schema(),
+                                                      compression="none")
+                    self._text.write_batch(data)
+                    return
                 if self._text is None:
                     self._text = open(f"{self._tmp}.jsonl", "wb")  # noqa: SIM115 (closed in close)
                 self._text.write(data)
@@ -202,7 +243,8 @@ class TaskFile:
         part = os.path.join(self.target.directory, f"part-{self.subtask:05d}")
         if self._text is not None:
             self._text.close()
-            os.replace(f"{self._tmp}.jsonl", f"{part}-0.jsonl")
+            end = RECORDS if self.target.records else ".jsonl"
+            os.replace(f"{self._tmp}{end}", f"{part}-0{end}")
         if self._writer is not None:
             self._writer.close()
             os.replace(self._tmp, f"{part}-1{SPILL}" if self.target.json else f"{part}.parquet")
@@ -214,7 +256,7 @@ class TaskFile:
             self._writer.close()
         if self._text is not None:
             self._text.close()
-        for path in (self._tmp, f"{self._tmp}.jsonl"):
+        for path in (self._tmp, f"{self._tmp}.jsonl", f"{self._tmp}{RECORDS}"):
             if os.path.exists(path):
                 os.remove(path)
 
@@ -383,11 +425,16 @@ class FilesSink(Sink):
             staged.append(name)
         return self._handle(epoch, staged)
 
-    def tasks_wrote(self, epoch: int, run: Any) -> dict[str, Any]:
+    def tasks_wrote(self, epoch: int, run: Any, beside: DataFrame | None = None
+                    ) -> dict[str, Any]:
         """Stage the epoch's task-written files: `run()` runs the Spark job whose tasks write
-        them into `task_target(epoch)`; the handle is `write`'s."""
+        them into `task_target(epoch)`, and Spark's writer adds the rows of `beside` (those
+        the tasks did not take: `runtime.arrow_input`) as further files; the handle is
+        `write`'s."""
         run()
         staging = self.staging_dir(epoch)
+        if beside is not None:
+            self._spark_into(staging, beside, "part-s")
         for name in sorted(os.listdir(staging)):
             if name.endswith(SPILL):
                 self._spill_to_json(staging, name)
@@ -399,15 +446,19 @@ class FilesSink(Sink):
         """Have Spark's JSON writer render a task's refused rows (`SPILL`), as `write` does:
         `part-<subtask>-1-<k>.jsonl`, which sorts after the task's own `-0.jsonl`."""
         spill = os.path.join(staging, name)
-        target = os.path.join(staging, f".{name}.spark")
-        self._spark_writer(self.ctx.spark.read.parquet(spark_path(spill))).save(
-            spark_path(target, for_read=False))
-        stem = name[:-len(SPILL)]
-        for k, part in enumerate(self._parts_with_rows(target)):
-            os.replace(os.path.join(target, part), os.path.join(staging,
-                                                                f"{stem}-{k:05d}.jsonl"))
-        shutil.rmtree(target)
+        self._spark_into(staging, self.ctx.spark.read.parquet(spark_path(spill)),
+                         name[:-len(SPILL)])
         os.remove(spill)
+
+    def _spark_into(self, staging: str, df: DataFrame, stem: str) -> None:
+        """Spark's writer writes `df` beside the tasks' files in local directory `staging`:
+        its files with rows become `<stem>-<k>.<ext>`."""
+        target = os.path.join(staging, f".{stem}.spark")
+        self._spark_writer(df).save(spark_path(target, for_read=False))
+        for k, part in enumerate(self._parts_with_rows(target)):
+            os.replace(os.path.join(target, part),
+                       os.path.join(staging, f"{stem}-{k:05d}.{self.extension}"))
+        shutil.rmtree(target)
 
     def _move(self, source: str, target: str) -> None:
         if self.local:

@@ -41,7 +41,9 @@ from streamer.worker import prepare_task
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
 
+    from streamer.connectors.files_sink import TaskTarget
     from streamer.pipeline.spec import SinkSpec
 
 #: How long a flush or a transaction step may take before the commit fails.
@@ -133,6 +135,92 @@ class KafkaSink(StagedTableSink):
                     "records": _produce_table(self._plain_producer, self.topic, table)}
         return self.stage(epoch, table)
 
+    # ------------------------------------------------------------------ task-written records
+    def task_files_refused(self, schema: StructType) -> str | None:
+        """Why Spark tasks cannot stage rows of `schema` as this sink's records themselves
+        (`files_sink.TaskTarget.records`), or None: exactly_once (the records wait in
+        staging files for the commit), staging on the local file system, the JSON encoder
+        takes every column (`arrow_json_writer.TYPES`, a UTC session), and the key (if any)
+        is a string, integer or boolean column, whose text Arrow casts as Spark does."""
+        from fsspec.core import url_to_fs
+
+        from streamer.connectors.arrow_json_writer import unsupported
+        from streamer.connectors.files import is_local
+        from streamer.connectors.formats import not_utc
+
+        if not self.transactional:
+            return f"sink {self.spec.id!r} is not exactly_once: its tasks produce themselves"
+        if not is_local(url_to_fs(self.ctx.storage_url or "./.streamer")[0]):
+            return "the job's storage is not on the local file system"
+        why = not_utc(self.ctx.spark) or unsupported(
+            [(f.name, f.dataType.simpleString()) for f in schema.fields])
+        if why is not None:
+            return f"sink {self.spec.id!r}: {why}"
+        if self.key is not None:
+            kinds = {f.name: f.dataType.simpleString() for f in schema.fields}
+            if kinds.get(self.key) not in ("string", "bigint", "int", "boolean"):
+                return f"sink {self.spec.id!r}: key {self.key!r} is not a string, integer or " \
+                    "boolean column"
+        return None
+
+    def task_target(self, epoch: int, schema: StructType) -> TaskTarget | None:
+        """Where the epoch's tasks stage their rows as records (an empty directory), or
+        None when they cannot (`task_files_refused`)."""
+        if self.task_files_refused(schema) is not None:
+            return None
+        from streamer.connectors.arrow_json_writer import JsonLines, jvm_prints_shortest
+        from streamer.connectors.files_sink import TaskTarget
+
+        directory = self._epoch_dir(epoch)
+        if self._fs.exists(directory):
+            self._fs.rm(directory, recursive=True)
+        self._fs.makedirs(directory, exist_ok=True)
+        json = JsonLines(tuple((f.name, f.dataType.simpleString()) for f in schema.fields),
+                         shortest=jvm_prints_shortest(self.ctx.spark))
+        return TaskTarget(directory=directory, spark_schema=schema.json(),
+                          timestamps=str(self.ctx.spark.conf.get(
+                              "spark.sql.parquet.outputTimestampType", "INT96")).upper(),
+                          spark_version=self.ctx.spark.version, json=json, records=True,
+                          key=self.key)
+
+    def _epoch_dir(self, epoch: int) -> str:
+        """The directory of an epoch's task-written records."""
+        return f"{self._staging}/epoch-{epoch:08d}"
+
+    def tasks_wrote(self, epoch: int, run: Any, beside: DataFrame | None = None
+                    ) -> dict[str, Any]:
+        """Stage the epoch's task-written records: `run()` runs the job whose tasks write
+        them into `task_target(epoch)`; Spark renders the rows the encoder refused and those
+        of `beside` as further files. The handle is `stage`'s, listing the files."""
+        import os
+
+        import pyarrow.parquet as pq
+
+        from streamer.connectors.files import spark_path
+        from streamer.connectors.files_sink import RECORDS, SPILL
+
+        run()
+        directory = self._epoch_dir(epoch)
+        extra = [(name[:-len(SPILL)], self.ctx.spark.read.parquet(spark_path(
+            os.path.join(directory, name)))) for name in sorted(os.listdir(directory))
+            if name.endswith(SPILL)]
+        if beside is not None:
+            extra.append(("part-s", beside))
+        for stem, df in extra:
+            table = self._records(df).toArrow()
+            if table.num_rows:
+                pq.write_table(table, os.path.join(directory, f".{stem}.tmp"))
+                os.replace(os.path.join(directory, f".{stem}.tmp"),
+                           os.path.join(directory, f"{stem}{RECORDS}"))
+        for name in os.listdir(directory):
+            if name.endswith(SPILL):
+                os.remove(os.path.join(directory, name))
+        files = sorted(os.path.join(directory, n) for n in os.listdir(directory)
+                       if n.endswith(RECORDS))
+        records = sum(pq.read_metadata(f).num_rows for f in files)
+        return {"epoch": epoch, "lineage": self.lineage, "records": records, "file": None,
+                "files": files, "directory": directory}
+
     # --------------------------------------------------------------------------- commit
     def _txn_producer(self) -> Any:
         if self._producer is None:
@@ -173,19 +261,23 @@ class KafkaSink(StagedTableSink):
     def commit(self, epoch: int, handle: Any) -> None:
         """Produce the staged records in one transaction that also moves the marker to
         `epoch`; nothing to do when the marker shows the epoch committed. Idempotent."""
-        if not self.transactional or not handle.get("file"):
+        files = _staged_files(handle)
+        if not self.transactional:
+            return
+        if not files:
+            self._drop(handle)  # (an epoch whose tasks wrote no records)
             return
         from confluent_kafka import TopicPartition
 
         producer = self._txn_producer()  # first: settles a dead run's open transaction
-        path = handle["file"]
         if self.committed(epoch, handle["lineage"]):
-            self.drop_staged(path)
+            self._drop(handle)
             return
-        table = self.staged_rows(epoch, path)
+        tables = [self.staged_rows(epoch, path) for path in files]
         producer.begin_transaction()
         try:
-            _produce_table(producer, self.topic, table)
+            for table in tables:
+                _produce_table(producer, self.topic, table)
             marker = TopicPartition(self.topic, 0, epoch, metadata=handle["lineage"])
             self._marker()  # opens the marker consumer, whose group metadata is needed
             producer.send_offsets_to_transaction(
@@ -197,7 +289,19 @@ class KafkaSink(StagedTableSink):
             with contextlib.suppress(Exception):
                 producer.abort_transaction(TIMEOUT_S)
             raise
-        self._fs.rm(path)
+        self._drop(handle)
+
+    def _drop(self, handle: dict[str, Any]) -> None:
+        """Remove an epoch's staged records (its file, or its task-written directory)."""
+        for path in _staged_files(handle):
+            self.drop_staged(path)
+        if handle.get("directory") and self._fs.exists(handle["directory"]):
+            self._fs.rm(handle["directory"], recursive=True)
+
+    def abort(self, epoch: int, handle: Any) -> None:
+        """Discard the epoch's staged records."""
+        if isinstance(handle, dict):
+            self._drop(handle)
 
     def close(self) -> None:
         """Close the marker consumer; flush and drop the producer."""
@@ -208,6 +312,11 @@ class KafkaSink(StagedTableSink):
             if producer is not None:
                 producer.flush(10)
         self._producer = self._plain_producer = None
+
+
+def _staged_files(handle: dict[str, Any]) -> list[str]:
+    """The files of an epoch's staged records: task-written ones, or the one `stage` wrote."""
+    return list(handle.get("files") or ([handle["file"]] if handle.get("file") else []))
 
 
 def _produce_table(producer: Any, topic: str, table: pa.Table) -> int:

@@ -87,4 +87,4 @@ class StagedTableSink(TableSink):
         self.lineage = uuid.uuid4().hex
         if self.transactional and self._fs.exists(self._staging):
             for path in self._fs.ls(self._staging, detail=False):
-                self._fs.rm(path)
+                self._fs.rm(path, recursive=True)  # (a task-written epoch is a directory)

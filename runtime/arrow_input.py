@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from streamer.connectors.base import SourceSlice
+    from streamer.connectors.files_sink import TaskTarget
     from streamer.pipeline.graph import Dataflow
-    from streamer.runtime.keyed import DirectShape
 
 #: A bigger file is left to Spark, which reads it in splits: a task reads a file whole.
 MAX_FILE_BYTES = 256 << 20
@@ -59,7 +59,8 @@ class ArrowInput:
     #: Computes the event-time column from the decoded ones (None: no event time).
     event_time: Program | None
     program: Program
-    #: The columns the subtasks read (`DirectShape.columns`: name, Arrow type).
+    #: The columns the tasks write (name, Arrow type): those the keyed stage's subtasks read
+    #: (`DirectShape.columns`), or the sink's.
     out: tuple[tuple[str, Any], ...]
     #: A Kafka source's consumer configuration; a CSV source's `header` and `delimiter`.
     conf: Mapping[str, Any] | None = None
@@ -82,10 +83,11 @@ class ArrowInput:
 
 def plan_arrow_input(spark: SparkSession, flow: Dataflow, node_id: str,
                      sources: Mapping[str, Any], schemas: Mapping[str, Any],
-                     shape: DirectShape) -> ArrowInput | str:
-    """Whether the keyed stage `node_id`'s input can be computed by Arrow tasks, or why not:
+                     out: tuple[tuple[str, Any], ...]) -> ArrowInput | str:
+    """Whether the input of `node_id` (a keyed stage, or a sink whose files the tasks write)
+    can be computed by Arrow tasks as the columns `out` (name, Arrow type), or why not:
     its input is a chain of filter, select and with_columns operators (or none) read only by
-    the next (for parquet: at least one), starting at a source only that chain reads: local
+    the next, starting at a source only that chain reads: local
     JSON-lines, CSV (delimiter `,` `;` `|` or tab) or parquet files, or a Kafka topic of
     JSON values read by confluent-kafka (no `key:`, no `record_timestamp:`); the source's
     columns are bigint, int, double, string, boolean or timestamp; Spark's session
@@ -136,7 +138,7 @@ def plan_arrow_input(spark: SparkSession, flow: Dataflow, node_id: str,
             return f"source {current!r}: {why}"
         conf = {"header": source.header, "delimiter": source.delimiter}
     return ArrowInput(current, kind, tuple(op.id for op in chain), columns, event_time,
-                      program, tuple(shape.columns), conf)
+                      program, tuple(out), conf)
 
 
 def _source_kind(source: Any) -> str | None:
@@ -177,15 +179,18 @@ def _event_time(spark: SparkSession, spec: Any, schema: Any) -> _EventTime | str
 
 
 def decode_units(spark: SparkSession, plan: ArrowInput, units: list[Any],
-                 target: str) -> list[dict[str, Any]]:
+                 target: str | TaskTarget) -> list[dict[str, Any]]:
     """One Spark job, a Python task per file or range: each one's result, `{"unit", "split",
-    "path"` (the parquet file written into directory `target`), `"rows_in"`, `"max_ts"`
-    (epoch ms or None), `"filters"` (op id -> [in, out])`}` or `{"unit", "refused": why}`."""
+    "path"` (the parquet file written into directory `target`, or, `target` a sink's
+    `TaskTarget`, the task's staging file there, `"rows_out"` and `"sink_refused"`),
+    `"rows_in"`, `"max_ts"` (epoch ms or None), `"filters"` (op id -> [in, out])`}` or
+    `{"unit", "refused": why}`."""
     import shutil
 
-    shutil.rmtree(target, ignore_errors=True)
-    os.makedirs(target)
-    clear_other_epochs(os.path.dirname(target), os.path.basename(target))
+    if isinstance(target, str):
+        shutil.rmtree(target, ignore_errors=True)
+        os.makedirs(target)
+        clear_other_epochs(os.path.dirname(target), os.path.basename(target))
     work = list(enumerate(units))
     rdd = spark.sparkContext.parallelize(work, len(work))
     return rdd.map(partial(_decode_one, plan, target)).collect()
@@ -202,9 +207,10 @@ def clear_other_epochs(root: str, keep: str) -> None:
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
-def _decode_one(plan: ArrowInput, target: str, item: tuple[int, Any]) -> dict[str, Any]:
+def _decode_one(plan: ArrowInput, target: str | TaskTarget,
+                item: tuple[int, Any]) -> dict[str, Any]:
     """A task: one file or range read and decoded, its event time taken, the operators run,
-    the stage's columns written (see `decode_units`)."""
+    the stage's columns (or the sink's rows) written (see `decode_units`)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -242,10 +248,23 @@ def _decode_one(plan: ArrowInput, target: str, item: tuple[int, Any]) -> dict[st
         return {"unit": unit, "refused": str(exc)}
     out = pa.table([table.column(n).cast(t) for n, t in plan.out],
                    names=[n for n, _ in plan.out])
+    done = {"unit": unit, "split": split, "rows_in": rows_in, "max_ts": max_ts,
+            "filters": {k: list(v) for k, v in filters.items()}}
+    if not isinstance(target, str):  # the sink's rows, in its staging directory
+        from streamer.connectors.files_sink import TaskFile
+
+        file = TaskFile(target, index)
+        try:
+            file.write_rows(out)
+            rows = file.close()
+        except BaseException:
+            file.discard()
+            raise
+        return {**done, "path": target.directory, "rows_out": rows,
+                "sink_refused": file.refused}
     path = f"{target}/part-{index:05d}.parquet"
     pq.write_table(out, path, compression="none")
-    return {"unit": unit, "split": split, "path": path, "rows_in": rows_in, "max_ts": max_ts,
-            "filters": {k: list(v) for k, v in filters.items()}}
+    return {**done, "path": path}
 
 
 def _parquet(plan: ArrowInput, name: str) -> Any:

@@ -39,5 +39,6 @@ def physical_plan(spec: PipelineSpec, spark: SparkSession | None = None) -> Phys
     and sinks are built (not opened) and every expression analyzed; nothing is written."""
     from streamer.runtime.coordinator import JobRunner, RunOptions
 
-    session = spark or shared_session(spec)
-    return JobRunner(spec, RunOptions(ui=False), spark=session).build()
+    session = spark or shared_session(spec)  # (with checkpoints, as `streamer run`: a
+    # sink's exactly-once mode decides how it is written)
+    return JobRunner(spec, RunOptions(ui=False, checkpoints=True), spark=session).build()

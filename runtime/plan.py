@@ -14,9 +14,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from streamer.columns import EVENT_TIME
+from streamer.columns import EVENT_TIME, HIDDEN_PREFIX
+from streamer.connectors.arrow_json import TYPES
 from streamer.pipeline.spec import ExecutionSpec
-from streamer.runtime.arrow_input import plan_arrow_input
+from streamer.runtime.arrow_input import ArrowInput, plan_arrow_input
 from streamer.runtime.keyed import DirectShape, KeyedStage
 from streamer.runtime.stages.base import EpochDecision, Stage
 from streamer.runtime.stages.keyed import (
@@ -28,8 +29,14 @@ from streamer.runtime.stages.keyed import (
     join_direct_plan,
     local_plan,
 )
-from streamer.runtime.stages.sinks import SparkWriterSink, SubtaskWrittenSink
-from streamer.runtime.stages.sources import ArrowDecodeSource, ScanSource, SubtaskReadSource
+from streamer.runtime.stages.sinks import ArrowWrittenSink, SparkWriterSink, SubtaskWrittenSink
+from streamer.runtime.stages.sources import (
+    ArrowDecodeSource,
+    ScanSource,
+    SubtaskReadSource,
+    ToKeyedStage,
+    ToSink,
+)
 from streamer.runtime.stages.stateless import StatelessChain
 
 if TYPE_CHECKING:
@@ -100,13 +107,27 @@ def plan_stages(spec: PipelineSpec, flow: Dataflow, spark: SparkSession,
             keyed[node.id] = stage
             event_time[node.id] = stage.stage.kind in ("window", "join") or (
                 stage.stage.kind == "dedupe" and has_ts)
+    arrow_sinks: dict[str, tuple[ArrowInput, ToSink]] = {}
+    not_arrow: dict[str, str] = {}
+    for node in flow.nodes:
+        if node.role == "sink":
+            found = _arrow_sink(spec, flow, spark, node, sources, sinks, schemas, settings,
+                                on_cluster=on_cluster)
+            if found is None:
+                continue
+            if isinstance(found, str):
+                not_arrow[node.id] = found
+            else:
+                arrow_sinks[node.id] = found
     stages: list[Stage] = []
     chained: dict[str, StatelessChain] = {}
     for node in flow.nodes:
         if node.role == "source":
-            stages.append(_source_stage(node, sources[node.id], keyed.values(), settings))
+            stages.append(_source_stage(node, sources[node.id], keyed.values(), settings,
+                                        arrow_sinks))
         elif node.role == "sink":
-            stages.append(_sink_stage(node, sinks[node.id], keyed.values()))
+            stages.append(_sink_stage(node, sinks[node.id], keyed.values(), arrow_sinks,
+                                      not_arrow.get(node.id)))
         elif node.id in keyed:
             stages.append(keyed[node.id])
         else:
@@ -249,7 +270,7 @@ def _arrow_tasks(spark: SparkSession, flow: Dataflow, node_id: str,
     not."""
     if not settings.arrow_input:
         return f"job.execution.arrow_input is off{_set_by(settings, 'arrow_input')}"
-    arrow = plan_arrow_input(spark, flow, node_id, sources, schemas, staged.shape)
+    arrow = plan_arrow_input(spark, flow, node_id, sources, schemas, staged.shape.columns)
     if isinstance(arrow, str):
         return arrow
     staged.arrow = arrow
@@ -260,12 +281,11 @@ def _task_written_sink(spec: PipelineSpec, flow: Dataflow, node_id: str, stage: 
                        sinks: Mapping[str, Sink], settings: ExecutionSpec
                        ) -> tuple[str | None, str]:
     """The sink whose files the keyed stage `node_id`'s tasks write themselves
-    (`FilesSink.task_target`) and why, or (None, why none): the stage's only consumer is
-    that sink, the sink reads nothing else (no dead letters, late or side outputs), the
-    stage has no side outputs, and the sink is local parquet or jsonl (of columns the JSON
-    encoder takes, `FilesSink.task_files_refused`)."""
-    from streamer.connectors.files_sink import FilesSink
-
+    (`task_target`) and why, or (None, why none): the stage's only consumer is that sink,
+    the sink reads nothing else (no dead letters, late or side outputs), the stage has no
+    side outputs, and the sink is local parquet or jsonl (of columns the JSON encoder
+    takes), or an exactly-once Kafka sink whose records the tasks stage
+    (`task_files_refused`)."""
     if not settings.task_sink:
         return None, f"job.execution.task_sink is off{_set_by(settings, 'task_sink')}"
     if stage.side_schemas:
@@ -275,18 +295,77 @@ def _task_written_sink(spec: PipelineSpec, flow: Dataflow, node_id: str, stage: 
         return None, "its output is read by more than one sink or by an operator"
     sink_id = consumers[0].id
     sink = sinks.get(sink_id)
-    if not isinstance(sink, FilesSink):
-        return None, f"sink {sink_id!r} is not a local parquet or jsonl files sink"
-    why = sink.task_files_refused(stage.visible_schema)
+    refused = getattr(sink, "task_files_refused", None)
+    if refused is None:
+        return None, (f"sink {sink_id!r} is not a local parquet or jsonl files sink, nor an "
+                      "exactly-once Kafka sink")
+    why = refused(stage.visible_schema)
     if why is not None:
         return None, why
     if flow.node(sink_id).inputs != (node_id,) or sink_id in spec.dead_letter_sinks:
         return None, f"sink {sink_id!r} reads other inputs too"
-    return sink_id, f"its only consumer is a local {sink.format} files sink"
+    assert sink is not None
+    what = ("an exactly-once Kafka sink" if sink.spec.type == "kafka"
+            else f"a local {getattr(sink, 'format', '')} files sink")
+    return sink_id, f"its only consumer is {what}"
 
 
-def _source_stage(node: Node, source: Source, keyed: Any,
-                  settings: ExecutionSpec) -> ScanSource:
+def _arrow_sink(spec: PipelineSpec, flow: Dataflow, spark: SparkSession, node: Node,
+                sources: Mapping[str, Source], sinks: Mapping[str, Sink],
+                schemas: Mapping[str, Any], settings: ExecutionSpec, *, on_cluster: bool
+                ) -> tuple[ArrowInput, ToSink] | str | None:
+    """(The Arrow tasks' plan, where they write) when the tasks of sink `node`'s source
+    can write its staging files themselves (`runtime.arrow_input`), else why not, or None
+    where the question does not arise (the sink does not take task-written files, reads
+    more than one input, dead letters, late records or side outputs, or a keyed
+    operator's output). They can when its input comes through stateless operators (or
+    none) from a source the tasks read, the sink takes task-written files of its columns
+    (`task_files_refused`), in local mode (the tasks write the driver's disk), with
+    job.execution.arrow_input and task_sink on."""
+    from pyspark.sql.types import StructType
+
+    from streamer.operators.arrow_sql import arrow_type
+
+    sink = sinks[node.id]
+    refused = getattr(sink, "task_files_refused", None)
+    if refused is None or len(node.inputs) != 1 or node.id in spec.dead_letter_sinks:
+        return None
+    upstream = flow.node(node.inputs[0])
+    if upstream.role == "operator" and upstream.kind == "keyed":
+        return None
+    if not settings.arrow_input:
+        return f"job.execution.arrow_input is off{_set_by(settings, 'arrow_input')}"
+    if not settings.task_sink:
+        return f"job.execution.task_sink is off{_set_by(settings, 'task_sink')}"
+    if on_cluster:
+        return "on a cluster the executors do not share the driver's disk"
+    schema = StructType([f for f in schemas[upstream.id].fields
+                         if not f.name.startswith(HIDDEN_PREFIX)])
+    why = refused(schema)
+    if why is not None:
+        return why
+    out = []
+    for f in schema.fields:
+        kind = f.dataType.simpleString()
+        if kind not in TYPES:
+            return f"column {f.name!r} is {kind}"
+        out.append((f.name, arrow_type(kind)))
+    arrow = plan_arrow_input(spark, flow, node.id, sources, schemas, tuple(out))
+    if isinstance(arrow, str):
+        return arrow
+    return arrow, ToSink(node.id, sink, schema)
+
+
+def _source_stage(node: Node, source: Source, keyed: Any, settings: ExecutionSpec,
+                  arrow_sinks: Mapping[str, tuple[ArrowInput, ToSink]]) -> ScanSource:
+    for sink_id, (to_sink, target) in arrow_sinks.items():
+        if to_sink.source_id == node.id:
+            chain = "".join(f", runs {op_id!r}" for op_id in to_sink.op_ids)
+            return ArrowDecodeSource(
+                node.id, f"its rows reach only sink {sink_id!r}: Python tasks read each "
+                f"{'range' if to_sink.kind == 'kafka' else 'file'} with Arrow{chain} and "
+                "write the sink's staging files (job.execution.arrow_input, task_sink); Spark "
+                "reads what they refuse", source, node.source, to_sink, target)
     for stage in keyed:
         arrow = stage.staged.arrow if stage.staged is not None else None
         if arrow is not None and arrow.source_id == node.id:
@@ -296,7 +375,7 @@ def _source_stage(node: Node, source: Source, keyed: Any,
                 f"from Python tasks that read each {'range' if arrow.kind == 'kafka' else 'file'}"
                 f" with Arrow{chain} and write the stage's columns (job.execution.arrow_input);"
                 " Spark reads what they refuse",
-                source, node.source, stage.node_id, arrow, stage.staged.root)
+                source, node.source, arrow, ToKeyedStage(stage.node_id, stage.staged.root))
         if stage.subtask_read is not None and node.id in stage.subtask_read.shape.source_ids:
             return SubtaskReadSource(
                 node.id, f"its only reader, keyed stage {stage.node_id!r}, reads its parquet "
@@ -309,10 +388,20 @@ def _source_stage(node: Node, source: Source, keyed: Any,
     return ScanSource(node.id, reason, source, node.source)
 
 
-def _sink_stage(node: Node, sink: Sink, keyed: Any) -> SparkWriterSink:
+def _sink_stage(node: Node, sink: Sink, keyed: Any,
+                arrow_sinks: Mapping[str, tuple[ArrowInput, ToSink]],
+                not_arrow: str | None) -> SparkWriterSink:
+    found = arrow_sinks.get(node.id)
+    if found is not None:
+        return ArrowWrittenSink(node.id, f"the Arrow tasks of source {found[0].source_id!r} "
+                                "write its staging files (rows of what they refuse, and of "
+                                "small epochs, by Spark's writer)", sink, node.inputs)
     for stage in keyed:
         if stage.task_sink is not None and stage.task_sink[0] == node.id:
             how = ("local parquet" if getattr(sink, "format", "") == "parquet" else
+                   "Kafka records staged for the commit's transaction, values in Spark's "
+                   "to_json bytes; rows the encoder refuses go through Spark"
+                   if sink.spec.type == "kafka" else
                    "local jsonl in Spark's bytes; rows the encoder refuses go to Spark's writer")
             return SubtaskWrittenSink(node.id, f"written by the subtasks of keyed stage "
                                       f"{stage.node_id!r} ({how}: no rows cross into the JVM)",
@@ -320,7 +409,10 @@ def _sink_stage(node: Node, sink: Sink, keyed: Any) -> SparkWriterSink:
     reason = "Spark's writer"
     if sink.takes_tables:
         reason += "; a local epoch's rows are written from the driver without a job"
-    return SparkWriterSink(node.id, reason, sink, node.inputs)
+    out = SparkWriterSink(node.id, reason, sink, node.inputs)
+    if not_arrow is not None:
+        out.not_used = [{"name": ArrowWrittenSink.strategy, "why": not_arrow}]
+    return out
 
 
 def decide(plan: PhysicalPlan, sources: Mapping[str, Source],

@@ -100,6 +100,9 @@ class EpochContext:
     #: Source id -> its files the Arrow tasks decoded; file -> why they left one to Spark.
     arrow_decoded: dict[str, int] = field(default_factory=dict)
     arrow_refused: dict[str, str] = field(default_factory=dict)
+    #: Sink id -> the rows Arrow tasks wrote into its staging this epoch
+    #: (`runtime.stages.sources.ToSink`); Spark writes the rest beside them.
+    arrow_written: dict[str, int] = field(default_factory=dict)
     #: `<sink id> subtask <n>` -> why the JSON encoder left that task's rows to Spark's writer.
     sink_refused: dict[str, str] = field(default_factory=dict)
     #: Sink id -> (the job whose keyed tasks write its files, their metadata).
@@ -134,6 +137,8 @@ class Stage(ABC):
     def __init__(self, node_id: str, reason: str) -> None:
         self.node_id = node_id
         self.reason = reason
+        #: Strategies that do not apply, each with why (set by the planner).
+        self.not_used: list[dict[str, str]] = []
 
     @abstractmethod
     def run(self, ctx: EpochContext) -> None:
@@ -141,5 +146,8 @@ class Stage(ABC):
 
     def describe(self) -> dict[str, Any]:
         """The stage as `streamer plan --physical` shows it."""
-        return {"stage": self.node_id, "kind": self.kind, "strategy": self.strategy,
-                "reason": self.reason}
+        out: dict[str, Any] = {"stage": self.node_id, "kind": self.kind,
+                               "strategy": self.strategy, "reason": self.reason}
+        if self.not_used:
+            out["not_used"] = list(self.not_used)
+        return out

@@ -197,8 +197,6 @@ class KeyedOperatorStage(Stage):
         #: only) run locally too. After a big epoch they take the Spark path, whose tasks
         #: fire many windows in parallel.
         self.small_input = True
-        #: Strategies that do not apply, each with why (set by the planner).
-        self.not_used: list[dict[str, str]] = []
 
     @property
     def runs(self) -> list[KeyedRun]:
@@ -279,8 +277,6 @@ class KeyedOperatorStage(Stage):
         out["strategy"] = " | ".join(r.name for r in self.runs)
         out["parallelism"] = self.stage.parallelism
         out["strategies"] = [{"name": r.name, "reason": r.reason} for r in self.runs]
-        if self.not_used:
-            out["not_used"] = list(self.not_used)
         if self.task_sink is not None:
             out["writes_sink"] = self.task_sink[0]
         if self.stage.op.broadcast:

@@ -7,6 +7,9 @@ commit; the coordinator commits after the checkpoint that covers the epoch).
 - `SubtaskWrittenSink`: the keyed stage feeding it writes the sink's staging files from its
   subtasks (`FilesSink.task_target`); the sink stages what they wrote. A jsonl subtask whose
   rows the JSON encoder refused is named in the epoch's `sink_refused` metrics.
+- `ArrowWrittenSink`: the Arrow tasks of its source (`runtime.arrow_input`, through a
+  stateless chain or none) write its staging files; Spark's writer adds the rows of the
+  files or ranges they refused, and writes whole epochs the tasks do not run (small ones).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from streamer.operators.stateless import union
 from streamer.runtime.keyed import visible
 from streamer.runtime.local import LocalSeen, local_table
 from streamer.runtime.stages.base import OUT, EpochContext, Stage
+from streamer.runtime.stages.sources import SummedSeen
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -99,6 +103,37 @@ class SubtaskWrittenSink(SparkWriterSink):
             if meta.get("sink_refused"):
                 ctx.sink_refused[f"{self.node_id} subtask {meta['subtask']}"] = \
                     meta["sink_refused"]
+
+
+class ArrowWrittenSink(SparkWriterSink):
+    """A sink whose staging files its source's Arrow tasks wrote (`ctx.arrow_written`)."""
+
+    strategy = "written-by-arrow-tasks"
+
+    def run(self, ctx: EpochContext) -> None:
+        """Stage the tasks' files, and Spark's rows of what they refused beside them."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        written = ctx.arrow_written.get(self.node_id)
+        if written is None:  # (the tasks did not run this epoch)
+            super().run(ctx)
+            return
+        seen: Any = LocalSeen({"n": written, f"n_{OUT}": written})
+        present = ctx.inputs(self.inputs)
+        beside = None
+        if present:
+            obs = Observation(f"out_{self.node_id}_{ctx.epoch}")
+            beside = visible(union(present).observe(
+                obs, F.count(F.lit(1)).alias("n"), F.count(F.lit(1)).alias(f"n_{OUT}")))
+            seen = SummedSeen([seen, obs])
+        ctx.seen_out[self.node_id] = seen
+        ctx.handles[self.node_id] = ctx.guard(f"writing sink {self.node_id!r}", partial(
+            self.sink.tasks_wrote, ctx.epoch, _nothing, beside))  # type: ignore[attr-defined]
+
+
+def _nothing() -> None:
+    """No job to run: the Arrow tasks already wrote the files."""
 
 
 class TaskRows:

@@ -7,10 +7,15 @@
 - `SubtaskReadSource`: the only consumer is a keyed stage whose subtasks read the slice's
   parquet files themselves (`runtime.stages.keyed.SubtaskReadRun`); no Spark plan at all.
   A slice whose files do not allow it is scanned as above.
+- `ArrowDecodeSource`: Python tasks read the slice with Arrow, run the stateless operators
+  after it and write the result for the one stage that reads it (`runtime.arrow_input`):
+  a keyed stage's input files (`ToKeyedStage`) or a sink's staging files (`ToSink`). Spark
+  scans only the files or ranges the tasks refuse.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -102,19 +107,19 @@ class SubtaskReadSource(ScanSource):
 
 
 class ArrowDecodeSource(ScanSource):
-    """A JSON slice decoded (and the operators after it run) by Arrow in Python tasks for
-    the keyed stage that alone reads it (`runtime.arrow_input`); the files or ranges refused
-    there are read by Spark as `ScanSource` reads a slice."""
+    """A JSON, CSV or parquet slice (or Kafka JSON values) decoded, and the operators after
+    it run, by Arrow in Python tasks (`runtime.arrow_input`) for the one stage that reads
+    the result: a keyed stage (the tasks write its input files) or a sink (the tasks write
+    its staging files). The files or ranges refused there are read by Spark as `ScanSource`
+    reads a slice, and go through the operators and to that stage as any Spark rows do."""
 
     strategy = "arrow-tasks"
 
     def __init__(self, node_id: str, reason: str, source: Source, spec: SourceSpec,
-                 keyed_id: str, plan: ArrowInput, root: str) -> None:
+                 plan: ArrowInput, target: ArrowTarget) -> None:
         super().__init__(node_id, reason, source, spec)
-        self.keyed_id = keyed_id
         self.plan = plan
-        #: Where the keyed stage's staged epochs go (`StagedRun.root`).
-        self.root = root
+        self.target = target
 
     def run(self, ctx: EpochContext, piece: SourceSlice | None = None) -> None:
         """Decode the slice's files or ranges in Arrow tasks; Spark reads those they
@@ -127,12 +132,12 @@ class ArrowDecodeSource(ScanSource):
             super().run(ctx)  # (Spark's small-epoch or local path: no staging)
             return
         assert piece is not None
-        target = f"{self.root}/epoch-{ctx.epoch}-arrow"
+        target = self.target.prepare(ctx)
         results = ctx.guard(f"reading source {self.node_id!r}", partial(
             decode_units, self.source.ctx.spark, self.plan, units, target))
         done = [r for r in results if "path" in r]
         refused = [r for r in results if "refused" in r]
-        ctx.prestaged[self.keyed_id] = [r["path"] for r in done]
+        self.target.took(ctx, done)
         ctx.arrow_decoded[self.node_id] = len(done)
         ctx.arrow_refused.update({_named(r["unit"]): r["refused"] for r in refused})
         for result in done:
@@ -159,6 +164,61 @@ class ArrowDecodeSource(ScanSource):
         return total <= self.source.ctx.local_rows
 
 
+class ArrowTarget(ABC):
+    """Where an `ArrowDecodeSource`'s tasks write, and what the epoch learns of it."""
+
+    @abstractmethod
+    def prepare(self, ctx: EpochContext) -> Any:
+        """The epoch's target of `arrow_input.decode_units` (a directory or a `TaskTarget`)."""
+
+    @abstractmethod
+    def took(self, ctx: EpochContext, done: list[dict[str, Any]]) -> None:
+        """Record in `ctx` what the tasks that did not refuse their unit wrote."""
+
+
+class ToKeyedStage(ArrowTarget):
+    """The input files of keyed stage `keyed_id` (read with whatever Spark stages)."""
+
+    def __init__(self, keyed_id: str, root: str) -> None:
+        self.keyed_id = keyed_id
+        #: Where the keyed stage's staged epochs go (`StagedRun.root`).
+        self.root = root
+
+    def prepare(self, ctx: EpochContext) -> Any:
+        """The epoch's directory beside Spark's staged input."""
+        return f"{self.root}/epoch-{ctx.epoch}-arrow"
+
+    def took(self, ctx: EpochContext, done: list[dict[str, Any]]) -> None:
+        """The files go to the keyed stage."""
+        ctx.prestaged[self.keyed_id] = [r["path"] for r in done]
+
+
+class ToSink(ArrowTarget):
+    """The staging files of a sink that takes task-written files (`Sink.task_target`)."""
+
+    def __init__(self, sink_id: str, sink: Any, schema: Any) -> None:
+        self.sink_id = sink_id
+        self.sink = sink
+        #: The rows' Spark schema (the sink's input).
+        self.schema = schema
+
+    def prepare(self, ctx: EpochContext) -> Any:
+        """The sink's epoch staging, emptied."""
+        target = ctx.guard(f"writing sink {self.sink_id!r}", partial(
+            self.sink.task_target, ctx.epoch, self.schema))
+        assert target is not None  # (planned only where the sink takes task files)
+        return target
+
+    def took(self, ctx: EpochContext, done: list[dict[str, Any]]) -> None:
+        """The rows written, for the sink stage; tasks whose rows the encoder left to
+        Spark's writer, for the metrics."""
+        ctx.arrow_written[self.sink_id] = sum(int(r["rows_out"]) for r in done)
+        for r in done:
+            if r.get("sink_refused"):
+                ctx.sink_refused[f"{self.sink_id} task {_named(r['unit'])}"] = \
+                    r["sink_refused"]
+
+
 def _named(unit: Any) -> str:
     """A file's name, or a Kafka range as `topic:partition[start, end)`."""
     if isinstance(unit, str):
@@ -175,11 +235,12 @@ class SummedSeen:
 
     @property
     def get(self) -> dict[str, Any]:
-        """Each key: the sum of `n`s, the greatest `ts<i>` (None when none has one)."""
+        """Each key: the sum of the counts (`n`, `n_<kind>`, a filter's), the greatest
+        `ts<i>` (None when none has one)."""
         out: dict[str, Any] = {}
         for part in self.parts:
             for key, value in part.get.items():
-                if key == "n" or key == "filtered" or key in ("in", "out"):
+                if key in ("n", "filtered", "in", "out") or key.startswith("n_"):
                     out[key] = int(out.get(key) or 0) + int(value or 0)
                 elif value is not None:
                     out[key] = value if out.get(key) is None else max(out[key], value)
