@@ -72,7 +72,7 @@ def _lines(data: bytes) -> int:
     Arrow decode could differ from Spark's."""
     import numpy as np
 
-    if data.count(b"\r") != data.count(b"\r\n"):
+    if b"\r" in data and data.count(b"\r") != data.count(b"\r\n"):
         msg = "a line ends with a lone carriage return"
         raise Refused(msg)
     if _TWO_OBJECTS.search(data):
@@ -159,8 +159,11 @@ def with_timestamps(table: Any, columns: Sequence[tuple[str, str]]) -> Any:
         if text.null_count < len(text):
             # Arrow's ISO-8601 parser takes the forms `ISO` lets through; a value without a
             # zone is UTC, as Spark reads it in a UTC session.
-            zoned = pc.if_else(pc.match_substring_regex(text, r"(Z|[+-][0-9]{2}:[0-9]{2})$"),
-                               text, pc.binary_join_element_wise(text, "Z", ""))
+            zoned = text
+            if not pc.all(pc.ends_with(text, "Z")).as_py():  # (`all` skips nulls)
+                zoned = pc.if_else(pc.match_substring_regex(
+                    text, r"(Z|[+-][0-9]{2}:[0-9]{2})$"), text,
+                    pc.binary_join_element_wise(text, "Z", ""))
             try:
                 values = pc.cast(zoned, pa.timestamp("us", tz="UTC"))
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from streamer.exceptions import ArrowRefused
@@ -187,21 +188,39 @@ def _iso(micros: Any, numbers: Any) -> Any:
     dates = pc.strftime(pc.cast(days, pa.timestamp("us", tz="UTC")), format="%Y-%m-%d")
     date = pc.take(dates, pc.index_in(day, days))
     since = pc.subtract(numbers, day)  # (microseconds into the day, never negative)
-    fraction = pc.subtract(since, pc.multiply(pc.divide(since, 10**6), 10**6))
     second = pc.divide(since, 10**6)
-    parts = []
-    for unit, size in ((3600, 24), (60, 60), (1, 60)):
-        value = pc.divide(second, unit)
-        if size != 24:
-            value = pc.subtract(value, pc.multiply(pc.divide(value, size), size))
-        parts.append(pc.utf8_lpad(pc.cast(value, pa.string()), 2, "0"))
-    digits = pc.utf8_rtrim(pc.utf8_lpad(pc.cast(fraction, pa.string()), 6, "0"), "0")
-    tail = pc.if_else(pc.equal(fraction, 0), pa.scalar('Z"'),
-                      pc.binary_join_element_wise(pa.scalar("."), digits, pa.scalar('Z"'),
-                                                  pa.scalar("")))
-    text = [pa.scalar('"'), date, pa.scalar("T"), parts[0], pa.scalar(":"), parts[1],
-            pa.scalar(":"), parts[2], tail]
+    fraction = pc.subtract(since, pc.multiply(second, 10**6))
+    clock = pc.take(_clock_texts(), second)  # "HH:MM:SS"
+    millis = pc.divide(fraction, 1000)
+    if pc.all(pc.equal(pc.multiply(millis, 1000), fraction)).as_py():  # (whole milliseconds)
+        tail = pc.take(_milli_tails(), millis)
+    else:
+        digits = pc.utf8_rtrim(pc.utf8_lpad(pc.cast(fraction, pa.string()), 6, "0"), "0")
+        tail = pc.if_else(pc.equal(fraction, 0), pa.scalar('Z"'),
+                          pc.binary_join_element_wise(pa.scalar("."), digits, pa.scalar('Z"'),
+                                                      pa.scalar("")))
+    text = [pa.scalar('"'), date, pa.scalar("T"), clock, tail]
     return pc.binary_join_element_wise(*text, pa.scalar(""))
+
+
+@cache
+def _clock_texts() -> Any:
+    """"HH:MM:SS" of every second of a day, by its number (a lookup instead of arithmetic
+    and padding per value)."""
+    import pyarrow as pa
+
+    return pa.array([f"{s // 3600:02d}:{s // 60 % 60:02d}:{s % 60:02d}" for s in range(86400)],
+                    pa.string())
+
+
+@cache
+def _milli_tails() -> Any:
+    """The end of a timestamp with k whole milliseconds into its second, by k: `Z"`, or
+    `.` and the digits without trailing zeros then `Z"`."""
+    import pyarrow as pa
+
+    return pa.array(['Z"'] + [f".{k:03d}".rstrip("0") + 'Z"' for k in range(1, 1000)],
+                    pa.string())
 
 
 def _doubles(column: Any, shortest: bool) -> Any:
@@ -215,7 +234,8 @@ def _doubles(column: Any, shortest: bool) -> Any:
     plain = pc.and_(pc.or_(pc.equal(size, 0.0), pc.and_(pc.greater_equal(size, 1e-3),
                                                           pc.less(size, 1e7))),
                     pc.invert(pc.match_substring(text, "e")))
-    if not shortest:
+    if not shortest and (pc.max(pc.utf8_length(text)).as_py() or 0) > 15:  # (else: at
+        # most 15 digits)
         digits = pc.utf8_length(pc.utf8_ltrim(pc.replace_substring(
             pc.replace_substring(text, "-", ""), ".", ""), "0"))
         if pc.any(pc.and_(plain, pc.greater(digits, 15))).as_py():

@@ -81,6 +81,25 @@ def test_repeated_timestamps_are_spark_bytes(spark: Any, tmp_path: Path) -> None
                                                                 tmp_path / "w")
 
 
+def test_whole_millisecond_timestamps_are_spark_bytes(spark: Any, tmp_path: Path) -> None:
+    """Every value in whole milliseconds (the lookup of the clock and millisecond texts),
+    before and after 1970, every millisecond digit pattern, every second of a day's ends;
+    and with long doubles beside them (on Java 17, their digits are checked)."""
+    import random
+
+    rng = random.Random(5)
+    stamps = [dt.datetime(1000, 1, 1, tzinfo=UTC), dt.datetime(9999, 12, 31, 23, 59, 59,
+                                                               999000, tzinfo=UTC)]
+    stamps += [dt.datetime(y, rng.randrange(1, 13), rng.randrange(1, 29), rng.randrange(24),
+                           rng.randrange(60), rng.randrange(60), ms * 1000, tzinfo=UTC)
+               for y, ms in zip((1969, 1970, 1601, 2026, 2038, 1899) * 40,
+                                [0, 1, 10, 100, 120, 999, 500, 7] * 30, strict=False)]
+    rows = [("k", i, i, -1234567.12345678 if i % 9 == 0 else float(i), True, t)
+            for i, t in enumerate(stamps)]
+    assert arrow_bytes(spark, rows, DDL, FIELDS) == spark_bytes(spark, rows, DDL,
+                                                                tmp_path / "ms")
+
+
 def test_field_names_are_quoted_as_spark_quotes_them(spark: Any, tmp_path: Path) -> None:
     ddl = "`we\"ird\\name` string, `tab\tname` bigint, `é` double"
     rows = [("a", 1, 1.5), (None, None, None)]
