@@ -8,6 +8,8 @@ epoch number >= the given one (any number when it is left out). Points:
 - `epoch-start:<epoch>`    driver, before the epoch's Spark job
 - `staged:<epoch>`         driver, a keyed stage's input staged as parquet files for its
                            subtasks (`StagedRun`), the subtasks not yet run
+- `arrow-written:<epoch>`  driver, a sink's staging written by its source's Arrow tasks
+                           (`ToSink`), the sink not yet staged
 - `in-task:<epoch>`        a keyed subtask, after its work and before its state commit
 - `mid-upload:<chk>`       a keyed subtask, after uploading the first file of a snapshot
 - `after-snapshot:<chk>`   driver, snapshots uploaded, `_metadata` not yet written

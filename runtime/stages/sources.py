@@ -19,6 +19,7 @@ from abc import ABC, abstractmethod
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from streamer import failpoints
 from streamer.columns import EVENT_TIME
 from streamer.runtime.local import LocalSeen, local_table
 from streamer.runtime.stages.base import DEAD, EpochContext, Stage
@@ -212,6 +213,7 @@ class ToSink(ArrowTarget):
     def took(self, ctx: EpochContext, done: list[dict[str, Any]]) -> None:
         """The rows written, for the sink stage; tasks whose rows the encoder left to
         Spark's writer, for the metrics."""
+        failpoints.reached("arrow-written", ctx.epoch)
         ctx.arrow_written[self.sink_id] = sum(int(r["rows_out"]) for r in done)
         for r in done:
             if r.get("sink_refused"):

@@ -147,11 +147,13 @@ def reference_output(root: Path, fmt: str = "jsonl") -> Counter[str]:
 # ------------------------------------------------------------------------------ kill plans
 #: Fail point -> what its number counts, and how many checkpoints complete before it fires
 #: when armed for the run's first epoch or checkpoint.
-POINTS = {"epoch-start": ("epoch", 0), "staged": ("epoch", 0), "in-task": ("epoch", 0),
+POINTS = {"epoch-start": ("epoch", 0), "staged": ("epoch", 0), "arrow-written": ("epoch", 0),
+          "in-task": ("epoch", 0),
           "mid-upload": ("chk", 0), "after-snapshot": ("chk", 0), "after-metadata": ("chk", 1),
           "mid-commit": ("chk", 1)}
 #: The kinds of kill a campaign deals from its deck by default: every fail point every job
-#: reaches (`staged` only fires where a keyed stage's input is staged) once, random kills twice.
+#: reaches (`staged` only fires where a keyed stage's input is staged, `arrow-written` where
+#: Arrow tasks write a sink) once, random kills twice.
 KINDS = ("epoch-start", "in-task", "mid-upload", "after-snapshot", "after-metadata",
          "mid-commit", "random", "random")
 #: The kinds that put a sink's two-phase commit at risk, for the campaigns of other sinks on
