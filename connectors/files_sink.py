@@ -177,7 +177,8 @@ class TaskFile:
     `close` publishes the file with one rename (a retried task replaces it whole) and returns
     the rows written. Parquet: `part-<subtask>.parquet`. Jsonl: `part-<subtask>-0.jsonl`,
     and, from the first batch the encoder refuses (`refused` says why), the rest of the rows
-    in `part-<subtask>-1.spill.parquet` for Spark's writer."""
+    in `part-<subtask>-1.spill.parquet` for Spark's writer. Kafka records (`records`):
+    `part-<subtask>-0.records.parquet`, and the same spill for Spark's `to_json`."""
 
     def __init__(self, target: TaskTarget, subtask: int, kind_column: str = "",
                  out_kind: str = "") -> None:
