@@ -141,6 +141,16 @@ def plan_stages(spec: PipelineSpec, flow: Dataflow, spark: SparkSession,
                                        "Spark's whole-stage code generation")
                 stages.append(chain)
             chained[node.id] = chain
+    arrow_ops = {op_id: arrow.source_id for arrow, _ in arrow_sinks.values()
+                 for op_id in arrow.op_ids}
+    arrow_ops.update({op_id: s.staged.arrow.source_id for s in keyed.values()
+                      if s.staged is not None and s.staged.arrow is not None
+                      for op_id in s.staged.arrow.op_ids})
+    for chain in set(chained.values()):
+        if all(op.id in arrow_ops for op in chain.ops):
+            chain.reason += (f"; in epochs the Arrow tasks of source "
+                             f"{arrow_ops[chain.ops[0].id]!r} read, only on what they refuse "
+                             "(the tasks run these operators, translated, on the rest)")
     return PhysicalPlan(stages, settings, {n.id: len(flow.consumers(n.id)) for n in flow.nodes})
 
 
@@ -360,7 +370,7 @@ def _source_stage(node: Node, source: Source, keyed: Any, settings: ExecutionSpe
                   arrow_sinks: Mapping[str, tuple[ArrowInput, ToSink]]) -> ScanSource:
     for sink_id, (to_sink, target) in arrow_sinks.items():
         if to_sink.source_id == node.id:
-            chain = "".join(f", runs {op_id!r}" for op_id in to_sink.op_ids)
+            chain = _runs(to_sink.op_ids)
             return ArrowDecodeSource(
                 node.id, f"its rows reach only sink {sink_id!r}: Python tasks read each "
                 f"{'range' if to_sink.kind == 'kafka' else 'file'} with Arrow{chain} and "
@@ -369,7 +379,7 @@ def _source_stage(node: Node, source: Source, keyed: Any, settings: ExecutionSpe
     for stage in keyed:
         arrow = stage.staged.arrow if stage.staged is not None else None
         if arrow is not None and arrow.source_id == node.id:
-            chain = "".join(f", runs {op_id!r}" for op_id in arrow.op_ids)
+            chain = _runs(arrow.op_ids)
             return ArrowDecodeSource(
                 node.id, f"its only reader, keyed stage {stage.node_id!r}, takes its input "
                 f"from Python tasks that read each {'range' if arrow.kind == 'kafka' else 'file'}"
@@ -386,6 +396,11 @@ def _source_stage(node: Node, source: Source, keyed: Any, settings: ExecutionSpe
         reason += (f"; a slice of at most {settings.local_rows:,} rows is read on the driver "
                    "as a local relation (job.execution.local_rows)")
     return ScanSource(node.id, reason, source, node.source)
+
+
+def _runs(op_ids: tuple[str, ...]) -> str:
+    """", run 'a', 'b'" for the operators the Arrow tasks run (empty for none)."""
+    return f", run {', '.join(repr(i) for i in op_ids)}" if op_ids else ""
 
 
 def _sink_stage(node: Node, sink: Sink, keyed: Any,

@@ -191,6 +191,8 @@ def test_the_plan_names_the_arrow_written_sink(spark, tmp_path: Path, monkeypatc
         assert stages["events"]["strategy"] == source_strategy
         assert stages["out"]["strategy"] == sink_strategy
         assert stages["dead"]["strategy"] == "spark-writer"  # (dead letters: Spark's)
+        refusals_only = "only on what they refuse" in stages["pick"]["reason"]
+        assert refusals_only == (arrow == "true")  # (the chain: what Spark still runs)
         if arrow == "false":
             assert "arrow_input is off" in stages["out"]["not_used"][0]["why"]
 

@@ -149,7 +149,7 @@ def test_json_filter_session_to_json_plans_a_fused_chain_and_staged_input(
     assert "arrow-tasks" not in why  # (JSON lines, a filter and a derived column Arrow takes)
     source = stage(plan, "views")
     assert source["strategy"] == "arrow-tasks"
-    assert "runs 'only_big', runs 'doubled'" in source["reason"]
+    assert "run 'only_big', 'doubled' and write" in source["reason"]
     text = render(plan)
     assert "stateless stage only_big -> doubled: spark-sql" in text
     assert "per epoch: small-epoch mode" in text
