@@ -275,7 +275,11 @@ def _parquet(plan: ArrowInput, name: str) -> Any:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = pq.read_schema(name)
+    try:
+        schema = pq.read_schema(name)
+    except (pa.ArrowException, OSError) as exc:  # (damaged: Spark's reader decides)
+        msg = f"Arrow cannot read the file's footer: {str(exc)[:200]}"
+        raise ArrowRefused(msg) from exc
     for column, kind in plan.columns:
         if column not in schema.names:
             msg = f"column {column!r} is not in the file"
@@ -290,7 +294,11 @@ def _parquet(plan: ArrowInput, name: str) -> Any:
         if not ok:
             msg = f"column {column!r} is {found} in the file"
             raise ArrowRefused(msg)
-    table = pq.read_table(name, columns=[c for c, _ in plan.columns])
+    try:
+        table = pq.read_table(name, columns=[c for c, _ in plan.columns])
+    except (pa.ArrowException, OSError) as exc:
+        msg = f"Arrow cannot read the file: {str(exc)[:200]}"
+        raise ArrowRefused(msg) from exc
     return pa.table([table.column(c).cast(arrow_type(k)) for c, k in plan.columns],
                     names=[c for c, _ in plan.columns])
 
