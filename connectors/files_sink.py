@@ -146,6 +146,29 @@ class TaskTarget:
         return writer
 
 
+def empty_target(spark: Any, fs: Any, directory: str, schema: StructType, *, json: bool,
+                 records: bool = False, key: str | None = None) -> TaskTarget:
+    """A `TaskTarget` for rows of `schema` in `directory` (emptied, on file system `fs`), as
+    this Spark session writes them: its schema with every column nullable (as Spark's
+    writer), its parquet timestamp type and version; with `json`, the JSON encoder of those
+    columns for this JVM (a jsonl sink's, or with `records` a Kafka sink's, keyed by `key`)."""
+    from pyspark.sql.types import StructField, StructType
+
+    if fs.exists(directory):
+        fs.rm(directory, recursive=True)
+    fs.makedirs(directory, exist_ok=True)
+    optional = StructType([StructField(f.name, f.dataType, True, f.metadata)
+                           for f in schema.fields])
+    encoder = None
+    if json:
+        encoder = JsonLines(tuple((f.name, f.dataType.simpleString()) for f in schema.fields),
+                            shortest=jvm_prints_shortest(spark))
+    conf = spark.conf.get("spark.sql.parquet.outputTimestampType", "INT96")
+    return TaskTarget(directory=directory, spark_schema=optional.json(),
+                      timestamps=str(conf).upper(), spark_version=spark.version, json=encoder,
+                      records=records, key=key)
+
+
 def kafka_records(batch: pa.RecordBatch, json: JsonLines, key: str | None) -> pa.RecordBatch:
     """`batch`'s rows as a Kafka sink's (key, value) records, as its Spark plan renders them
     (`KafkaSink._records`: the key cast to a string, the row through `to_json`)."""
@@ -385,22 +408,8 @@ class FilesSink(Sink):
         staging directory), or None when the sink does not take task-written files."""
         if self.task_files_refused(schema) is not None:
             return None
-        staging = self.staging_dir(epoch)
-        if self.fs.exists(staging):
-            self.fs.rm(staging, recursive=True)
-        self.fs.makedirs(staging, exist_ok=True)
-        from pyspark.sql.types import StructField, StructType
-
-        conf = self.ctx.spark.conf.get("spark.sql.parquet.outputTimestampType", "INT96")
-        optional = StructType([StructField(f.name, f.dataType, True, f.metadata)
-                               for f in schema.fields])  # as Spark's writer: all nullable
-        json = None
-        if self.format == "jsonl":
-            json = JsonLines(tuple((f.name, f.dataType.simpleString()) for f in schema.fields),
-                             shortest=jvm_prints_shortest(self.ctx.spark))
-        return TaskTarget(directory=staging, spark_schema=optional.json(),
-                          timestamps=str(conf).upper(), spark_version=self.ctx.spark.version,
-                          json=json)
+        return empty_target(self.ctx.spark, self.fs, self.staging_dir(epoch), schema,
+                            json=self.format == "jsonl")
 
     @property
     def takes_tables(self) -> bool:

@@ -168,20 +168,10 @@ class KafkaSink(StagedTableSink):
         None when they cannot (`task_files_refused`)."""
         if self.task_files_refused(schema) is not None:
             return None
-        from streamer.connectors.arrow_json_writer import JsonLines, jvm_prints_shortest
-        from streamer.connectors.files_sink import TaskTarget
+        from streamer.connectors.files_sink import empty_target
 
-        directory = self._epoch_dir(epoch)
-        if self._fs.exists(directory):
-            self._fs.rm(directory, recursive=True)
-        self._fs.makedirs(directory, exist_ok=True)
-        json = JsonLines(tuple((f.name, f.dataType.simpleString()) for f in schema.fields),
-                         shortest=jvm_prints_shortest(self.ctx.spark))
-        return TaskTarget(directory=directory, spark_schema=schema.json(),
-                          timestamps=str(self.ctx.spark.conf.get(
-                              "spark.sql.parquet.outputTimestampType", "INT96")).upper(),
-                          spark_version=self.ctx.spark.version, json=json, records=True,
-                          key=self.key)
+        return empty_target(self.ctx.spark, self._fs, self._epoch_dir(epoch), schema, json=True,
+                            records=True, key=self.key)
 
     def _epoch_dir(self, epoch: int) -> str:
         """The directory of an epoch's task-written records."""
