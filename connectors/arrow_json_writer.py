@@ -42,6 +42,8 @@ TYPES = ("string", "bigint", "int", "double", "boolean", "timestamp")
 _SHORT = {"\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
 #: 1000-01-01T00:00:00Z and 10000-01-01T00:00:00Z in microseconds since the epoch.
 _YEARS = (-30610224000 * 10**6, 253402300800 * 10**6)
+#: Microseconds in a day.
+_DAY = 86_400 * 10**6
 
 
 def quoted(text: str) -> str:
@@ -109,7 +111,9 @@ class JsonLines:
             raise ArrowRefused(msg) from exc
 
     def _lines(self, batch: Any, end: str = "}\n") -> Any:
-        """One string array: each row's line, ending with `end`."""
+        """One string array: each row's line, ending with `end`. A column without nulls
+        joins the line as its parts (`_render`), its quotes in the constant text around it:
+        one concatenation writes every line."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -120,49 +124,77 @@ class JsonLines:
                 column = column.combine_chunks()
             if kind == "string" and column.type != pa.string():
                 column = column.cast(pa.string())  # (large or view strings)
-            text = self._render(column, kind)
-            if column.null_count:
-                text = pc.fill_null(text, "null")
-            pieces += [pa.scalar(("{" if i == 0 else ",") + quoted(name) + ":"), text]
-        pieces.append(pa.scalar(end))
-        lines = pc.binary_join_element_wise(*pieces, pa.scalar(""))
+            pieces.append(("{" if i == 0 else ",") + quoted(name) + ":")
+            parts = self._render(column, kind)
+            if column.null_count:  # (a part of a null row is null, and so its join)
+                pieces.append(pc.fill_null(_joined(parts), "null"))
+            else:
+                pieces += parts
+        pieces.append(end)
+        lines = _joined(pieces)
         if isinstance(lines, pa.ChunkedArray):
             lines = lines.combine_chunks()
         return lines
 
-    def _render(self, column: Any, kind: str) -> Any:
-        """`column`'s values as JSON text (nulls stay null)."""
+    def _render(self, column: Any, kind: str) -> list[Any]:
+        """`column`'s values as JSON text, as parts to concatenate: arrays (null where the
+        value is) and constant strings."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
         if kind == "string":
-            return _strings(column)
+            return ['"', _escaped(column), '"']
         if kind in ("bigint", "int"):
-            return pc.cast(column, pa.string())
+            return [pc.cast(column, pa.string())]
         if kind == "boolean":
-            return pc.if_else(column, pa.scalar("true"), pa.scalar("false"))
+            return [pc.if_else(column, pa.scalar("true"), pa.scalar("false"))]
         if kind == "timestamp":
             return _timestamps(column)
         return _doubles(column, self.shortest)
 
 
-def _strings(column: Any) -> Any:
+def _joined(parts: list[Any]) -> Any:
+    """The parts concatenated row by row (adjacent constants merged first)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    merged: list[Any] = []
+    for part in parts:
+        if isinstance(part, str) and merged and isinstance(merged[-1], str):
+            merged[-1] += part
+        else:
+            merged.append(part)
+    if len(merged) == 1 and not isinstance(merged[0], str):
+        return merged[0]
+    return pc.binary_join_element_wise(
+        *(pa.scalar(p) if isinstance(p, str) else p for p in merged), pa.scalar(""))
+
+
+def _escaped(column: Any) -> Any:
+    """Strings with Jackson's escapes (no quotes); as they are when no byte of the column
+    needs one (a look at the bytes instead of three passes of string kernels)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    data = column.buffers()[2]
+    if data is None:
+        return column
+    raw = np.frombuffer(data, dtype=np.uint8)
+    if not ((raw < 0x20).any() or (raw == 0x22).any() or (raw == 0x5C).any()):
+        return column
     text = pc.replace_substring(column, "\\", "\\\\")
     text = pc.replace_substring(text, '"', '\\"')
     if pc.any(pc.match_substring_regex(text, "[\\x00-\\x1f]")).as_py():
         for code in range(0x20):
             char = chr(code)
             text = pc.replace_substring(text, char, _SHORT.get(char, f"\\u{code:04X}"))
-    quote = pa.scalar('"')
-    return pc.binary_join_element_wise(quote, text, quote, pa.scalar(""))
+    return text
 
 
-def _timestamps(column: Any) -> Any:
-    """`yyyy-MM-ddTHH:mm:ss[.ffffff without trailing zeros]Z` in quotes. Only the distinct
-    days go through `strftime` (about 1 us a value); the time of day is integer arithmetic."""
+def _timestamps(column: Any) -> list[Any]:
+    """`yyyy-MM-ddTHH:mm:ss[.ffffff without trailing zeros]Z` in quotes, as parts (see
+    `JsonLines._render`). Only the days spanned go through `strftime` (about 1 us a
+    value); the rest is integer arithmetic and lookups."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -172,35 +204,42 @@ def _timestamps(column: Any) -> Any:
     if low.is_valid and (low.as_py() < _YEARS[0] or high.as_py() >= _YEARS[1]):
         msg = "a timestamp outside the years 1000-9999"
         raise ArrowRefused(msg)
-    distinct = pc.unique(numbers)
-    if len(distinct) < len(numbers) // 2:  # (windows' bounds: a few distinct values)
-        return pc.take(_iso(distinct.cast(pa.timestamp("us", tz="UTC")), distinct),
-                       pc.index_in(numbers, distinct))
-    return _iso(micros, numbers)
+    return _iso(numbers)
 
 
-def _iso(micros: Any, numbers: Any) -> Any:
+def _iso(numbers: Any) -> list[Any]:
+    """Microseconds since the epoch (an int64 array) as the parts of `_timestamps`' text:
+    day, second and fraction by integer arithmetic, each looked up as text."""
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    day = pc.cast(pc.floor_temporal(micros, unit="day"), pa.int64())
-    days = pc.unique(day)
-    dates = pc.strftime(pc.cast(days, pa.timestamp("us", tz="UTC")), format="%Y-%m-%d")
-    date = pc.take(dates, pc.index_in(day, days))
-    since = pc.subtract(numbers, day)  # (microseconds into the day, never negative)
-    second = pc.divide(since, 10**6)
-    fraction = pc.subtract(since, pc.multiply(second, 10**6))
-    clock = pc.take(_clock_texts(), second)  # "HH:MM:SS"
-    millis = pc.divide(fraction, 1000)
-    if pc.all(pc.equal(pc.multiply(millis, 1000), fraction)).as_py():  # (whole milliseconds)
-        tail = pc.take(_milli_tails(), millis)
+    nulls = numbers.is_null().to_numpy(zero_copy_only=False) if numbers.null_count else None
+    values = numbers.fill_null(0).to_numpy(zero_copy_only=False)
+    day = np.floor_divide(values, _DAY)
+    second, fraction = np.divmod(values - day * _DAY, 10**6)  # (into the day: never negative)
+    low, high = int(day.min()), int(day.max())
+    if high - low < 1 << 16:  # the dates of the days spanned, looked up by day
+        starts = pa.array(np.arange(low, high + 1, dtype=np.int64) * _DAY,
+                          pa.timestamp("us", tz="UTC"))
+        dates, index = pc.strftime(starts, format="%Y-%m-%d"), day - low
+    else:  # (a span of centuries: the distinct days only)
+        days = pc.unique(pa.array(day))
+        dates = pc.strftime(pc.cast(pc.multiply(days, _DAY), pa.timestamp("us", tz="UTC")),
+                            format="%Y-%m-%d")
+        index = pc.index_in(pa.array(day), days).to_numpy(zero_copy_only=False)
+    date = pc.take(dates, pa.array(index, mask=nulls))
+    clock = pc.take(_clock_texts(), pa.array(second, mask=nulls))  # "HH:MM:SS"
+    millis, rest = np.divmod(fraction, 1000)
+    if not rest.any():  # (whole milliseconds)
+        tail = pc.take(_milli_tails(), pa.array(millis, mask=nulls))
     else:
-        digits = pc.utf8_rtrim(pc.utf8_lpad(pc.cast(fraction, pa.string()), 6, "0"), "0")
-        tail = pc.if_else(pc.equal(fraction, 0), pa.scalar('Z"'),
+        micro = pa.array(fraction, mask=nulls)
+        digits = pc.utf8_rtrim(pc.utf8_lpad(pc.cast(micro, pa.string()), 6, "0"), "0")
+        tail = pc.if_else(pc.equal(micro, 0), pa.scalar('Z"'),
                           pc.binary_join_element_wise(pa.scalar("."), digits, pa.scalar('Z"'),
                                                       pa.scalar("")))
-    text = [pa.scalar('"'), date, pa.scalar("T"), clock, tail]
-    return pc.binary_join_element_wise(*text, pa.scalar(""))
+    return ['"', date, "T", clock, tail]
 
 
 @cache
@@ -223,9 +262,10 @@ def _milli_tails() -> Any:
                     pa.string())
 
 
-def _doubles(column: Any, shortest: bool) -> Any:
-    """Doubles as `Double.toString`: Arrow's shortest text where it is plain and in
-    [10^-3, 10^7) or zero, each other value in Python (see the module's note on Java 17)."""
+def _doubles(column: Any, shortest: bool) -> list[Any]:
+    """Doubles as `Double.toString`, as parts (see `JsonLines._render`): Arrow's shortest
+    text where it is plain and in [10^-3, 10^7) or zero (and `.0` where it has no point),
+    each other value in Python (see the module's note on Java 17)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -241,14 +281,13 @@ def _doubles(column: Any, shortest: bool) -> Any:
         if pc.any(pc.and_(plain, pc.greater(digits, 15))).as_py():
             msg = "a double whose shortest digits are more than 15 (Java 17 may print others)"
             raise ArrowRefused(msg)
-    text = pc.if_else(pc.match_substring(text, "."), text,
-                      pc.binary_join_element_wise(text, pa.scalar(".0"), pa.scalar("")))
+    dot = pc.if_else(pc.match_substring(text, "."), pa.scalar(""), pa.scalar(".0"))
     others = pc.invert(pc.fill_null(plain, True))  # (a null stays null)
     if not pc.any(others).as_py():
-        return text
+        return [text, dot]
     values = pc.filter(column, others).to_pylist()
     rendered = pa.array([java_double(v, shortest) for v in values], pa.string())
-    return pc.replace_with_mask(text, others, rendered)
+    return [pc.replace_with_mask(_joined([text, dot]), others, rendered)]
 
 
 def java_double(value: float, shortest: bool = True) -> str:
