@@ -138,13 +138,57 @@ def decode(data: bytes, columns: Sequence[tuple[str, str]], records: int | None 
         msg = f"{table.num_rows} objects on {expected} lines"
         raise Refused(msg)
     for name, kind in columns:
-        if kind == "timestamp":
-            text = table.column(name)
-            ok = pc.match_substring_regex(text, ISO)
+        if kind == "timestamp" and not all(_fixed_iso(c) for c in table.column(name).chunks):
+            ok = pc.match_substring_regex(table.column(name), ISO)
             if pc.any(pc.invert(ok)).as_py():  # (null stays null: `any` skips it)
                 msg = f"a value of timestamp column {name!r} is not plain ISO-8601"
                 raise Refused(msg)
     return with_timestamps(table.select([n for n, _ in columns]), columns)
+
+
+#: The digits of `yyyy-MM-ddTHH:mm:ss`, by position.
+_DIGITS = (0, 1, 2, 3, 5, 6, 8, 9, 11, 12, 14, 15, 17, 18)
+#: (first position, lowest, highest) of the two-digit fields: month, day, hour, minute,
+#: second (as `ISO` bounds them).
+_FIELDS = ((5, 1, 12), (8, 1, 31), (11, 0, 23), (14, 0, 59), (17, 0, 59))
+
+
+def _fixed_iso(text: Any) -> bool:
+    """True when every value of string array `text` is certainly matched by `ISO`, seen
+    on its bytes as a table of one width: no null, `yyyy-MM-dd[T ]HH:mm:ss`, then `.` and
+    1-6 digits or nothing, then `Z` or nothing, the same form in every row (what a
+    writer's output is). False only means that `ISO` must decide."""
+    import numpy as np
+    import pyarrow as pa
+
+    if text.type != pa.string() or text.null_count or not len(text):
+        return False
+    offsets = np.frombuffer(text.buffers()[1], dtype=np.int32, count=len(text) + 1,
+                            offset=text.offset * 4)
+    width = int(offsets[1] - offsets[0])
+    if width < 19 or int(offsets[-1] - offsets[0]) != width * len(text) or \
+            not (np.diff(offsets) == width).all():
+        return False
+    rows = np.frombuffer(text.buffers()[2], dtype=np.uint8, count=width * len(text),
+                         offset=int(offsets[0])).reshape(len(text), width)
+    zone = bool(rows[0, -1] == ord("Z"))
+    digits = width - 19 - zone - 1  # (after the point)
+    if not (digits == -1 or 1 <= digits <= 6):
+        return False
+    places = [*_DIGITS, *range(20, 20 + max(digits, 0))]
+    marks = {4: b"-", 7: b"-", 13: b":", 16: b":", **({19: b"."} if digits > 0 else {}),
+             **({width - 1: b"Z"} if zone else {})}
+    if not (rows[:, places] - np.uint8(48) <= 9).all() or (rows[:, 0] == ord("0")).any():
+        return False
+    if not all((rows[:, at] == mark[0]).all() for at, mark in marks.items()):
+        return False
+    if not ((rows[:, 10] == ord("T")) | (rows[:, 10] == ord(" "))).all():
+        return False
+    for at, low, high in _FIELDS:
+        value = (rows[:, at] - 48).astype(np.int16) * 10 + (rows[:, at + 1] - 48)
+        if value.min() < low or value.max() > high:
+            return False
+    return True
 
 
 def with_timestamps(table: Any, columns: Sequence[tuple[str, str]]) -> Any:

@@ -165,3 +165,70 @@ def test_generated_typed_lines(spark: Any, records: list[dict[str, Any]]) -> Non
 def test_generated_mixed_lines(spark: Any, records: list[dict[str, Any]]) -> None:
     """Lines of values of any type: each file is refused or decoded as Spark decodes it."""
     check(spark, [json.dumps(r).encode() for r in records])
+
+
+#: Timestamps written by one writer: one form, one width (what `_fixed_iso` takes).
+FORMS = st.tuples(st.sampled_from(["T", " "]), st.integers(0, 6), st.booleans())
+
+
+@settings(max_examples=1500, deadline=None, database=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))
+@given(FORMS, st.lists(st.datetimes(min_value=__import__("datetime").datetime(1000, 1, 1)),
+                       min_size=1, max_size=5),
+       st.lists(st.tuples(st.integers(0, 4), st.integers(0, 26), st.one_of(
+           st.sampled_from([c.encode() for c in "0123569TZ :-.+"]),
+           st.binary(min_size=1, max_size=1))), max_size=2))
+def test_the_byte_check_of_timestamps_never_passes_what_the_pattern_refuses(
+        form: tuple[str, int, bool], stamps: list[Any],
+        edits: list[tuple[int, int, bytes]]) -> None:
+    """`_fixed_iso` (the fast check) says yes only where `ISO` matches every value, and says
+    yes to every unedited column of one form; a byte edited anywhere is caught by one of
+    them."""
+    import re
+
+    import pyarrow as pa
+
+    from streamer.connectors.arrow_json import ISO, _fixed_iso
+
+    sep, digits, zone = form
+    texts = [s.strftime(f"%Y-%m-%d{sep}%H:%M:%S") + (
+        f".{s.microsecond:06d}"[:digits + 1] if digits else "") + ("Z" if zone else "")
+        for s in stamps]
+    column = pa.array(texts, pa.string())
+    assert _fixed_iso(column), texts
+    raw = [t.encode() for t in texts]
+    for row, at, byte in edits:
+        if row < len(raw) and at < len(raw[row]):
+            raw[row] = raw[row][:at] + byte + raw[row][at + 1:]
+    try:
+        edited = [r.decode() for r in raw]
+    except UnicodeDecodeError:
+        return
+    fast = _fixed_iso(pa.array(edited, pa.string()))
+    pattern = all(re.match(ISO, t) for t in edited)
+    assert not fast or pattern, edited
+    if len(edited) > 1:  # (a slice: the array's offset into its buffers)
+        sliced = _fixed_iso(pa.array(edited, pa.string()).slice(1))
+        assert not sliced or all(re.match(ISO, t) for t in edited[1:]), edited
+
+
+@pytest.mark.parametrize("bad", [
+    "2026-00-01T00:00:00.000Z", "2026-13-01T00:00:00.000Z", "2026-01-00T00:00:00.000Z",
+    "2026-01-32T00:00:00.000Z", "2026-01-01T24:00:00.000Z", "2026-01-01T00:60:00.000Z",
+    "2026-01-01T00:00:60.000Z", "0999-01-01T00:00:00.000Z", "2026-01-01t00:00:00.000Z",
+    "2026/01-01T00:00:00.000Z", "2026-01-01T00-00:00.000Z", "2026-01-01T00:00:00,000Z",
+    "2026-01-01T00:00:00.00aZ", "2026-01-01T00:00:00.000z", "+026-01-01T00:00:00.000Z"])
+def test_the_byte_check_refuses_each_field_out_of_its_range(bad: str) -> None:
+    """A column of one width with one value `ISO` refuses: the fast check says no (so the
+    pattern decides, and refuses the file)."""
+    import re
+
+    import pyarrow as pa
+
+    from streamer.connectors.arrow_json import ISO, _fixed_iso
+
+    assert not re.match(ISO, bad)
+    good = "2026-01-01T12:34:56.789Z"
+    assert _fixed_iso(pa.array([good, good], pa.string()))
+    assert not _fixed_iso(pa.array([good, bad], pa.string()))
+    assert not _fixed_iso(pa.array([bad, good], pa.string()))
