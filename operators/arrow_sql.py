@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamer.exceptions import ArrowRefused as Refused
+from streamer.frames import empty_frame
 
 #: Spark simple types whose values Arrow holds as Spark does (`arrow_type`).
 TYPES = ("int", "bigint", "double", "string", "boolean", "timestamp")
@@ -178,7 +179,7 @@ def compile_ops(spark: Any, schema: Any, ops: Sequence[Any]) -> Program | str:
         for field in schema.fields:
             if field.dataType.simpleString() not in TYPES:
                 return f"column {field.name!r} of type {field.dataType.simpleString()}"
-        df = apply_stateless(op, spark.createDataFrame([], schema))
+        df = apply_stateless(op, empty_frame(spark, schema))
         try:
             steps.extend(_steps(op.id, df._jdf.queryExecution().analyzed()))
         except Untranslatable as exc:

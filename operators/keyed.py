@@ -29,6 +29,7 @@ from streamer.columns import (
     SIDE_OUTPUT,
     SUBTASK,
 )
+from streamer.frames import empty_frame
 from streamer.operators.aggregates import accumulator
 from streamer.operators.keyed_config import KeyedConfig
 from streamer.operators.keyed_kinds import (
@@ -65,7 +66,7 @@ def output_schema(spark: Any, op: Any, input_schema: Any) -> Any:
         if EVENT_TIME not in input_schema.fieldNames():
             fields.append(StructField(EVENT_TIME, TimestampType()))
         return StructType(fields)
-    empty = spark.createDataFrame([], input_schema)
+    empty = empty_frame(spark, input_schema)
     fields += [input_schema[k] for k in op.key_by]
     if kind == "window":
         fields += [StructField("window_start", TimestampType()),

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamer.columns import HIDDEN_PREFIX
 from streamer.exceptions import StreamerError
+from streamer.frames import empty_frame
 from streamer.pipeline.exceptions import PipelineError, Problem
 from streamer.pipeline.graph import Dataflow, compile_dataflow
 from streamer.pipeline.spec import OperatorSpec, PipelineSpec, SinkSpec, SourceSpec
@@ -48,7 +49,7 @@ class Analyzer:
 
     def empty(self, schema: StructType) -> DataFrame:
         """An empty DataFrame of `schema` (analysis only, never executed)."""
-        return self.spark.createDataFrame([], schema)
+        return empty_frame(self.spark, schema)
 
     def try_expr(self, df: DataFrame, expr: str, path: Path, what: str) -> DataFrame | None:
         """`df.select(expr)`, or None after reporting Spark's analysis error at `path`."""
