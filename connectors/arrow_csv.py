@@ -34,7 +34,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from streamer.connectors.arrow_json import ISO, check_utf8, with_timestamps
+from streamer.connectors.arrow_json import check_utf8, plain_iso, with_timestamps
 from streamer.exceptions import ArrowRefused as Refused
 
 #: The delimiters this decoder takes.
@@ -48,7 +48,7 @@ _BLANK_LINE = re.compile(rb"(?:^|\n)[\x01-\x09\x0b-\x20]+(?:\n|$)")
 _PATTERNS = {
     "bigint": r"^-?[0-9]+$", "int": r"^-?[0-9]+$",
     "double": r"^(-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?|NaN|-?Infinity|-?Inf)$",
-    "boolean": r"^(true|false)$", "timestamp": ISO, "string": None}
+    "boolean": r"^(true|false)$", "string": None}  # (timestamps: `arrow_json.plain_iso`)
 
 
 def refusal(delimiter: str) -> str | None:
@@ -104,9 +104,14 @@ def decode(data: bytes, columns: Sequence[tuple[str, str]], *, header: bool,
         msg = f"Arrow's reader: {str(exc)[:200]}"
         raise Refused(msg) from exc
     for name, kind in columns:
-        pattern = _PATTERNS[kind]
-        if pattern is not None and pc.any(pc.invert(
-                pc.match_substring_regex(table.column(name), pattern))).as_py():
+        column = table.column(name)
+        if kind == "timestamp":
+            alike = plain_iso(column)
+        else:
+            pattern = _PATTERNS[kind]
+            alike = pattern is None or not pc.any(pc.invert(
+                pc.match_substring_regex(column, pattern))).as_py()
+        if not alike:
             msg = f"a value of {kind} column {name!r} is not in a form read alike"
             raise Refused(msg)
     return with_timestamps(_typed(table, columns), columns)

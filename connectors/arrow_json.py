@@ -114,7 +114,6 @@ def decode(data: bytes, columns: Sequence[tuple[str, str]], records: int | None 
     them; `Refused` when that is not certain. `records`: `data` is that many values joined
     by line breaks, each a record (a Kafka value: a blank one is a bad record to Spark)."""
     import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.json as pj
 
     check_utf8(data)
@@ -138,12 +137,23 @@ def decode(data: bytes, columns: Sequence[tuple[str, str]], records: int | None 
         msg = f"{table.num_rows} objects on {expected} lines"
         raise Refused(msg)
     for name, kind in columns:
-        if kind == "timestamp" and not all(_fixed_iso(c) for c in table.column(name).chunks):
-            ok = pc.match_substring_regex(table.column(name), ISO)
-            if pc.any(pc.invert(ok)).as_py():  # (null stays null: `any` skips it)
-                msg = f"a value of timestamp column {name!r} is not plain ISO-8601"
-                raise Refused(msg)
+        if kind == "timestamp" and not plain_iso(table.column(name)):
+            msg = f"a value of timestamp column {name!r} is not plain ISO-8601"
+            raise Refused(msg)
     return with_timestamps(table.select([n for n, _ in columns]), columns)
+
+
+def plain_iso(column: Any) -> bool:
+    """Whether every value of string column `column` (nulls aside) is in a form `ISO`
+    takes: seen on its bytes where each chunk has one width (`_fixed_iso`), else by `ISO`."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    if all(_fixed_iso(c) for c in chunks):
+        return True
+    ok = pc.match_substring_regex(column, ISO)
+    return not pc.any(pc.invert(ok)).as_py()  # (null stays null: `any` skips it)
 
 
 #: The digits of `yyyy-MM-ddTHH:mm:ss`, by position.
