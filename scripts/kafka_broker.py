@@ -219,34 +219,50 @@ class KafkaBroker:
         assert left == 0, f"{left} records not delivered"
 
     def read(self, topic: str, isolation: str = "read_committed",
-             timeout: float = 60.0) -> list[tuple[str | None, str | None, int, int]]:
+             timeout: float = 60.0,
+             settle: float = 10.0) -> list[tuple[str | None, str | None, int, int]]:
         """Every record of `topic` a consumer with `isolation` sees now, as (key, value,
-        partition, offset), partition by partition."""
+        partition, offset), partition by partition.
+
+        A transaction's commit returns before the broker has written its markers into the
+        partitions, so a `read_committed` reader can stop short of the high watermark just
+        after a commit: it keeps reading for up to `settle` seconds until the partition's
+        stable end reaches the high watermark (a transaction left open stays unseen)."""
         from confluent_kafka import Consumer, TopicPartition
 
         conf = {"bootstrap.servers": self.bootstrap, "group.id": f"reader-{uuid.uuid4().hex}",
                 "enable.auto.commit": False, "enable.partition.eof": True,
                 "isolation.level": isolation}
         consumer = Consumer(conf)
+        # The end offsets of a read_committed consumer are the stable ends; the high
+        # watermarks come from a read_uncommitted one.
+        ends = Consumer({**conf, "isolation.level": "read_uncommitted"})
         try:
             meta = consumer.list_topics(topic, timeout=30).topics[topic]
             out: list[tuple[str | None, str | None, int, int]] = []
             for part in sorted(meta.partitions):
-                low, high = consumer.get_watermark_offsets(TopicPartition(topic, part),
-                                                           timeout=30, cached=False)
+                low, high = ends.get_watermark_offsets(TopicPartition(topic, part),
+                                                       timeout=30, cached=False)
                 if high <= low:
                     continue
                 consumer.assign([TopicPartition(topic, part, low)])
                 deadline = time.monotonic() + timeout
+                settled = time.monotonic() + settle
+                short = False  # at the end of what is stable, below the high watermark
                 while True:
-                    m = consumer.poll(1.0)
+                    m = consumer.poll(0.2 if short else 1.0)
                     if m is None:
+                        if short and time.monotonic() > settled:
+                            break  # a transaction left open: what it wrote stays unseen
                         if time.monotonic() > deadline:
                             msg = f"reading {topic}:{part} timed out"
                             raise TimeoutError(msg)
                         continue
-                    if m.error():
-                        break  # partition EOF (of what this isolation level can see)
+                    if m.error():  # partition EOF (of what this isolation level can see)
+                        short = isolation == "read_committed" and m.offset() < high
+                        if short and time.monotonic() < settled:
+                            continue  # commit markers not yet written: read on
+                        break
                     out.append((None if m.key() is None else m.key().decode(),
                                 None if m.value() is None else m.value().decode(),
                                 part, m.offset()))
@@ -255,6 +271,7 @@ class KafkaBroker:
             return out
         finally:
             consumer.close()
+            ends.close()
 
 
 @contextlib.contextmanager
