@@ -6,6 +6,8 @@ several times faster, and for a file whose every line passes the checks below it
 same values, so a keyed stage's input can be decoded in a Python task instead
 (`runtime.arrow_input`). Where a check fails, `Refused` says why and the file is decoded by
 Spark as before: a bad record still becomes a dead letter (or an error) exactly as it would.
+A file whose lines are all of one compact shape skips Arrow's JSON reader and the line checks:
+`arrow_json_shaped` gives the table that reader would, in about half its time.
 
 What is checked, and why (each difference found by trying both readers):
 - the bytes are UTF-8, and a `\r` occurs only in a `\r\n` line end (Spark's text reader
@@ -35,6 +37,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from streamer.connectors.arrow_json_shaped import read_shaped
 from streamer.exceptions import ArrowRefused as Refused
 
 #: Spark simple type names this decoder takes, with the Arrow type it reads each as.
@@ -117,25 +120,29 @@ def decode(data: bytes, columns: Sequence[tuple[str, str]], records: int | None 
     import pyarrow.json as pj
 
     check_utf8(data)
-    expected = _lines(data)
+    schema = pa.schema([(name, arrow_type(kind)) for name, kind in columns])
+    # Lines of one shape: Arrow's table by a faster route, each row one line (the module).
+    table = read_shaped(data, schema)
+    expected = _lines(data) if table is None else table.num_rows
     if records is not None and expected != records:
         msg = f"{records - expected} of {records} values are blank (bad records to Spark)"
         raise Refused(msg)
-    schema = pa.schema([(name, arrow_type(kind)) for name, kind in columns])
     if not expected:
         return with_timestamps(schema.empty_table(), columns)
-    try:
-        table = pj.read_json(
-            pa.py_buffer(data), read_options=pj.ReadOptions(use_threads=False,
-                                                            block_size=1 << 24),
-            parse_options=pj.ParseOptions(explicit_schema=schema, newlines_in_values=False,
-                                          unexpected_field_behavior="ignore"))
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        msg = f"Arrow's reader: {str(exc)[:200]}"
-        raise Refused(msg) from exc
-    if table.num_rows != expected:
-        msg = f"{table.num_rows} objects on {expected} lines"
-        raise Refused(msg)
+    if table is None:
+        try:
+            table = pj.read_json(
+                pa.py_buffer(data), read_options=pj.ReadOptions(use_threads=False,
+                                                                block_size=1 << 24),
+                parse_options=pj.ParseOptions(explicit_schema=schema,
+                                              newlines_in_values=False,
+                                              unexpected_field_behavior="ignore"))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            msg = f"Arrow's reader: {str(exc)[:200]}"
+            raise Refused(msg) from exc
+        if table.num_rows != expected:
+            msg = f"{table.num_rows} objects on {expected} lines"
+            raise Refused(msg)
     for name, kind in columns:
         if kind == "timestamp" and not plain_iso(table.column(name)):
             msg = f"a value of timestamp column {name!r} is not plain ISO-8601"

@@ -119,6 +119,15 @@ def test_arrow_decodes_as_spark_does_or_refuses(spark: Any, lines: list[bytes],
     assert check(spark, lines) == outcome
 
 
+@pytest.mark.parametrize(("lines", "outcome"), CASES)
+def test_compact_lines_decode_as_spark_does_or_refuse(spark: Any, lines: list[bytes],
+                                                      outcome: str) -> None:
+    """The cases without blanks between tokens, the form the shaped reader takes
+    (`arrow_json_shaped`): Spark's records or refused, as before."""
+    compact = [ln.replace(b'": ', b'":').replace(b', "', b',"') for ln in lines]
+    assert check(spark, compact) in (outcome, "same" if outcome == "refused" else outcome)
+
+
 def test_line_ends(spark: Any) -> None:
     lines = [b'{"a": 1}', b'{"a": 2}']
     assert check(spark, lines, sep=b"\r\n") == "same"
@@ -157,6 +166,16 @@ def test_generated_typed_lines(spark: Any, records: list[dict[str, Any]]) -> Non
     outcome = check(spark, [json.dumps(r).encode() for r in records])
     years = [r["t"][:4] for r in records if r.get("t")]
     assert outcome == "same" or any(y < "1000" for y in years), records
+
+
+@SETTINGS
+@given(st.lists(st.fixed_dictionaries({n: TYPED[n] for n, _ in COLUMNS if n != "b"}),
+                min_size=1, max_size=6))
+def test_generated_lines_of_one_shape(spark: Any, records: list[dict[str, Any]]) -> None:
+    """Compact lines, every field in one order (what the shaped reader takes): Spark's."""
+    lines = [json.dumps(r, separators=(",", ":")).encode() for r in records]
+    outcome = check(spark, lines)
+    assert outcome == "same" or any(r["t"][:4] < "1000" for r in records), records
 
 
 @SETTINGS
