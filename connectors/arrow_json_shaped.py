@@ -37,9 +37,9 @@ from typing import Any
 _INTEGER = r"^-?(0|[1-9][0-9]*)$"
 _NUMBER = r"^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?$"
 #: A field of the first line: its key, and whether its value opens with a quote.
+_FIELD = re.compile(rb'"([^"]*)":(")?')
 #: A slice's end past any value (Arrow's default end fails on binary columns).
 _END = 2**31 - 1
-_FIELD = re.compile(rb'"([^"]*)":(")?')
 
 
 def read_shaped(data: bytes, schema: Any) -> Any:
