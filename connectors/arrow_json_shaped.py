@@ -52,8 +52,7 @@ def read_shaped(data: bytes, schema: Any) -> Any:
     import pyarrow.compute as pc
     import pyarrow.csv as pcsv
 
-    first = data[:data.find(b"\n")] if b"\n" in data else data
-    fields = _template(first)
+    fields = _template(data.partition(b"\n")[0])
     if fields is None:
         return None
     buf = np.frombuffer(data, dtype=np.uint8)
