@@ -352,7 +352,7 @@ class JobRunner:
             slices = {sid: piece for sid, src in live.items()
                       if (piece := src.plan(self.job.offsets[sid], now)) is not None}
             plan_ms = (time.monotonic() - tick) * 1000
-            if slices or self._timers_due(self.job.tracker.current, now):
+            if slices or self._timers_due(now):
                 ran += 1
                 last = self._ends_input(live, slices) and (
                     self.options.max_epochs is None or ran < self.options.max_epochs)
@@ -408,7 +408,7 @@ class JobRunner:
     def _end_of_input(self, savepoint_url: str | None) -> None:
         """Every source ended: the watermark goes to +inf and every timer fires (unless the
         epoch with the last records did that already)."""
-        if not (self._timers_due(MAX_WATERMARK, MAX_WATERMARK) or self.checkpoints.unsaved()
+        if not (self._timers_due(MAX_WATERMARK, flush=True) or self.checkpoints.unsaved()
                 or savepoint_url):
             return
         if self.options.checkpoints:
@@ -438,9 +438,13 @@ class JobRunner:
             if remaining > 0:
                 self.control.stop.wait(remaining)
 
-    def _timers_due(self, watermark: int, now: int) -> bool:
-        """Whether some keyed subtask has a timer due (so an epoch must run without data)."""
-        for nxt in self.job.next_timers.values():
+    def _timers_due(self, now: int, flush: bool = False) -> bool:
+        """Whether some keyed subtask has a timer due (so an epoch must run without data):
+        an event-time timer at or before the watermark its operator would run with
+        (every one with `flush`), a processing-time one at or before `now`."""
+        marks = self.job.tracker.for_operators()
+        for node_id, nxt in self.job.next_timers.items():
+            watermark = MAX_WATERMARK if flush else marks.get(node_id, self.job.tracker.current)
             event, processing = nxt.get("event"), nxt.get("processing")
             if (event is not None and event <= watermark) or (
                     processing is not None and processing <= now):

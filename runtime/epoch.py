@@ -110,7 +110,8 @@ class EpochRunner:
         self.use_small_conf(decision.small)
         ctx = EpochContext(
             epoch=epoch, slices=slices, now=now_ms(), watermark=job.tracker.current,
-            flush=flush, checkpoint_id=self.checkpoints.begin() if checkpoint else None,
+            operator_watermarks=job.tracker.for_operators(), flush=flush,
+            checkpoint_id=self.checkpoints.begin() if checkpoint else None,
             savepoint_url=savepoint_url, decision=decision,
             guard=lambda what, action: guarded(epoch, what, action))
         started, t0 = time.time(), time.monotonic()
@@ -219,6 +220,7 @@ class EpochRunner:
                                           for i, split in enumerate(piece.end)}, ctx.now)
                 if source.bounded and source.exhausted(job.offsets[sid]):
                     job.tracker.finish(sid)
+        job.tracker.operators_ran(ctx.operator_watermarks)
         job.tracker.advance(now_ms())
 
     def _complete(self, ctx: EpochContext, started: float) -> float | None:

@@ -12,9 +12,10 @@ even for subtasks that got no records.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -515,18 +516,20 @@ class KeyedStage:
         `rows` None (a direct read that writes its sink): no input and no output go through
         Spark SQL at all, so the job is a plain RDD job of one task per subtask (~45 ms less
         per epoch than an empty `mapInArrow` job, measured on this machine)."""
-        from pyspark import TaskContext
         from pyspark.sql import functions as F
 
         metas = self.spark.sparkContext.accumulator([], _ListParam())
 
         def task(batches: Any) -> Any:
-            ctx = TaskContext.get()
-            assert ctx is not None
             prepare_task()
+            # The subtask is read from the rows, never from the task's partition index: a
+            # keyed stage's output read by a union (a join of it with another input) runs
+            # in the union's stage, whose partition indices are offset by the other
+            # inputs' partitions.
+            batches, subtask = _subtask_of(batches)
             # (`run_task` named here, so cloudpickle ships whatever it is now: the benches
             # wrap it.)
-            return subtask_batches(cfg, batches, ctx.partitionId(), write_to,
+            return subtask_batches(cfg, batches, subtask, write_to,
                                    lambda meta: metas.add([meta]), run_task)
 
         if rows is None:
@@ -537,11 +540,9 @@ class KeyedStage:
                       else os.path.join(cfg.state_root, cfg.job, cfg.uid, ".claims"))
             parallelism = self.parallelism
 
-            def drain(_: Any) -> Any:
-                ctx = TaskContext.get()
-                assert ctx is not None
+            def drain(partition: Any) -> Any:
                 prepare_task()
-                subtask = ctx.partitionId()
+                subtask = next(iter(partition))  # (partition i holds the one element i)
                 if claims is not None:
                     held = held_subtasks(cfg.state_root, cfg.job, cfg.uid)
                     subtask = claim_subtask(claims, cfg.epoch, subtask, parallelism,
@@ -570,6 +571,21 @@ class KeyedStage:
             sides[name] = rows_of.select(F.from_json(C.ROW_META, ddl).alias("r")).select("r.*")
         run_job = None if write_to is None else result.select(C.ROW_KIND).collect
         return KeyedResult(output, late, _Metas(lambda: metas.value), sides, run_job)
+
+
+def _subtask_of(batches: Iterator[Any]) -> tuple[Iterator[Any], int]:
+    """(`batches` unchanged, the subtask they are for): every partition of a keyed stage's
+    input holds rows of one subtask and at least one row (its dummy row, or, for the tasks
+    that read their input themselves, the start row whose `id` is the subtask)."""
+    held = []
+    for batch in batches:
+        held.append(batch)
+        if batch.num_rows:
+            names = batch.schema.names
+            column = batch.column(names.index(C.SUBTASK if C.SUBTASK in names else "id"))
+            return itertools.chain(held, batches), int(column[0].as_py())
+    msg = "a keyed stage's task received no rows: its partition lacks the subtask's start row"
+    raise RuntimeError(msg)
 
 
 class SubtaskFailed(Exception):
