@@ -339,6 +339,52 @@ def _check_changelogs(data: Mapping[str, Any], ck: Checker) -> None:
                 break
 
 
+def check_update_streams(spec: PipelineSpec, ck: Checker) -> None:
+    """A keyed operator cannot read an update stream yet (`OperatorSpec.emits_updates`): it
+    would take each update of a key as one more record (an aggregate over a rolling
+    aggregate's updates would count a key once per update: wrong totals, and no error).
+    Stateless operators pass updates on; sinks take them (a files sink keeps every update,
+    an upsert table the latest)."""
+    by_id = {o.id: o for o in spec.operators}
+
+    def producer(ref: str, seen: frozenset[str] = frozenset()) -> tuple[str, str] | None:
+        op = by_id.get(ref)
+        if op is None or ref in seen:
+            return None
+        if op.emits_updates is not None:
+            return ref, op.emits_updates
+        if op.stateful:
+            return None
+        for upstream in op.inputs:
+            found = producer(upstream, seen | {ref})
+            if found is not None:
+                return found
+        return None
+
+    for op in spec.operators:
+        if not op.stateful:
+            continue
+        if op.join is not None:
+            refs: list[tuple[str, Path]] = [
+                (op.join.left, (*op.path, "join", "left")),
+                (op.join.right, (*op.path, "join", "right"))]
+        else:
+            listed = (*op.path, "input", 0) in spec.positions.values
+            refs = [(ref, (*op.path, "input", j) if listed else (*op.path, "input"))
+                    for j, ref in enumerate(op.inputs)]
+        for ref, path in refs:
+            found = producer(ref)
+            if found is None:
+                continue
+            origin, why = found
+            via = "" if origin == ref else f" through {ref!r}"
+            ck.report(path, f"operator {op.id!r} reads{via} the updates of {origin!r}, "
+                      f"{why}; a keyed operator would take every update as a new record "
+                      "(retractions are not supported yet). Key and window the records "
+                      f"before {origin!r} instead, or send {origin!r} to a sink")
+            break
+
+
 def validate_data(data: Any, positions: Positions,
                   env: Mapping[str, str] | None = None) -> PipelineSpec:
     """Validate loaded YAML and build the spec, or raise `PipelineError` with every problem."""
@@ -352,7 +398,12 @@ def validate_data(data: Any, positions: Positions,
     problems = positions.problems + _problems(ck, positions)
     if problems:
         raise PipelineError(problems)
-    return build_spec(data, positions, env)
+    spec = build_spec(data, positions, env)
+    check_update_streams(spec, ck)
+    problems = _problems(ck, positions)
+    if problems:
+        raise PipelineError(problems)
+    return spec
 
 
 def load_pipeline(path: str, env: Mapping[str, str] | None = None) -> PipelineSpec:

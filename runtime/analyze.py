@@ -113,8 +113,7 @@ class Analyzer:
         if df is None:
             return
         has_ts = all(self.event_time.get(i, False) for i in o.inputs)
-        self.event_time[o.id] = has_ts if o.kind != "keyed" else bool(
-            (o.window and o.window.kind != "count") or (o.dedupe_within_ms and has_ts))
+        self.event_time[o.id] = o.output_event_time(has_ts)
         if o.kind == "filter":
             assert o.filter is not None
             out = self.try_expr(df, o.filter, (*o.path, "filter"), f"filter of {owner}")

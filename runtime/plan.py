@@ -99,14 +99,13 @@ def plan_stages(spec: PipelineSpec, flow: Dataflow, spark: SparkSession,
         elif node.role == "operator":
             has_ts = all(event_time.get(i, False) for i in node.operator.inputs)
             if node.kind != "keyed":
-                event_time[node.id] = has_ts
+                event_time[node.id] = node.operator.output_event_time(has_ts)
                 continue
             stage = _keyed_stage(spec, flow, spark, node, sources, sinks, schemas, settings,
                                  has_ts=has_ts, on_cluster=on_cluster, state_root=state_root,
                                  checkpointing=checkpointing)
             keyed[node.id] = stage
-            event_time[node.id] = stage.stage.kind in ("window", "join") or (
-                stage.stage.kind == "dedupe" and has_ts)
+            event_time[node.id] = node.operator.output_event_time(has_ts)
     arrow_sinks: dict[str, tuple[ArrowInput, ToSink]] = {}
     not_arrow: dict[str, str] = {}
     for node in flow.nodes:

@@ -78,26 +78,8 @@ def operator_chains(spec: Any) -> dict[str, OperatorChain]:
             upstream |= k
             sourced |= s
         chains[op.id] = OperatorChain(tuple(sorted(upstream)), sourced or not upstream,
-                                      output_hold_ms(op))
+                                      op.watermark_hold_ms)
     return chains
-
-
-def output_hold_ms(op: Any) -> int:
-    """How far behind the watermark it ran with a keyed operator may still emit: a window
-    emits a window once the watermark passed its end plus the allowed lateness, stamped
-    with the end; a window join a window's pairs at its end; an interval join an unmatched
-    outer record once the watermark passed it by the interval's bound. Operators that emit
-    as records arrive (rolling aggregates, dedupe, table joins, process functions) hold
-    nothing back."""
-    if op.window is not None and op.window.kind != "count":
-        return int(op.window.allowed_lateness_ms)
-    join = op.join
-    if join is not None:
-        if join.mode == "window" and join.window is not None:
-            return int(join.window.size_ms or 0) + int(join.window.allowed_lateness_ms)
-        if join.mode == "interval":
-            return max(0, int(join.upper_ms), -int(join.lower_ms))
-    return 0
 
 
 @dataclass

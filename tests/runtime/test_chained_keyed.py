@@ -209,3 +209,34 @@ def test_operator_watermarks_follow_their_inputs_and_survive_a_checkpoint() -> N
     again = WatermarkTracker({s.id: s for s in spec.sources}, chains=chains)
     again.restore(json.loads(json.dumps(saved)), 0)
     assert again.for_operators() == tracker.for_operators()
+
+
+def test_a_window_over_a_process_functions_output_is_an_event_time_window(
+        spark, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    run(spark, f"""
+name: window-over-process
+job:
+  parallelism: 2
+  max_parallelism: 32
+  state: {{backend: memory}}
+{SOURCE}
+operators:
+  - id: forwarded
+    input: bids
+    key_by: [auction]
+    process: "chained_process:Forward"
+  - id: per_minute
+    input: forwarded
+    key_by: [auction]
+    window: {{tumbling: 1m}}
+    aggregate: {{n: count(), top: max(price)}}
+sinks:
+  - {{id: out, type: files, input: per_minute, path: {out}, format: jsonl}}
+""")
+    found: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for auction, price, ts in records():
+        found[(auction, ts - ts % 60_000)].append(price)
+    expected = Counter((a, iso(start), len(p), max(p)) for (a, start), p in found.items())
+    got = Counter((r["auction"], r["window_start"], r["n"], r["top"]) for r in rows_of(out))
+    assert got == expected

@@ -1,0 +1,117 @@
+"""Which keyed operators may read which (issue 40), checked without Spark: a keyed operator
+refuses an update stream (a rolling aggregate's, a window's with `emit: updates`), directly
+or through stateless operators, at the reader's `file:line:col` with the fix; append-only
+outputs (windows, dedupe, joins) feed anything, and sinks take updates."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from streamer.pipeline.exceptions import PipelineError
+from streamer.pipeline.validate import load_pipeline_text
+
+HEAD = """\
+name: compose
+sources:
+  - id: bids
+    type: datagen
+    limit: 10
+    fields: {auction: "offset % 5", category: "offset % 2", price: "offset",
+             ts: "timestamp_millis(offset)"}
+    event_time: ts
+operators:
+"""
+SINK = """\
+sinks:
+  - {id: out, type: console, input: %s}
+"""
+
+
+def load(operators: str, sink_input: str):
+    return load_pipeline_text(HEAD + textwrap.dedent(operators) + SINK % sink_input,
+                              file="p.yaml", env={})
+
+
+def problems_of(operators: str, sink_input: str) -> list[str]:
+    with pytest.raises(PipelineError) as info:
+        load(operators, sink_input)
+    return [str(p) for p in info.value.problems]
+
+
+def test_an_aggregate_over_a_rolling_aggregates_updates_is_refused_at_the_reader() -> None:
+    found = problems_of("""\
+      - id: max_price
+        input: bids
+        key_by: [auction, category]
+        aggregate: {top: max(price)}
+      - id: positive
+        input: max_price
+        filter: "top > 0"
+      - id: avg_per_category
+        input: positive
+        key_by: [category]
+        aggregate: {avg_top: avg(top)}
+    """, "avg_per_category")
+    assert found == [
+        "p.yaml:18:10: operator 'avg_per_category' reads through 'positive' the updates of "
+        "'max_price', a rolling aggregate (it emits each key's new value after every epoch); "
+        "a keyed operator would take every update as a new record (retractions are not "
+        "supported yet). Key and window the records before 'max_price' instead, or send "
+        "'max_price' to a sink"]
+
+
+def test_a_window_over_an_updating_window_and_a_join_of_updates_are_refused() -> None:
+    found = problems_of("""\
+      - id: early
+        input: bids
+        key_by: [auction]
+        window: {tumbling: 1m, emit: updates}
+        aggregate: {n: count()}
+      - id: per_hour
+        input: early
+        key_by: [auction]
+        window: {tumbling: 1h}
+        aggregate: {n: sum(n)}
+      - id: joined
+        join: {left: bids, right: early, on: [auction], window: {tumbling: 1m}}
+    """, "[per_hour, joined]")
+    assert len(found) == 2
+    assert found[0].startswith("p.yaml:16:10: operator 'per_hour' reads the updates of "
+                               "'early', a window with emit: updates")
+    assert found[1].startswith("p.yaml:21:29: operator 'joined' reads the updates of 'early'")
+
+
+@pytest.mark.parametrize("operators", [
+    # a window over a window, a dedupe over a window, a join of a window: append-only
+    """\
+      - id: per_minute
+        input: bids
+        key_by: [auction]
+        window: {tumbling: 1m}
+        aggregate: {n: count()}
+      - id: per_hour
+        input: per_minute
+        key_by: [auction]
+        window: {tumbling: 1h}
+        aggregate: {n: sum(n)}
+      - id: last
+        input: per_hour
+        key_by: [auction]
+        dedupe: {within: 1h}
+    """,
+    # a sink takes a rolling aggregate's updates, also through a stateless operator
+    """\
+      - id: per_minute
+        input: bids
+        key_by: [auction]
+        aggregate: {n: count()}
+      - id: last
+        input: per_minute
+        with_columns: {m: "n * 2"}
+    """,
+])
+def test_append_only_outputs_feed_keyed_operators_and_sinks_take_updates(operators) -> None:
+    spec = load(operators, "last")
+    assert [o.id for o in spec.operators][-1] == "last"
