@@ -72,6 +72,22 @@ def _last(a: Any, b: Any) -> Any:
     return b if (b[0], b[1]) >= (a[0], a[1]) else a
 
 
+def _by(largest: bool) -> Callable[[Any, Any], Any]:
+    """The merge of `max_by` (`largest`) or `min_by` partials, (order, ts, seq, value): the
+    largest (smallest) order wins; among equal orders the earliest record (by event time,
+    then arrival), so results do not depend on how epochs were cut."""
+    def merge(a: Any, b: Any) -> Any:
+        if a is None:
+            return b
+        if b is None:
+            return a
+        if a[0] != b[0]:
+            return a if (a[0] > b[0]) == largest else b
+        return a if (a[1], a[2]) <= (b[1], b[2]) else b
+
+    return merge
+
+
 def _concat(a: Any, b: Any) -> Any:
     return (a or []) + (b or [])
 
@@ -200,6 +216,17 @@ def accumulator(spec: AggregateSpec, ts: str, seq: str) -> Accumulator:
             lambda p: [t for t in map(_t, p[0] or []) if t[2] is not None],
             lambda a: [v[2] for v in sorted(a or [], key=lambda t: (t[0], t[1]))],
             f"collect_list({x})")
+    if fn in ("max_by", "min_by"):
+        value, order = spec.args
+        # Spark's own max_by/min_by pick any row among equal orders: the partial takes the
+        # earliest by making it the largest (smallest) of (order, -ts, -seq) ((order, ts,
+        # seq) for min_by); a null order is skipped, as Spark skips it.
+        sign = "-" if fn == "max_by" else ""
+        return Accumulator(
+            spec, (f"{fn}(named_struct('o', {order}, 't', {ts}, 's', {seq}, 'v', {value}), "
+                   f"struct({order}, {sign}{ts}, {sign}{seq}))",),
+            _by(fn == "max_by"), lambda p: _t(p[0]) if p[0] is not None else None,
+            lambda a: a[3] if a else None, f"{fn}({value}, {order})")
     if fn == "count_distinct":
         return Accumulator(spec, (f"collect_set({x})",), _union,
                            lambda p: frozenset(p[0] or ()), lambda a: len(a or ()),

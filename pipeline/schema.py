@@ -45,9 +45,28 @@ from streamer.pipeline.yaml_loader import Path
 
 AGGREGATES = {  # name -> number of arguments
     "count": 0, "sum": 1, "min": 1, "max": 1, "avg": 1, "first": 1, "last": 1,
-    "collect_list": 1, "count_distinct": 1,
+    "collect_list": 1, "count_distinct": 1, "max_by": 2, "min_by": 2,
 }
 _AGG_CALL = re.compile(r"^\s*([A-Za-z_]\w*)\s*\(", re.S)
+
+
+def split_arguments(text: str) -> list[str]:
+    """A call's argument text split at its top-level commas (`x, f(a, b)` -> two)."""
+    parts, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(text):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"`":
+            quote = ch
+        elif ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    parts.append(text[start:].strip())
+    return parts
 
 
 def parse_aggregate(text: str) -> tuple[str, str | None] | None:
@@ -294,6 +313,10 @@ class AggregateFn(Str):
                       f"{did_you_mean(name, list(AGGREGATES), listing='valid functions')}")
         elif AGGREGATES[name] == 1 and arg is None:
             ck.report(path, f"{name}() needs a column or expression, e.g. {name}(amount)")
+        elif AGGREGATES[name] == 2 and (arg is None or len(split_arguments(arg)) != 2
+                                        or not all(split_arguments(arg))):
+            ck.report(path, f"{name}() takes the value and what orders it, e.g. "
+                      f"{name}(bid, price): the bid with the {name[:3]}imum price")
         elif AGGREGATES[name] == 0 and arg is not None:
             ck.report(path, f"count() takes no argument; use count_distinct({arg}) to count "
                       "distinct values")

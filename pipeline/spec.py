@@ -69,7 +69,15 @@ class AggregateSpec:
 
     name: str
     function: str
+    #: The argument text as written (`max_by(bid, price)`: "bid, price").
     arg: str | None
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        """The arguments, split at top-level commas (`max_by`: the value, then the order)."""
+        from streamer.pipeline.schema import split_arguments
+
+        return tuple(split_arguments(self.arg)) if self.arg else ()
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ Every problem is collected and reported together as `file:line:col: message`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -385,6 +386,26 @@ def check_update_streams(spec: PipelineSpec, ck: Checker) -> None:
             break
 
 
+#: A window function call (`row_number() OVER (...)`), outside string literals.
+_OVER = re.compile(r"\)\s*over\s*[(\w]", re.IGNORECASE)
+_STRINGS = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|`[^`]*`")
+
+
+def check_window_functions(spec: PipelineSpec, ck: Checker) -> None:
+    """A window function (`row_number() OVER (PARTITION BY ...)`) in a stateless operator
+    would run over each epoch's rows alone: a "top 1" per key once per epoch, not once. It
+    is refused with the keyed operators that keep the state it needs."""
+    for op in spec.operators:
+        exprs = [((*op.path, "filter"), op.filter)] if op.filter else []
+        exprs += [((*op.path, op.kind, name), text) for name, text in op.columns]
+        for path, text in exprs:
+            if isinstance(text, str) and _OVER.search(_STRINGS.sub("''", text)):
+                ck.report(path, f"operator {op.id!r} uses a window function (OVER), which "
+                          "would see only one epoch's rows at a time; keep state across "
+                          "epochs with a keyed operator instead: key_by with a window and "
+                          "max_by/min_by for the top row per key, or dedupe for the first")
+
+
 def validate_data(data: Any, positions: Positions,
                   env: Mapping[str, str] | None = None) -> PipelineSpec:
     """Validate loaded YAML and build the spec, or raise `PipelineError` with every problem."""
@@ -400,6 +421,7 @@ def validate_data(data: Any, positions: Positions,
         raise PipelineError(problems)
     spec = build_spec(data, positions, env)
     check_update_streams(spec, ck)
+    check_window_functions(spec, ck)
     problems = _problems(ck, positions)
     if problems:
         raise PipelineError(problems)

@@ -115,3 +115,30 @@ def test_a_window_over_an_updating_window_and_a_join_of_updates_are_refused() ->
 def test_append_only_outputs_feed_keyed_operators_and_sinks_take_updates(operators) -> None:
     spec = load(operators, "last")
     assert [o.id for o in spec.operators][-1] == "last"
+
+
+@pytest.mark.parametrize("expression", [
+    "row_number() OVER (PARTITION BY auction ORDER BY price DESC)",
+    "sum(price) over w",
+    "rank()over(order by price)",
+])
+def test_a_window_function_in_a_stateless_operator_is_refused(expression: str) -> None:
+    found = problems_of(f"""\
+      - id: ranked
+        input: bids
+        with_columns: {{rn: "{expression}"}}
+    """, "ranked")
+    assert found == [
+        "p.yaml:12:22: operator 'ranked' uses a window function (OVER), which would see only "
+        "one epoch's rows at a time; keep state across epochs with a keyed operator instead: "
+        "key_by with a window and max_by/min_by for the top row per key, or dedupe for the "
+        "first"]
+
+
+def test_over_in_a_string_or_a_name_is_not_a_window_function() -> None:
+    spec = load("""\
+      - id: texts
+        input: bids
+        with_columns: {a: "concat('game ) over (', 'x')", rollover: "price + 1"}
+    """, "texts")
+    assert spec.operators[0].id == "texts"
