@@ -231,6 +231,7 @@ class JobRunner:
         try:
             restore = self.control.install_signals()  # SIGTERM during start-up stops too
             self._start()
+            self.reporter.starting({"job": self.spec.name, "master": self.options.master})
             self.spark  # noqa: B018  (PySpark installs its SIGINT handler when it starts)
             self.control.started = True
             self.control.install_sigint()
@@ -278,6 +279,7 @@ class JobRunner:
         self.reporter.started({"job": self.spec.name, "master": self.spark.sparkContext.master,
                                "ui": ui, "sources": list(self.job.sources),
                                "sinks": list(self.job.sinks),
+                               "outputs": [s.id for s in self.spec.sinks if s.inputs],
                                "lag_units": {sid: src.lag_unit()
                                              for sid, src in self.job.sources.items()},
                                "metrics": self.exporter.url if self.exporter else None})
@@ -422,6 +424,7 @@ class JobRunner:
         """Run the next epoch and report it."""
         assert self.epochs is not None
         self.job.epoch += 1
+        self.reporter.epoch_started(self.job.epoch)
         metrics = self.epochs.run(self.job.epoch, slices, plan_ms, flush=flush,
                                   checkpoint=checkpoint, savepoint_url=savepoint_url)
         self.job.record(metrics)
