@@ -35,7 +35,13 @@ from streamer.runtime.epoch import EpochRunner, guarded
 from streamer.runtime.exceptions import JobFailedError
 from streamer.runtime.job import JobState, RunOptions, now_ms
 from streamer.runtime.jobcontrol import JobControl
-from streamer.runtime.metrics import EpochMetrics, QuietReporter, Reporter, TeeReporter
+from streamer.runtime.metrics import (
+    EpochMetrics,
+    QuietReporter,
+    Reporter,
+    TeeReporter,
+    plural,
+)
 from streamer.runtime.recovery import Recovery
 from streamer.runtime.watermarks import MAX_WATERMARK
 
@@ -349,7 +355,7 @@ class JobRunner:
             if not live:
                 self._end_of_input(savepoint_url)
                 status = "finished"
-                reason = f"all sources are exhausted after {self.job.epoch} epochs"
+                reason = f"all sources are exhausted after {plural(self.job.epoch, 'epoch')}"
                 break
             slices = {sid: piece for sid, src in live.items()
                       if (piece := src.plan(self.job.offsets[sid], now)) is not None}
