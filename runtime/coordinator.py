@@ -35,7 +35,13 @@ from streamer.runtime.epoch import EpochRunner, guarded
 from streamer.runtime.exceptions import JobFailedError
 from streamer.runtime.job import JobState, RunOptions, now_ms
 from streamer.runtime.jobcontrol import JobControl
-from streamer.runtime.metrics import EpochMetrics, QuietReporter, Reporter, TeeReporter
+from streamer.runtime.metrics import (
+    EpochMetrics,
+    QuietReporter,
+    Reporter,
+    TeeReporter,
+    plural,
+)
 from streamer.runtime.recovery import Recovery
 from streamer.runtime.watermarks import MAX_WATERMARK
 
@@ -231,6 +237,7 @@ class JobRunner:
         try:
             restore = self.control.install_signals()  # SIGTERM during start-up stops too
             self._start()
+            self.reporter.starting({"job": self.spec.name, "master": self.options.master})
             self.spark  # noqa: B018  (PySpark installs its SIGINT handler when it starts)
             self.control.started = True
             self.control.install_sigint()
@@ -278,6 +285,7 @@ class JobRunner:
         self.reporter.started({"job": self.spec.name, "master": self.spark.sparkContext.master,
                                "ui": ui, "sources": list(self.job.sources),
                                "sinks": list(self.job.sinks),
+                               "outputs": [s.id for s in self.spec.sinks if s.inputs],
                                "lag_units": {sid: src.lag_unit()
                                              for sid, src in self.job.sources.items()},
                                "metrics": self.exporter.url if self.exporter else None})
@@ -347,7 +355,7 @@ class JobRunner:
             if not live:
                 self._end_of_input(savepoint_url)
                 status = "finished"
-                reason = f"all sources are exhausted after {self.job.epoch} epochs"
+                reason = f"all sources are exhausted after {plural(self.job.epoch, 'epoch')}"
                 break
             slices = {sid: piece for sid, src in live.items()
                       if (piece := src.plan(self.job.offsets[sid], now)) is not None}
@@ -422,6 +430,7 @@ class JobRunner:
         """Run the next epoch and report it."""
         assert self.epochs is not None
         self.job.epoch += 1
+        self.reporter.epoch_started(self.job.epoch)
         metrics = self.epochs.run(self.job.epoch, slices, plan_ms, flush=flush,
                                   checkpoint=checkpoint, savepoint_url=savepoint_url)
         self.job.record(metrics)
