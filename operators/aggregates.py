@@ -178,10 +178,16 @@ def _avg_final(acc: Any) -> Any:
     return acc[0] / acc[1]
 
 
-def accumulator(spec: AggregateSpec, ts: str, seq: str) -> Accumulator:
+def accumulator(spec: AggregateSpec, ts: str, seq: str, sign: str | None = None
+                ) -> Accumulator:
     """The accumulator of one aggregate; `ts`/`seq` are the event-time (ms) and arrival-order
-    columns used to order `first`, `last` and `collect_list`."""
+    columns used to order `first`, `last` and `collect_list`. `sign` (an expression of 1 or
+    -1): the input is an update stream whose rows of -1 take their values back; only the
+    aggregates of `pipeline.spec.RETRACTABLE` take it (their partials are then signed sums,
+    which the same merges add)."""
     fn, x = spec.function, spec.arg
+    if sign is not None:
+        return _signed(spec, sign)
     if fn == "count":
         return Accumulator(spec, ("count(1)",), _add, lambda p: p[0] or 0, lambda a: a or 0,
                            "count(1)", _zero_for_null, _zero_for_null)
@@ -232,4 +238,24 @@ def accumulator(spec: AggregateSpec, ts: str, seq: str) -> Accumulator:
                            lambda p: frozenset(p[0] or ()), lambda a: len(a or ()),
                            f"count(distinct {x})")
     msg = f"unknown aggregate {fn!r}"
+    raise ValueError(msg)
+
+
+def _signed(spec: AggregateSpec, sign: str) -> Accumulator:
+    """`accumulator` over an update stream: the partials add each row's value times its
+    sign, so a retracted value is subtracted from the key's total, count and average."""
+    fn, x = spec.function, spec.arg
+    if fn == "count":
+        return Accumulator(spec, (f"sum({sign})",), _add, lambda p: p[0] or 0,
+                           lambda a: a or 0, "count(1)", _zero_for_null, _zero_for_null)
+    if fn == "sum":
+        return Accumulator(spec, (f"sum({sign} * ({x}))",), _sum_merge(f"sum({x})"),
+                           lambda p: p[0], lambda a: a, f"sum({x})", _same, _same)
+    if fn == "avg":
+        return Accumulator(
+            spec, (f"sum({sign} * cast({x} as double))",
+                   f"sum(if(({x}) is null, 0, {sign}))"),
+            lambda a, b: (_add(a[0], b[0]), a[1] + b[1]) if a and b else (a or b),
+            lambda p: (p[0], p[1] or 0), _avg_final, f"avg({x})")
+    msg = f"{fn}() cannot take values back (an update stream's retractions)"
     raise ValueError(msg)

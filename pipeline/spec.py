@@ -63,6 +63,10 @@ class WindowSpec:
     emit: str = "final"
 
 
+#: Aggregates that take back a value as well as add one (a retraction of an update stream).
+RETRACTABLE = ("count", "sum", "avg")
+
+
 @dataclass(frozen=True)
 class AggregateSpec:
     """One output column of an aggregate: `name: function(arg)`."""
@@ -389,6 +393,23 @@ class PipelineSpec:
     def where(self, path: Path, *, key: bool = False) -> Location:
         """The file location of the value (or key) at `path`."""
         return self.positions.of_key(path) if key else self.positions.of(path)
+
+    def updates_behind(self, ref: str) -> str | None:
+        """The operator whose update stream (`OperatorSpec.emits_updates`) node `ref`'s rows
+        are, directly or through stateless operators, or None when they are append-only."""
+        by_id = {o.id: o for o in self.operators}
+        seen: set[str] = set()
+        todo = [ref]
+        while todo:
+            op = by_id.get(todo.pop())
+            if op is None or op.id in seen:
+                continue
+            seen.add(op.id)
+            if op.emits_updates is not None:
+                return op.id
+            if not op.stateful:
+                todo.extend(op.inputs)
+        return None
 
     def node(self, node_id: str) -> SourceSpec | OperatorSpec | SinkSpec:
         """The source, operator or sink with this id."""

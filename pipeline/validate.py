@@ -13,7 +13,7 @@ from typing import Any
 from streamer.pipeline.exceptions import PipelineError, Problem
 from streamer.pipeline.model import Checker, did_you_mean
 from streamer.pipeline.schema import PIPELINE
-from streamer.pipeline.spec import PipelineSpec, build_spec
+from streamer.pipeline.spec import RETRACTABLE, PipelineSpec, build_spec
 from streamer.pipeline.yaml_loader import Path, Positions, load_file, load_text
 
 
@@ -341,27 +341,15 @@ def _check_changelogs(data: Mapping[str, Any], ck: Checker) -> None:
 
 
 def check_update_streams(spec: PipelineSpec, ck: Checker) -> None:
-    """A keyed operator cannot read an update stream yet (`OperatorSpec.emits_updates`): it
-    would take each update of a key as one more record (an aggregate over a rolling
-    aggregate's updates would count a key once per update: wrong totals, and no error).
-    Stateless operators pass updates on; sinks take them (a files sink keeps every update,
-    an upsert table the latest)."""
+    """Which keyed operators may read an update stream (`OperatorSpec.emits_updates`): a
+    rolling aggregate whose aggregates take retractions (count, sum, avg) consumes a
+    rolling aggregate's updates as a changelog, taking back each key's old value before
+    adding the new one. Any other keyed operator would take every update as a new record
+    (a max over a rolling aggregate's updates would keep values the key no longer has:
+    wrong results, and no error), so it is refused with the fix. Stateless operators pass
+    updates on; sinks take them (a files sink keeps every update, an upsert table the
+    latest)."""
     by_id = {o.id: o for o in spec.operators}
-
-    def producer(ref: str, seen: frozenset[str] = frozenset()) -> tuple[str, str] | None:
-        op = by_id.get(ref)
-        if op is None or ref in seen:
-            return None
-        if op.emits_updates is not None:
-            return ref, op.emits_updates
-        if op.stateful:
-            return None
-        for upstream in op.inputs:
-            found = producer(upstream, seen | {ref})
-            if found is not None:
-                return found
-        return None
-
     for op in spec.operators:
         if not op.stateful:
             continue
@@ -374,15 +362,27 @@ def check_update_streams(spec: PipelineSpec, ck: Checker) -> None:
             refs = [(ref, (*op.path, "input", j) if listed else (*op.path, "input"))
                     for j, ref in enumerate(op.inputs)]
         for ref, path in refs:
-            found = producer(ref)
-            if found is None:
+            origin = spec.updates_behind(ref)
+            if origin is None:
                 continue
-            origin, why = found
+            why = by_id[origin].emits_updates
             via = "" if origin == ref else f" through {ref!r}"
-            ck.report(path, f"operator {op.id!r} reads{via} the updates of {origin!r}, "
-                      f"{why}; a keyed operator would take every update as a new record "
-                      "(retractions are not supported yet). Key and window the records "
-                      f"before {origin!r} instead, or send {origin!r} to a sink")
+            head = f"operator {op.id!r} reads{via} the updates of {origin!r}, {why}"
+            if op.keyed_kind == "aggregate" and by_id[origin].keyed_kind == "aggregate":
+                for agg in op.aggregates:
+                    if agg.function not in RETRACTABLE:
+                        ck.report((*op.path, "aggregate", agg.name),
+                                  f"{head}; its aggregate {agg.name!r} = {agg.function}() "
+                                  "cannot take an old value back when a key's value changes; "
+                                  f"use {', '.join(f + '()' for f in RETRACTABLE)} over "
+                                  f"updates, or key and window the records before {origin!r}")
+                break
+            what = {"aggregate": "rolling aggregate", "process": "process function"}.get(
+                str(op.keyed_kind), str(op.keyed_kind))
+            ck.report(path, f"{head}; {_a(what)} would take every update as a new "
+                      "record (only a rolling aggregate of count, sum or avg takes "
+                      f"retractions). Key and window the records before {origin!r} "
+                      f"instead, or send {origin!r} to a sink")
             break
 
 

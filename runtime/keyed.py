@@ -57,7 +57,12 @@ def route_values(spark: SparkSession, parallelism: int) -> list[int]:
 
 
 def visible(df: DataFrame) -> DataFrame:
-    """`df` without streamer's hidden columns (event time, routing)."""
+    """`df` as a sink takes it: without an update stream's retractions (a sink keeps each
+    key's new values) and without streamer's hidden columns (event time, routing)."""
+    from pyspark.sql import functions as F
+
+    if C.CHANGE in df.columns:
+        df = df.filter(F.coalesce(F.col(C.CHANGE), F.lit(C.INSERT)) != F.lit(C.RETRACT))
     hidden = [c for c in df.columns if c.startswith(C.HIDDEN_PREFIX)]
     return df.drop(*hidden) if hidden else df
 
@@ -315,8 +320,11 @@ class KeyedStage:
         elif window and window.kind == "count":
             group += [F.col(C.EVENT_TIME_MS), F.col(C.SEQUENCE)]
         partials = []
+        # An update stream's rows add (insert, update) or take back (retract) their values.
+        sign = (f"if({C.CHANGE} = '{C.RETRACT}', -1, 1)" if C.CHANGE in df.columns
+                else None)
         for agg in self.op.aggregates:
-            acc = accumulator(agg, C.EVENT_TIME_MS, C.SEQUENCE)
+            acc = accumulator(agg, C.EVENT_TIME_MS, C.SEQUENCE, sign)
             partials += [F.expr(sql) for sql in acc.sql]
         if prerouted:
             df, group = self._routed(df), [F.col(C.ROUTE), *group]

@@ -31,7 +31,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from streamer import failpoints
-from streamer.columns import EVENT_TIME, HIDDEN_PREFIX, JOIN_SIDE
+from streamer.columns import CHANGE, EVENT_TIME, HIDDEN_PREFIX, JOIN_SIDE
 from streamer.operators.direct import DIRECT_AGGREGATES, ipc_bytes
 from streamer.operators.stateless import union
 from streamer.runtime.arrow_input import clear_other_epochs
@@ -394,6 +394,8 @@ def local_plan(stage: KeyedStage) -> DirectShape | str:
         return "a count window, or a late: output"
     if op.join is not None and op.join.late:
         return "a join with a late: output"
+    if CHANGE in stage.input_schema.fieldNames():
+        return "its input is an update stream (its retractions are signed in Spark's partials)"
     return _direct_shape(stage, "", stage.input_schema,
                          EVENT_TIME if stage.domain == "event" else None)
 

@@ -40,8 +40,8 @@ def problems_of(operators: str, sink_input: str) -> list[str]:
     return [str(p) for p in info.value.problems]
 
 
-def test_an_aggregate_over_a_rolling_aggregates_updates_is_refused_at_the_reader() -> None:
-    found = problems_of("""\
+def test_a_rolling_aggregate_takes_updates_only_with_aggregates_that_retract() -> None:
+    rolling = """\
       - id: max_price
         input: bids
         key_by: [auction, category]
@@ -49,17 +49,22 @@ def test_an_aggregate_over_a_rolling_aggregates_updates_is_refused_at_the_reader
       - id: positive
         input: max_price
         filter: "top > 0"
-      - id: avg_per_category
+      - id: per_category
         input: positive
         key_by: [category]
-        aggregate: {avg_top: avg(top)}
-    """, "avg_per_category")
+        aggregate: {%s}
+    """
+    spec = load(rolling % "avg_top: avg(top), n: count(), total: sum(top)", "per_category")
+    assert spec.updates_behind("positive") == "max_price"
+    assert spec.updates_behind("max_price") == "max_price"
+    assert spec.updates_behind("bids") is None
+    found = problems_of(rolling % "avg_top: avg(top), best: max(top)", "per_category")
     assert found == [
-        "p.yaml:18:10: operator 'avg_per_category' reads through 'positive' the updates of "
+        "p.yaml:20:40: operator 'per_category' reads through 'positive' the updates of "
         "'max_price', a rolling aggregate (it emits each key's new value after every epoch); "
-        "a keyed operator would take every update as a new record (retractions are not "
-        "supported yet). Key and window the records before 'max_price' instead, or send "
-        "'max_price' to a sink"]
+        "its aggregate 'best' = max() cannot take an old value back when a key's value "
+        "changes; use count(), sum(), avg() over updates, or key and window the records "
+        "before 'max_price'"]
 
 
 def test_a_window_over_an_updating_window_and_a_join_of_updates_are_refused() -> None:
@@ -78,8 +83,12 @@ def test_a_window_over_an_updating_window_and_a_join_of_updates_are_refused() ->
         join: {left: bids, right: early, on: [auction], window: {tumbling: 1m}}
     """, "[per_hour, joined]")
     assert len(found) == 2
-    assert found[0].startswith("p.yaml:16:10: operator 'per_hour' reads the updates of "
-                               "'early', a window with emit: updates")
+    assert found[0] == (
+        "p.yaml:16:10: operator 'per_hour' reads the updates of 'early', a window with emit: "
+        "updates (it emits a window again after every change); a window would take every "
+        "update as a new record (only a rolling aggregate of count, sum or avg takes "
+        "retractions). Key and window the records before 'early' instead, or send 'early' "
+        "to a sink")
     assert found[1].startswith("p.yaml:21:29: operator 'joined' reads the updates of 'early'")
 
 
@@ -142,3 +151,23 @@ def test_over_in_a_string_or_a_name_is_not_a_window_function() -> None:
         with_columns: {a: "concat('game ) over (', 'x')", rollover: "price + 1"}
     """, "texts")
     assert spec.operators[0].id == "texts"
+
+
+def test_a_rolling_aggregate_over_an_updating_windows_output_is_refused() -> None:
+    found = problems_of("""\
+      - id: early
+        input: bids
+        key_by: [auction]
+        window: {tumbling: 1m, emit: updates}
+        aggregate: {n: count()}
+      - id: total
+        input: early
+        key_by: [auction]
+        aggregate: {n: sum(n)}
+    """, "total")
+    assert found == [
+        "p.yaml:16:10: operator 'total' reads the updates of 'early', a window with emit: "
+        "updates (it emits a window again after every change); a rolling aggregate would "
+        "take every update as a new record (only a rolling aggregate of count, sum or avg takes "
+        "retractions). Key and window the records before 'early' instead, or send 'early' "
+        "to a sink"]
