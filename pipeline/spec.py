@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from streamer.exceptions import ConfigError
+from streamer.pipeline.aggregate_calls import parse_aggregate, split_arguments
 from streamer.pipeline.exceptions import Location
-from streamer.pipeline.schema import parse_aggregate
 from streamer.pipeline.units import parse_duration_ms, parse_signed_duration_ms
 from streamer.pipeline.yaml_loader import Path, Positions
 
@@ -79,8 +79,6 @@ class AggregateSpec:
     @property
     def args(self) -> tuple[str, ...]:
         """The arguments, split at top-level commas (`max_by`: the value, then the order)."""
-        from streamer.pipeline.schema import split_arguments
-
         return tuple(split_arguments(self.arg)) if self.arg else ()
 
 
