@@ -12,10 +12,9 @@ even for subtasks that got no records.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +27,12 @@ from streamer.operators.direct import DirectRead, JoinSide, ipc_bytes
 from streamer.operators.keyed import output_schema, run_task
 from streamer.operators.keyed_config import KeyedConfig
 from streamer.pipeline.spec import JobSpec, OperatorSpec
-from streamer.runtime.subtasks import claim_subtask, output_rows, subtask_batches
+from streamer.runtime.subtasks import (
+    claim_subtask,
+    output_rows,
+    subtask_batches,
+    subtask_of_rows,
+)
 from streamer.state import held_subtasks
 from streamer.worker import prepare_task
 
@@ -534,7 +538,7 @@ class KeyedStage:
             # keyed stage's output read by a union (a join of it with another input) runs
             # in the union's stage, whose partition indices are offset by the other
             # inputs' partitions.
-            batches, subtask = _subtask_of(batches)
+            batches, subtask = subtask_of_rows(batches)
             # (`run_task` named here, so cloudpickle ships whatever it is now: the benches
             # wrap it.)
             return subtask_batches(cfg, batches, subtask, write_to,
@@ -579,21 +583,6 @@ class KeyedStage:
             sides[name] = rows_of.select(F.from_json(C.ROW_META, ddl).alias("r")).select("r.*")
         run_job = None if write_to is None else result.select(C.ROW_KIND).collect
         return KeyedResult(output, late, _Metas(lambda: metas.value), sides, run_job)
-
-
-def _subtask_of(batches: Iterator[Any]) -> tuple[Iterator[Any], int]:
-    """(`batches` unchanged, the subtask they are for): every partition of a keyed stage's
-    input holds rows of one subtask and at least one row (its dummy row, or, for the tasks
-    that read their input themselves, the start row whose `id` is the subtask)."""
-    held = []
-    for batch in batches:
-        held.append(batch)
-        if batch.num_rows:
-            names = batch.schema.names
-            column = batch.column(names.index(C.SUBTASK if C.SUBTASK in names else "id"))
-            return itertools.chain(held, batches), int(column[0].as_py())
-    msg = "a keyed stage's task received no rows: its partition lacks the subtask's start row"
-    raise RuntimeError(msg)
 
 
 class SubtaskFailed(Exception):
