@@ -371,4 +371,4 @@ def activity(record: dict[str, Any]) -> str:
         return f"restarting (restart {record.get('restarts', '?')})"
     if phase == "starting" or record.get("epoch") is None:
         return "starting"
-    return f"epoch {record['epoch']}"
+    return f"epoch {record['epoch']}" if record["epoch"] else "started, no epoch yet"

@@ -198,7 +198,7 @@ class JobControl:
             return self.owed()
         for req in requests:
             rid, kind = req["id"], req["kind"]
-            if rid in self.seen:
+            if rid in self.seen or self._for_a_later_run(req):
                 continue
             self.seen.add(rid)
             refusal = self._addressed_elsewhere(req)
@@ -219,6 +219,13 @@ class JobControl:
         """The oldest savepoint accepted and neither written nor refused yet (a
         stop-with-savepoint's own is the stop's to write)."""
         return next((url for url in self.waiters if url != self.stop_savepoint), None)
+
+    def _for_a_later_run(self, req: dict[str, Any]) -> bool:
+        """Whether `req` was sent to a run that took the job over from this one (which has
+        not seen its newer claim yet): that run answers it."""
+        sent_to = req.get("generation")
+        mine = self.registry.record.get("generation") if self.registry is not None else None
+        return sent_to is not None and mine is not None and int(sent_to) > int(mine)
 
     def _addressed_elsewhere(self, req: dict[str, Any]) -> str:
         """Why a request sent to an earlier run of the job (one that ended, or died, before
@@ -281,8 +288,10 @@ class JobControl:
             for url in list(self.waiters):
                 self.answer(url, "failed", reason=f"the job ended ({why}) before the "
                             "savepoint was written")
+            if self.registry is not None and self.registry.lost is not None:
+                return  # the requests not taken yet are the run's that took the job over
             for req in self.channel.pending():
-                if req["id"] not in self.seen:
+                if req["id"] not in self.seen and not self._for_a_later_run(req):
                     self.seen.add(req["id"])
                     self.channel.respond(req["id"], "failed", reason=(
                         f"the job ended ({why}) before its next epoch boundary, where it "
