@@ -3,16 +3,21 @@ the job runs (locally, or the driver of a spark-submit on a cluster) as long as 
 shared.
 
     <storage>/<job>/job.json                      status, run id, host, pid, start time,
-                                                  heartbeat, epoch, last checkpoint, figures
+                                                  heartbeat, phase (starting | running |
+                                                  restarting), epoch, last checkpoint, figures
     <storage>/<job>/claims/<generation>.json      the run that claimed each generation,
                                                   created exclusively (one winner per race)
-    <storage>/<job>/control/requests/<id>.json    savepoint | stop | cancel, from the CLI
+    <storage>/<job>/control/requests/<id>.json    savepoint | stop | cancel, from the CLI,
+                                                  naming the generation it was sent to
     <storage>/<job>/control/responses/<id>.json   the job's answer (path of a savepoint, ...)
 
 The running job writes `job.json` at every epoch boundary and from a heartbeat thread; a
 heartbeat older than `STALE_AFTER_S` means the job is dead (killed, machine lost), and a new run
 takes it over. A run on this machine is dead as soon as its process is gone, so a killed run
-can be restarted at once. The job polls `control/requests/` at every epoch boundary.
+can be restarted at once. The job polls `control/requests/` at every epoch boundary, from its
+first one on, and answers every request it takes (`runtime.jobcontrol`); a client waiting for
+an answer (`ControlChannel.wait`) watches `job.json`, so a run that ends or dies first is
+reported at once.
 
 A run taken over while it was not dead after all (paused, or cut off from the storage for
 longer than `STALE_AFTER_S`) finds the newer claim (`claims/<its generation + 1>.json`) at its
