@@ -5,6 +5,9 @@ module: the driver, keyed tasks (`operators`) and state snapshots (`state`) all 
 (`streamer run`, and with it Spark) the first time the named point is reached for checkpoint or
 epoch number >= the given one (any number when it is left out). Points:
 
+- `starting`               driver, the job claimed in its registry, Spark not yet started
+- `recovering:<chk>`       driver, resuming from checkpoint <chk> (at start-up or in a
+                           restart), its offsets, state and sink commits not yet restored
 - `epoch-start:<epoch>`    driver, before the epoch's Spark job
 - `staged:<epoch>`         driver, a keyed stage's input staged as parquet files for its
                            subtasks (`StagedRun`), the subtasks not yet run
@@ -18,7 +21,9 @@ epoch number >= the given one (any number when it is left out). Points:
 - `cancelling`             driver, a run that failed or was cancelled, before it records how
 
 A third part, `sleep=<seconds>`, makes the point stall instead of kill (`after-snapshot:0:sleep=30`
-holds the driver in a checkpoint): a stop that takes long, deterministically.
+holds the driver in a checkpoint): a stop that takes long, deterministically. `pause=<path>`
+holds it until the file `<path>` exists, having created `<path>.reached` on arrival (at most
+`PAUSE_MAX_S`): a test waits for the one, acts on the held job, then creates the other.
 
 Unset (always, outside tests), `reached` is one dictionary lookup.
 """
@@ -31,32 +36,46 @@ import time
 
 ENV = "STREAMER_FAILPOINTS"
 DRIVER_PID_ENV = "STREAMER_DRIVER_PID"
+#: The longest a `pause=` point holds (a test that never releases it fails, not hangs).
+PAUSE_MAX_S = 600.0
 
 
-def _armed() -> dict[str, tuple[int, float | None]]:
-    """Each armed point: (the first number it acts at, seconds to sleep or None to kill)."""
+def _armed() -> dict[str, tuple[int, str]]:
+    """Each armed point: (the first number it acts at, its action: "" to kill,
+    `sleep=<seconds>` or `pause=<path>`)."""
     spec = os.environ.get(ENV, "")
-    points: dict[str, tuple[int, float | None]] = {}
+    points: dict[str, tuple[int, str]] = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
         name, _, rest = part.partition(":")
         number, _, action = rest.partition(":")
-        sleep = float(action.removeprefix("sleep=")) if action else None
-        points[name] = (int(number) if number else 0, sleep)
+        points[name] = (int(number) if number else 0, action)
     return points
 
 
 def reached(name: str, number: int = 0) -> None:
-    """Kill the driver (SIGKILL: no cleanup), or stall, if fail point `name` is armed for
-    `number`."""
+    """Kill the driver (SIGKILL: no cleanup), stall or pause, if fail point `name` is armed
+    for `number`."""
     if ENV not in os.environ:
         return
-    at, sleep = _armed().get(name, (None, None))
+    at, action = _armed().get(name, (None, ""))
     if at is None or number < at:
         return
-    if sleep is not None:
-        time.sleep(sleep)  # a signal's handler that raises ends it early
+    if action.startswith("sleep="):
+        time.sleep(float(action.removeprefix("sleep=")))  # a signal's handler ends it early
+        return
+    if action.startswith("pause="):
+        _pause(action.removeprefix("pause="))
         return
     pid = int(os.environ.get(DRIVER_PID_ENV) or os.getpid())
     os.kill(pid, signal.SIGKILL)
     if pid != os.getpid():  # a Spark worker: wait to be torn down with the driver
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _pause(gate: str) -> None:
+    """Announce the arrival (`<gate>.reached`), then hold until `gate` exists."""
+    with open(f"{gate}.reached", "a", encoding="utf-8"):
+        pass
+    deadline = time.monotonic() + PAUSE_MAX_S
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.05)

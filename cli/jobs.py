@@ -48,10 +48,26 @@ def _running_job(job: str, storage: str | None) -> tuple[str, dict[str, Any]]:
     return url, record
 
 
+def _request(url: str, job: str, record: dict[str, Any], kind: str, **params: Any) -> str:
+    """File a request to the run in `record` (a later run of the job refuses it, saying
+    why, rather than acting on a request meant for an earlier one); its id."""
+    from streamer.runtime.control import ControlChannel
+
+    return ControlChannel(url, job).request(kind, generation=record.get("generation"),
+                                            run_id=record.get("run_id"), **params)
+
+
 def _await(url: str, job: str, rid: str, timeout: float, what: str) -> dict[str, Any]:
+    """Wait for the job's answer, saying on stderr what the job is doing meanwhile."""
+    from streamer.cli.errors import err_console
     from streamer.runtime.control import ControlChannel, JobControlError
 
-    answer = ControlChannel(url, job).wait(rid, timeout)
+    console = err_console()
+
+    def progress(doing: str) -> None:
+        console.print(f"job {job}: {doing}; waiting for it to take the {what}")
+
+    answer = ControlChannel(url, job).wait(rid, timeout, progress=progress)
     if answer is None or answer.get("status") == "accepted":
         msg = (f"job {job!r} did not finish the {what} within {timeout:g} s (request {rid}; "
                f"`streamer savepoint status {rid} --job {job}` shows its progress)")
@@ -109,14 +125,13 @@ def register_job_commands(app: typer.Typer) -> None:
         """Stop a running job at its next epoch boundary, after a final checkpoint (and with
         --savepoint, a savepoint)."""
         from streamer.exceptions import ConfigError
-        from streamer.runtime.control import ControlChannel
 
         if drain and not savepoint:
             msg = "--drain goes with --savepoint"
             raise ConfigError(msg)
-        url, _ = _running_job(job, storage)
-        rid = ControlChannel(url, job).request("stop", savepoint=savepoint, drain=drain,
-                                               target=target)
+        url, record = _running_job(job, storage)
+        rid = _request(url, job, record, "stop", savepoint=savepoint, drain=drain,
+                       target=target)
         if not savepoint:
             _await(url, job, rid, timeout, "stop request")
             _console().print(f"job {job} is stopping at its next epoch boundary")
@@ -130,10 +145,8 @@ def register_job_commands(app: typer.Typer) -> None:
                    timeout: TimeoutOpt = 600.0) -> None:
         """Cancel a running job at its next epoch boundary, without a final checkpoint (the
         next run resumes from its last checkpoint)."""
-        from streamer.runtime.control import ControlChannel
-
-        url, _ = _running_job(job, storage)
-        rid = ControlChannel(url, job).request("cancel")
+        url, record = _running_job(job, storage)
+        rid = _request(url, job, record, "cancel")
         _await(url, job, rid, timeout, "cancel request")
         _console().print(f"job {job} is cancelled")
 

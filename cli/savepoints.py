@@ -31,13 +31,12 @@ def trigger(job: JobArg, target: Annotated[str | None, typer.Option(
         storage: StorageOpt = None,
         timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait.", min=0.0)
                            ] = 600.0) -> None:
-    """Ask a running job for a savepoint at its next epoch boundary; wait and print its path.
-    The job keeps running."""
-    from streamer.cli.jobs import _await, _running_job
-    from streamer.runtime.control import ControlChannel
+    """Ask a running (or starting) job for a savepoint at its next epoch boundary; wait,
+    saying what the job is doing, and print its path. The job keeps running."""
+    from streamer.cli.jobs import _await, _request, _running_job
 
-    url, _ = _running_job(job, storage)
-    rid = ControlChannel(url, job).request("savepoint", target=target)
+    url, record = _running_job(job, storage)
+    rid = _request(url, job, record, "savepoint", target=target)
     if detach:
         sys.stdout.write(f"{rid}\n")
         return

@@ -3,16 +3,21 @@ the job runs (locally, or the driver of a spark-submit on a cluster) as long as 
 shared.
 
     <storage>/<job>/job.json                      status, run id, host, pid, start time,
-                                                  heartbeat, epoch, last checkpoint, figures
+                                                  heartbeat, phase (starting | running |
+                                                  restarting), epoch, last checkpoint, figures
     <storage>/<job>/claims/<generation>.json      the run that claimed each generation,
                                                   created exclusively (one winner per race)
-    <storage>/<job>/control/requests/<id>.json    savepoint | stop | cancel, from the CLI
+    <storage>/<job>/control/requests/<id>.json    savepoint | stop | cancel, from the CLI,
+                                                  naming the generation it was sent to
     <storage>/<job>/control/responses/<id>.json   the job's answer (path of a savepoint, ...)
 
 The running job writes `job.json` at every epoch boundary and from a heartbeat thread; a
 heartbeat older than `STALE_AFTER_S` means the job is dead (killed, machine lost), and a new run
 takes it over. A run on this machine is dead as soon as its process is gone, so a killed run
-can be restarted at once. The job polls `control/requests/` at every epoch boundary.
+can be restarted at once. The job polls `control/requests/` at every epoch boundary, from its
+first one on, and answers every request it takes (`runtime.jobcontrol`); a client waiting for
+an answer (`ControlChannel.wait`) watches `job.json`, so a run that ends or dies first is
+reported at once.
 
 A run taken over while it was not dead after all (paused, or cut off from the storage for
 longer than `STALE_AFTER_S`) finds the newer claim (`claims/<its generation + 1>.json`) at its
@@ -29,6 +34,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from streamer.exceptions import StreamerError
@@ -279,6 +285,7 @@ class ControlChannel:
 
     def __init__(self, storage_url: str, job: str) -> None:
         self.job = job
+        self.storage_url = storage_url
         self.storage = job_storage(storage_url, job)
 
     def request(self, kind: str, **params: Any) -> str:
@@ -316,13 +323,57 @@ class ControlChannel:
         """The request `rid`, if it exists."""
         return _read_json(self.storage, f"control/requests/{rid}.json")
 
-    def wait(self, rid: str, timeout_s: float, poll_s: float = 0.3) -> dict[str, Any] | None:
-        """Wait for the answer to `rid` (None on timeout)."""
+    def wait(self, rid: str, timeout_s: float, poll_s: float = 0.3,
+             progress: Callable[[str], None] | None = None) -> dict[str, Any] | None:
+        """Wait for the final answer to `rid` (the last one seen, or None, on timeout),
+        telling `progress` what the job is doing whenever that changes ("starting",
+        "epoch 12", "restarting"). A job that ends or dies before answering raises
+        `JobControlError` saying how it ended, rather than being waited for until the
+        timeout."""
+        registry = JobRegistry(self.storage_url, self.job)
         deadline = time.monotonic() + timeout_s
+        shown = ""
         while True:
             found = self.response(rid)
             if found is not None and found.get("status") != "accepted":
                 return found
+            record = registry.read()
+            if record is not None and state_of(record) != "running":
+                found = self.response(rid)  # answered as it ended
+                if found is not None and found.get("status") != "accepted":
+                    return found
+                raise JobControlError(self._unanswered(rid, record, found))
+            doing = activity(record) if record is not None else ""
+            if progress is not None and doing and doing != shown:
+                progress(doing)
+                shown = doing
             if time.monotonic() >= deadline:
                 return found
             time.sleep(poll_s)
+
+    def _unanswered(self, rid: str, record: dict[str, Any],
+                    accepted: dict[str, Any] | None) -> str:
+        """Why request `rid` will never be answered: how the job's run ended."""
+        state = state_of(record)
+        what = "completed" if accepted is not None else "taken"
+        if state == "dead":
+            age = time.time() - float(record.get("heartbeat_at", 0))
+            how = (f"died (run {record.get('run_id')} on {record.get('host')}, pid "
+                   f"{record.get('pid')}: its process is gone or its heartbeat is {age:.0f} s "
+                   "old)")
+        else:
+            reason = record.get("reason") or ""
+            how = f"ended ({state}{': ' + reason if reason else ''})"
+        return (f"job {self.job!r} {how} before request {rid} was {what}; send it again once "
+                f"the job runs (`streamer list` shows it)")
+
+
+def activity(record: dict[str, Any]) -> str:
+    """What a running job is doing, from its registry record: starting (claimed, no epoch
+    boundary yet), restarting (under `job.restart`), or the epoch it is at."""
+    phase = record.get("phase")
+    if phase == "restarting":
+        return f"restarting (restart {record.get('restarts', '?')})"
+    if phase == "starting" or record.get("epoch") is None:
+        return "starting"
+    return f"epoch {record['epoch']}" if record["epoch"] else "started, no epoch yet"

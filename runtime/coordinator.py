@@ -270,6 +270,7 @@ class JobRunner:
         if failpoints.ENV in os.environ:
             os.environ[failpoints.DRIVER_PID_ENV] = str(os.getpid())
         self.control.register()
+        failpoints.reached("starting")
 
     def _open(self) -> None:
         """Plan the job and announce it."""
@@ -305,6 +306,7 @@ class JobRunner:
                     free += 1
                 else:
                     restarts += 1
+                self.control.update(phase="restarting", restarts=restarts + free)
                 if self.exporter is not None:
                     self.exporter.restarted()
                 self.checkpoints.abort_pending()
@@ -360,7 +362,9 @@ class JobRunner:
             slices = {sid: piece for sid, src in live.items()
                       if (piece := src.plan(self.job.offsets[sid], now)) is not None}
             plan_ms = (time.monotonic() - tick) * 1000
-            if slices or self._timers_due(now):
+            # An owed savepoint is taken at this boundary even with nothing to read (a
+            # rate-limited source's first plan, an idle one): its epoch may be empty.
+            if slices or savepoint_url or self._timers_due(now):
                 ran += 1
                 last = self._ends_input(live, slices) and (
                     self.options.max_epochs is None or ran < self.options.max_epochs)
@@ -374,7 +378,6 @@ class JobRunner:
                     status, reason = "stopped", f"reached --max-epochs {ran}"
                     break
             self._wait(slices, tick)
-        self.control.ended(status)
         return self._result(status, reason)
 
     def _boundary(self) -> tuple[str, str] | None:
@@ -385,6 +388,8 @@ class JobRunner:
         if not control.stop.is_set():
             return None
         control.check_deadline()
+        while (owed := control.owed()) is not None:  # savepoints accepted before the stop
+            self._epoch({}, 0.0, checkpoint=True, savepoint_url=owed)
         if self.checkpoints.unsaved() or control.stop_savepoint is not None:
             self._final_checkpoint(MAX_WATERMARK if control.stop_drain else None,
                                    savepoint_url=control.stop_savepoint)
@@ -419,10 +424,12 @@ class JobRunner:
         if not (self._timers_due(MAX_WATERMARK, flush=True) or self.checkpoints.unsaved()
                 or savepoint_url):
             return
-        if self.options.checkpoints:
-            self._final_checkpoint(MAX_WATERMARK, savepoint_url=savepoint_url)
-        else:
+        if not self.options.checkpoints:
             self._epoch({}, 0.0, flush=MAX_WATERMARK)
+            return
+        self._final_checkpoint(MAX_WATERMARK, savepoint_url=savepoint_url)
+        while (owed := self.control.owed()) is not None:  # more than one was asked for
+            self._epoch({}, 0.0, flush=MAX_WATERMARK, checkpoint=True, savepoint_url=owed)
 
     def _epoch(self, slices: Mapping[str, SourceSlice], plan_ms: float, *,
                flush: int | None = None, checkpoint: bool = False,

@@ -2,7 +2,12 @@
 channel's requests (savepoint, stop, stop with savepoint, cancel), Ctrl-C and SIGTERM (a
 graceful stop bounded by `job.shutdown_timeout`), and the answers to whoever asked.
 Requests are read from the job's storage, so they work for a job on a cluster as for a
-local one."""
+local one.
+
+Every request this run takes gets an answer: a savepoint it accepted stays owed (`owed`)
+until an epoch writes it or it is refused with a reason, whatever happens in between (a
+boundary where no epoch runs, a restart under `job.restart`, a stop); a request still
+unanswered when the run ends is answered with how and why it ended (`close`)."""
 
 from __future__ import annotations
 
@@ -40,7 +45,8 @@ class JobControl:
         self.stop_savepoint: str | None = None
         self.stop_drain = False
         self.seen: set[str] = set()
-        #: savepoint url -> ids of the requests waiting for it
+        #: savepoint url -> ids of the requests waiting for it, in the order they were
+        #: accepted; a url stays here until its savepoint is written or refused
         self.waiters: dict[str, list[str]] = {}
         #: Savepoints written by this run.
         self.savepoints: list[str] = []
@@ -58,7 +64,7 @@ class JobControl:
 
         job = self.job
         registry = JobRegistry(job.storage_url, job.spec.name)
-        note = registry.claim(job.run_id, {"file": job.spec.file})
+        note = registry.claim(job.run_id, {"file": job.spec.file, "phase": "starting"})
         self.registry = registry  # only now: a refused run must not touch the other's record
         if note:
             job.reporter.message(note)
@@ -77,7 +83,9 @@ class JobControl:
             self.registry.check_claim()
 
     def close(self, status: str, reason: str, **fields: Any) -> None:
-        """Record how the run ended."""
+        """Record how the run ended, after answering every request still waiting (an owed
+        savepoint, or one filed after the last boundary) with why it was not honoured."""
+        self.ended(status, reason)
         if self.registry is not None:
             self.registry.close(status, reason, epoch=self.job.epoch, **fields)
 
@@ -172,46 +180,73 @@ class JobControl:
         os.kill(os.getpid(), signal.SIGTERM)
 
     def poll(self) -> str | None:
-        """At an epoch boundary: beat, and take the control channel's requests. Returns the
-        savepoint URL the next epoch writes, if one was asked for."""
+        """At an epoch boundary: beat, and take the control channel's new requests. Returns
+        the savepoint the next epoch writes: the oldest accepted one not written yet (it
+        stays owed across boundaries where no epoch runs, and across restarts)."""
         if self.channel is None:
             return None
         from streamer.storage import StorageError
 
         job = self.job
         self.registry.check_claim()
-        self.registry.update(epoch=job.epoch, records_in=job.totals["records_in"])
+        self.registry.update(epoch=job.epoch, records_in=job.totals["records_in"],
+                             phase="running")
         try:
             requests = self.channel.pending()
         except StorageError as exc:
             job.reporter.message(f"cannot read the control channel: {exc}")
-            return None
-        url = None
+            return self.owed()
         for req in requests:
             rid, kind = req["id"], req["kind"]
-            if rid in self.seen:
+            if rid in self.seen or self._for_a_later_run(req):
                 continue
-            if kind == "savepoint":
-                if url is not None:
-                    continue  # one savepoint per boundary; the next boundary takes it
-                url = self._savepoint_request(req)
+            self.seen.add(rid)
+            refusal = self._addressed_elsewhere(req)
+            if refusal:
+                self.channel.respond(rid, "failed", reason=refusal)
+                job.reporter.message(f"{kind} request {rid} refused: {refusal}")
+            elif kind == "savepoint":
+                self._savepoint_request(req)
             elif kind == "stop":
                 self._stop_request(req)
             elif kind == "cancel":
                 self.cancelled = True
                 self.channel.respond(rid, "completed", status_after="cancelled")
                 job.reporter.message("cancel requested: cancelling now (no final checkpoint)")
-            self.seen.add(rid)
-        return url
+        return self.owed()
 
-    def _savepoint_request(self, req: dict[str, Any]) -> str:
+    def owed(self) -> str | None:
+        """The oldest savepoint accepted and neither written nor refused yet (a
+        stop-with-savepoint's own is the stop's to write)."""
+        return next((url for url in self.waiters if url != self.stop_savepoint), None)
+
+    def _for_a_later_run(self, req: dict[str, Any]) -> bool:
+        """Whether `req` was sent to a run that took the job over from this one (which has
+        not seen its newer claim yet): that run answers it."""
+        sent_to = req.get("generation")
+        mine = self.registry.record.get("generation") if self.registry is not None else None
+        return sent_to is not None and mine is not None and int(sent_to) > int(mine)
+
+    def _addressed_elsewhere(self, req: dict[str, Any]) -> str:
+        """Why a request sent to an earlier run of the job (one that ended, or died, before
+        taking it) is not this run's to honour; "" when it is this run's. A request names
+        the run the CLI saw running; requests filed through the Python API name none."""
+        sent_to = req.get("generation")
+        mine = self.registry.record.get("generation")
+        if sent_to is None or mine is None or int(sent_to) >= int(mine):
+            return ""
+        return (f"it was sent to run {req.get('run_id')} of job {self.job.spec.name!r}, "
+                f"which ended before taking it; this run ({self.registry.record.get('run_id')})"
+                " took the job over since: send the request again if it still applies")
+
+    def _savepoint_request(self, req: dict[str, Any]) -> None:
+        """Accept a savepoint request: it is owed until an epoch writes it."""
         from streamer.savepoint.metadata import new_savepoint_url
 
         url = new_savepoint_url(self.job.storage_url, self.job.spec.name, req.get("target"))
-        self.waiters.setdefault(url, []).append(req["id"])
+        self.waiters[url] = [req["id"]]
         self.channel.respond(req["id"], "accepted", path=url)
         self.job.reporter.message(f"savepoint requested: writing {url}")
-        return url
 
     def _stop_request(self, req: dict[str, Any]) -> None:
         from streamer.savepoint.metadata import new_savepoint_url
@@ -241,7 +276,23 @@ class JobControl:
         self.job.reporter.message(f"stop with savepoint failed: {reason}; the job was not "
                                   "stopped")
 
-    def ended(self, status: str) -> None:
-        """Savepoints asked for too late to be taken fail with the reason."""
-        for url in list(self.waiters):
-            self.answer(url, "failed", reason=f"the job ended ({status}) before the savepoint")
+    def ended(self, status: str, reason: str) -> None:
+        """The run ends: every savepoint still owed, and every request filed since the last
+        boundary, is answered as failed, saying how the run ended and why."""
+        if self.channel is None:
+            return
+        from streamer.storage import StorageError
+
+        why = f"{status}: {reason}" if reason else status
+        with contextlib.suppress(StorageError):  # the storage is gone: the client sees the end
+            for url in list(self.waiters):
+                self.answer(url, "failed", reason=f"the job ended ({why}) before the "
+                            "savepoint was written")
+            if self.registry is not None and self.registry.lost is not None:
+                return  # the requests not taken yet are the run's that took the job over
+            for req in self.channel.pending():
+                if req["id"] not in self.seen and not self._for_a_later_run(req):
+                    self.seen.add(req["id"])
+                    self.channel.respond(req["id"], "failed", reason=(
+                        f"the job ended ({why}) before its next epoch boundary, where it "
+                        f"would have taken the {req['kind']} request"))

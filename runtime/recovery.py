@@ -141,8 +141,10 @@ class Recovery:
     def restore_checkpoint(self, meta: CheckpointMetadata) -> None:
         """Resume at checkpoint `meta`: refuse a pipeline it cannot resume, then offsets,
         watermark, epoch, timers, subtask handles, and its sink commits done again."""
+        from streamer import failpoints
         from streamer.checkpoint.metadata import CheckpointError
 
+        failpoints.reached("recovering", meta.checkpoint_id)
         job, chk = self.job, self.checkpoints
         stages = {stage.op.uid: (node_id, stage) for node_id, stage in job.keyed.items()}
         problems = _resume_problems(meta, stages)

@@ -137,3 +137,27 @@ def test_exclusive_creation_on_a_non_local_store() -> None:
     assert storage.create_exclusive("claims/1.json", b"a")
     assert not storage.create_exclusive("claims/1.json", b"b")
     assert storage.read_bytes("claims/1.json") == b"a"
+
+
+def test_a_client_waiting_on_a_job_that_dies_hears_it_at_once(tmp_path: Path) -> None:
+    """A request the job never takes (its process was killed) is not waited for until the
+    timeout: the client says the job died, and while it lived, that it was starting."""
+    from streamer.runtime.control import ControlChannel, JobControlError
+
+    child = subprocess.Popen([sys.executable, "-c", CLAIM, str(tmp_path)],
+                             stdout=subprocess.PIPE, text=True)
+    channel = ControlChannel(str(tmp_path), "job")
+    seen: list[str] = []
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "claimed\n"
+        rid = channel.request("savepoint", generation=1, run_id="run-a")
+        assert channel.wait(rid, timeout_s=0.5, poll_s=0.1, progress=seen.append) is None
+        assert seen == ["starting"]
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    started = time.monotonic()
+    with pytest.raises(JobControlError, match=r"job 'job' died \(run run-a .*before request "
+                       r".* was taken; send it again"):
+        channel.wait(rid, timeout_s=60)
+    assert time.monotonic() - started < 5
