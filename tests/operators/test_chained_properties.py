@@ -99,10 +99,10 @@ def downstream_rows(kind: str, size_ms: int, rekey: bool, rows: list[dict]) -> d
 def pipeline(data: Path, out: Path, up: str, down: str, size_s: int, rekey: bool,
              parallelism: int, backend: str) -> str:
     key = "g" if rekey else "k"
-    middle = (f"""
+    middle = ("""
   - id: rekeyed
     input: up
-    with_columns: {{g: "k % 2"}}""" if rekey else "")
+    with_columns: {g: "k % 2"}""" if rekey else "")
     value = "v" if up == "dedupe" else "x"
     window = f"window: {{tumbling: {2 * size_s}s}}\n    " if down == "tumbling" else ""
     return f"""
