@@ -18,7 +18,10 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import os
 import shutil
+import subprocess
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from itertools import pairwise
@@ -109,6 +112,25 @@ def test_an_e06dd5a_savepoint_restores_and_finishes_the_output_exactly(
     assert sum(map(len, before.values())) > 0 and sum(map(len, after.values())) > 0
     assert counted(before, after) == counted(expected)
     assert tree_digest(FIXTURES / name) == digests[name]
+
+
+@pytest.mark.parametrize("name", ["interval_join"])
+def test_streamer_restore_in_a_process_of_its_own(tmp_path: Path, name: str) -> None:
+    """`streamer restore SAVEPOINT FILE --parallelism 1` on the fixture's own pipeline file,
+    its placeholders read from the environment (`${VAR}`)."""
+    fixture = tmp_path / "fixture"
+    shutil.copytree(FIXTURES / name, fixture)
+    env = {**os.environ, "STORAGE": str(tmp_path / "storage"), "OUT": str(tmp_path / "out"),
+           "LOCAL": str(tmp_path / "local"), "PARALLELISM": "2", "BACKEND": "rocksdb"}
+    done = subprocess.run([sys.executable, "-m", "streamer.cli.main", "restore",
+                           str(fixture / "savepoint"), str(fixture / "pipeline.yaml"),
+                           "--parallelism", "1", "--no-ui", "--json"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    finished = json.loads(done.stdout.strip().splitlines()[-1])
+    assert finished["status"] == "finished", finished
+    before, after = load(fixture, "before_stop.json"), committed(tmp_path / "out")
+    assert counted(before, after) == counted(load(fixture, "expected.json"))
 
 
 @pytest.mark.parametrize("name", NAMES)
