@@ -61,6 +61,9 @@ SESSION = "__session"
 #: Dedupe: the struct of a key's first record of the epoch while partials are grouped.
 FIRST_RECORD = "__r"
 
+#: The key of an operator with `key_by: []`: one constant for every record.
+GLOBAL_KEY = "__global"
+
 #: The change a row of an update stream is (Flink's RowKind): `INSERT` (a key's first
 #: value), `RETRACT` (the value a key had, withdrawn: update-before) or `UPDATE` (its new
 #: value: update-after). A rolling aggregate read by a keyed operator emits them; sinks

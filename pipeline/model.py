@@ -302,10 +302,12 @@ class OneOrList(Node):
     item: Node
     description: str = ""
     noun: str = "id"
+    #: `[]` is a value too (`key_by: []`: one key for every record).
+    allow_empty: bool = False
 
     def check(self, value: Any, path: Path, ck: Checker) -> None:
         if isinstance(value, list):
-            if not value:
+            if not value and not self.allow_empty:
                 ck.report(path, f"{label(path)} must name at least one {self.noun}")
             for i, item in enumerate(value):
                 self.item.check(item, (*path, i), ck)
@@ -315,7 +317,7 @@ class OneOrList(Node):
     def schema(self) -> dict[str, Any]:
         item = self.item.schema()
         return self._with_doc({"anyOf": [item, {"type": "array", "items": item,
-                                                "minItems": 1}]})
+                                                "minItems": 0 if self.allow_empty else 1}]})
 
 
 @dataclass

@@ -341,7 +341,9 @@ OPERATOR = Obj(
                                     key_pattern=COLUMN_PATTERN, key_hint=COLUMN_HINT,
                                     min_items=1)),
         "key_by": Field(OneOrList(Str(pattern=COLUMN_PATTERN, pattern_hint=COLUMN_HINT),
-                                  "Key columns.", noun="column")),
+                                  "Key columns; [] puts every record under one key (a "
+                                  "global window or aggregate, run by one subtask).",
+                                  noun="column", allow_empty=True)),
         "window": Field(WINDOW),
         "aggregate": Field(MapOf(AggregateFn(), "Output column: aggregate function.",
                                  key_pattern=COLUMN_PATTERN, key_hint=COLUMN_HINT,

@@ -153,6 +153,15 @@ class KeyedStage:
                  input_schema: StructType, has_event_time: bool, state_root: str,
                  join: JoinPlan | None = None) -> None:
         self.spark = spark
+        #: `key_by: []`: every record is under one key, a constant column of the stage's
+        #: input (`KeyedOperatorStage.run` adds it; sinks never see it).
+        self.global_key = not op.key_by and op.join is None
+        if self.global_key:
+            from pyspark.sql.types import IntegerType, StructField, StructType
+
+            op = replace(op, key_by=(C.GLOBAL_KEY,))
+            input_schema = StructType([StructField(C.GLOBAL_KEY, IntegerType()),
+                                       *input_schema.fields])
         self.op = op
         self.parallelism = job.parallelism or spark.sparkContext.defaultParallelism
         self.max_parallelism = job.max_parallelism

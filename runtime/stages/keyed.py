@@ -31,7 +31,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from streamer import failpoints
-from streamer.columns import CHANGE, EVENT_TIME, HIDDEN_PREFIX, JOIN_SIDE
+from streamer.columns import CHANGE, EVENT_TIME, GLOBAL_KEY, HIDDEN_PREFIX, JOIN_SIDE
 from streamer.operators.direct import DIRECT_AGGREGATES, ipc_bytes
 from streamer.operators.stateless import union
 from streamer.runtime.arrow_input import clear_other_epochs
@@ -242,6 +242,10 @@ class KeyedOperatorStage(Stage):
                 ctx.route(sink_id, frame, DEAD)
         else:
             present = ctx.inputs(stage.op.inputs)
+        if stage.global_key:
+            from pyspark.sql import functions as F
+
+            present = [f.withColumn(GLOBAL_KEY, F.lit(0)) for f in present]
         fire = ctx.now if stage.domain == "processing" else ctx.watermark_of(node_id)
         tasks = self.checkpointing(node_id, ctx.checkpoint_id, ctx.savepoint_url)
         write_to = None

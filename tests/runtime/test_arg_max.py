@@ -145,3 +145,29 @@ def test_aggregates_a_type_cannot_take_are_refused_with_the_fix(spark, tmp_path:
         "p.yaml:13:20: aggregate 'w' of operator 'best': max_by() cannot compare values of "
         "type struct<p:bigint>; order by an atomic column, e.g. a field of it",
     ]
+
+
+def test_key_by_nothing_is_one_global_window_per_time(spark, tmp_path: Path) -> None:
+    """Nexmark Q7's shape: the highest bid of each window over all auctions (`key_by: []`),
+    its row whole; the key column the engine adds for it never reaches the sink."""
+    out = tmp_path / "out"
+    text = pipeline(out, "rocksdb", True).replace("key_by: [auction]", "key_by: []")
+    spec = load_pipeline_text(textwrap.dedent(text))
+    JobRunner(spec, RunOptions(ui=False), spark=spark).run()
+    windows: dict[int, list[dict]] = defaultdict(list)
+    for b in bids():
+        windows[b["ts"] - b["ts"] % 60_000].append(b)
+    rows = rows_of(out)
+    assert len(rows) == len(windows)
+    for row in rows:
+        from datetime import datetime
+
+        start = int(datetime.fromisoformat(row["window_start"].replace("Z", "+00:00"))
+                    .timestamp() * 1000)
+        group = windows[start]
+        top = max(b["price"] for b in group)
+        first_ts = min(b["ts"] for b in group if b["price"] == top)
+        assert set(row) == {"window_start", "window_end", "winner", "cheapest", "top"}
+        assert row["top"] == top and row["winner"]["price"] == top
+        assert row["winner"]["bidder"] in {b["bidder"] for b in group
+                                           if b["price"] == top and b["ts"] == first_ts}
