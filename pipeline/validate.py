@@ -13,6 +13,7 @@ from streamer.pipeline.exceptions import PipelineError, Problem
 from streamer.pipeline.model import Checker, did_you_mean
 from streamer.pipeline.schema import PIPELINE
 from streamer.pipeline.spec import PipelineSpec, build_spec
+from streamer.pipeline.typecheck import check_types
 from streamer.pipeline.yaml_loader import Path, Positions, load_file, load_text
 
 
@@ -352,11 +353,16 @@ def validate_data(data: Any, positions: Positions,
     problems = positions.problems + _problems(ck, positions)
     if problems:
         raise PipelineError(problems)
-    return build_spec(data, positions, env)
+    spec = build_spec(data, positions, env)
+    found = check_types(spec)
+    if found:
+        raise PipelineError(found)
+    return spec
 
 
 def load_pipeline(path: str, env: Mapping[str, str] | None = None) -> PipelineSpec:
-    """Read, validate and build the pipeline in the file at `path` (no Spark involved)."""
+    """Read, validate and build the pipeline in the file at `path` (no Spark involved): its
+    structure, references, and what its declared schemas allow (`pipeline.typecheck`)."""
     data, positions = load_file(path, env)
     return validate_data(data, positions, env)
 
