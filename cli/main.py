@@ -317,6 +317,11 @@ def test_cmd(
                           "docs/guide/testing.md) or check --case"
         )
         raise ConfigError(msg)
+    from streamer.cli.launch import warn
+    from streamer.runtime.preflight import PreflightOptions, preflight
+
+    replaced = frozenset.intersection(*(frozenset(c.inputs) for c in cases))
+    preflight(spec, PreflightOptions(checkpoints=False, replaced=replaced, sinks=False), warn)
     spark = shared_session(spec)
     console = Console(highlight=False)
     failed = 0
