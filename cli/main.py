@@ -77,10 +77,14 @@ def validate(
     failed = 0
     # First what needs no Spark, for every file (its errors print at once); then Spark's
     # analyzer, once, for the expressions of the files that passed.
+    from streamer.runtime.checks import check_user_code
+
     loaded = []
     for file in files:
         try:
-            loaded.append((file, load_pipeline(str(file))))
+            spec = load_pipeline(str(file))
+            check_user_code(spec)
+            loaded.append((file, spec))
         except PipelineError as exc:
             print_error(exc)
             failed += 1

@@ -26,6 +26,10 @@ _LITERALS = {"true", "false", "null"}
 #: The columns of a Kafka record read with `format: raw` (connectors/kafka.py `RAW_DDL`).
 _KAFKA_RAW = {"key": "binary", "value": "binary", "topic": "string", "partition": "int",
               "offset": "bigint", "timestamp": "timestamp"}
+#: A word an expression cannot end with: Spark's parser reads it as a column alias, so
+#: `amount > 500 AND` is `amount > 500` named "AND".
+_DANGLING = re.compile(r"\S\s+(AND|OR|NOT|IS|IN|LIKE|RLIKE|BETWEEN|WHEN|THEN|ELSE|CASE)\s*$",
+                       re.IGNORECASE)
 _NESTED = ("array", "map", "struct", "variant")
 _TIMESTAMPS = ("timestamp", "timestamp_ntz", "timestamp_ltz")
 
@@ -86,6 +90,27 @@ class TypeChecker:
                             f"timestamp_millis({s.event_time}) or to_timestamp({s.event_time})")
         self.nodes[s.id] = _Node(columns, bool(s.event_time),
                                  () if s.event_time else ("source", s.id))
+
+    def expressions(self, spec: PipelineSpec) -> None:
+        """Report expressions that end in the middle (`amount > 500 AND`)."""
+        found: list[tuple[Path, str, str]] = [
+            ((*s.path, "event_time"), s.event_time, f"event_time of source {s.id!r}")
+            for s in spec.sources if s.event_time]
+        for o in spec.operators:
+            owner = f"operator {o.id!r}"
+            if o.filter:
+                found.append(((*o.path, "filter"), o.filter, f"filter of {owner}"))
+            found += [((*o.path, o.kind, name), expr, f"column {name!r} of {owner}")
+                      for name, expr in o.columns]
+            found += [((*o.path, "aggregate", a.name), a.arg, f"aggregate {a.name!r} of {owner}")
+                      for a in o.aggregates if a.arg]
+        for path, expr, what in found:
+            dangling = _DANGLING.search(expr)
+            if dangling:
+                word = dangling.group(1)
+                self.report(path, f"{what} is incomplete: {expr!r} ends with {word!r}, which "
+                            f"Spark would read as a column name; complete the expression after "
+                            f"{word!r} or remove it")
 
     # -------------------------------------------------------------------- operators
     def _input(self, o: OperatorSpec) -> _Node | None:
@@ -179,7 +204,7 @@ class TypeChecker:
         else:
             culprit, kind = node.no_time[1], node.no_time[2]
             why = (f"its input comes from {kind} {culprit!r}, whose output has no event time; "
-                   "window it before, or emit an event-time column from it")
+                   f"window the records before {culprit!r}")
         if o.window and o.window.time == "event":
             self.report(at, f"operator {o.id!r} has an event-time {what} window, but {why}")
             return
@@ -228,6 +253,7 @@ def check_types(spec: PipelineSpec) -> list[Problem]:
     from streamer.pipeline.graph import compile_dataflow
 
     ck = TypeChecker(spec)
+    ck.expressions(spec)
     for node in compile_dataflow(spec).nodes:
         if node.role == "source":
             ck.source(node.source)

@@ -260,3 +260,71 @@ def test_a_finished_job_says_so_at_once(tmp_path: Path, monkeypatch: pytest.Monk
     with pytest.raises(JobFinishedError):
         preflight(spec, PreflightOptions(), print)
     preflight(spec, PreflightOptions(fresh=True), print)
+
+
+def test_an_incomplete_expression_is_a_validate_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    code, out, _ = invoke(tmp_path, monkeypatch, HEAD + """\
+    operators:
+      - id: big
+        input: orders
+        filter: "amount > 500 AND"
+      - id: cols
+        input: big
+        with_columns: {small: "amount < 10 or", name: "upper(user)"}
+    sinks:
+      - {id: out, type: console, input: cols}
+    """, "validate", "--no-spark", "p.yaml")
+    assert code == 1
+    golden("incomplete_expression", out)
+
+
+@pytest.mark.spark
+def test_the_analyzer_refuses_a_stray_word_spark_would_read_as_an_alias(
+        tmp_path: Path, spark: object) -> None:
+    from streamer.pipeline.exceptions import PipelineError
+    from streamer.runtime.checks import analyze_spec
+
+    with_inputs(tmp_path)
+    spec = load_pipeline_text(textwrap.dedent(HEAD.replace("./in", str(tmp_path / "in")) + """\
+    operators:
+      - id: names
+        input: orders
+        select: {name: "upper(user) extra", n: "amount AS n", ok: "amount + 1"}
+    sinks:
+      - {id: out, type: console, input: names}
+    """), file="p.yaml", env={})
+    with pytest.raises(PipelineError) as info:
+        analyze_spec(spec, spark)  # type: ignore[arg-type]
+    assert str(info.value) == (
+        "p.yaml:11:20: column 'name' of operator 'names' is incomplete or has a stray word: "
+        "Spark reads 'upper(user) extra' as 'upper(user)' named 'extra'; complete the "
+        "expression, or remove 'extra'")
+
+
+def test_a_misspelt_process_class_suggests_the_nearest(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "first_hour_scoring.py").write_text(textwrap.dedent("""\
+        from streamer.operators.process import KeyedProcessFunction
+
+
+        class ScoreOrders(KeyedProcessFunction):
+            output_schema = "user string, score double"
+
+
+        class Other(KeyedProcessFunction):
+            output_schema = "user string"
+        """))
+    code, out, took = invoke(tmp_path, monkeypatch, HEAD + """\
+        event_time: ts
+    operators:
+      - id: scored
+        input: orders
+        key_by: [user]
+        process: "first_hour_scoring:ScoreOrder"
+    sinks:
+      - {id: out, type: console, input: scored}
+    """, "validate", "--no-spark", "p.yaml")
+    assert code == 1
+    golden("process_class_misspelt", out)
+    assert took < 2
