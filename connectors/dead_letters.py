@@ -122,7 +122,7 @@ def _line_numbers(name: str, wanted: set[str]) -> dict[str, list[int]]:
 
     found: dict[str, list[int]] = {}
     with fsspec.open(name, "rb") as f:
-        for number, raw in enumerate(f, start=1):  # type: ignore[arg-type]
+        for number, raw in enumerate(f, start=1):
             text = raw.decode("utf-8", errors="replace").rstrip("\n").rstrip("\r")
             if text in wanted:
                 found.setdefault(text, []).append(number)
