@@ -5,7 +5,9 @@ runs them: a fresh `streamer` process each time, wall clock.
 
     .venv/bin/python -m bench.validate [--spark] [--repeat 3]
 
-Prints one row per example: the median seconds of each mode. Target: --no-spark under 2 s.
+Prints one row per example: the median seconds of each mode, and what the Spark-free checks
+themselves take in this process (load, validate, type check, import the process functions;
+the rest of --no-spark is the interpreter's start). Target: --no-spark under 2 s.
 """
 
 from __future__ import annotations
@@ -39,15 +41,21 @@ def main() -> None:
     modes = {"--no-spark": ["validate", "--no-spark"]}
     if args.spark:
         modes["analyzer"] = ["validate"]
-    print(f"{'example':<32}" + "".join(f"{m:>14}" for m in modes) + "  exit")
+    from streamer.pipeline.validate import load_pipeline
+    from streamer.runtime.checks import check_user_code
+
+    print(f"{'example':<32}" + "".join(f"{m:>14}" for m in modes) + f"{'checks':>10}  exit")
     for path in examples:
         cells, codes = [], set()
         for command in modes.values():
             runs = [_time([*command, str(path.relative_to(ROOT))]) for _ in range(args.repeat)]
             cells.append(statistics.median(s for s, _ in runs))
             codes |= {code for _, code in runs}
+        start = time.perf_counter()
+        check_user_code(load_pipeline(str(path)))
+        checks_ms = (time.perf_counter() - start) * 1000
         print(f"{path.name:<32}" + "".join(f"{c:>13.2f}s" for c in cells)
-              + f"  {','.join(map(str, sorted(codes)))}")
+              + f"{checks_ms:>8.0f}ms  {','.join(map(str, sorted(codes)))}")
 
 
 if __name__ == "__main__":
