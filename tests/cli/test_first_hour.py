@@ -328,3 +328,19 @@ def test_a_misspelt_process_class_suggests_the_nearest(
     assert code == 1
     golden("process_class_misspelt", out)
     assert took < 2
+
+
+@pytest.mark.spark
+def test_validate_prints_every_files_spark_free_errors_before_spark_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spark: object) -> None:
+    with_inputs(tmp_path)
+    (tmp_path / "bad.yaml").write_text(textwrap.dedent(RUNNABLE.replace("[user]", "[usr]")))
+    code, out, _ = invoke(tmp_path, monkeypatch, RUNNABLE, "validate", "good.yaml",
+                          "bad.yaml", name="good.yaml")
+    assert code == 1
+    assert out.splitlines() == [
+        "error bad.yaml:12:14: key_by column 'usr' of operator 'per_user' is not in its "
+        "input; did you mean 'user'?",
+        "1 problem",
+        "checking expressions with Spark's analyzer (1 file; --no-spark skips this)",
+        "ok good.yaml"]
