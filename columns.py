@@ -61,6 +61,13 @@ SESSION = "__session"
 #: Dedupe: the struct of a key's first record of the epoch while partials are grouped.
 FIRST_RECORD = "__r"
 
+#: The change a row of an update stream is (Flink's RowKind): `INSERT` (a key's first
+#: value), `RETRACT` (the value a key had, withdrawn: update-before) or `UPDATE` (its new
+#: value: update-after). A rolling aggregate read by a keyed operator emits them; sinks
+#: never see a `RETRACT` row (`runtime.keyed.visible`).
+CHANGE = "__op"
+INSERT, RETRACT, UPDATE = "+I", "-U", "+U"
+
 # --------------------------------------------------------------------------- task output
 #: What a row of a keyed task's output batch is: `OUT`, `META` or `SIDE`.
 ROW_KIND = "__kind"

@@ -119,7 +119,13 @@ class Recorder:
         self.checkpoints: list[dict[str, Any]] = []
         self.messages: list[tuple[float, str]] = []
 
+    def starting(self, info: dict[str, Any]) -> None:
+        pass
+
     def started(self, info: dict[str, Any]) -> None:
+        pass
+
+    def epoch_started(self, epoch: int) -> None:
         pass
 
     def epoch(self, m: Any) -> None:

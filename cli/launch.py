@@ -5,6 +5,9 @@ so jobs.py cannot import main.py back.
 
 from __future__ import annotations
 
+import contextlib
+import sys
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -37,19 +40,12 @@ def run_job(spec: object, *, quiet: bool = False, json_lines: bool = False,
             no_checkpoints: bool = False, storage: str | None = None,
             from_savepoint: str | None = None, allow_non_restored_state: bool = False,
             metrics_port: int | None = None) -> None:
-    """Run a loaded pipeline with the CLI's reporters (shared by `run` and `restore`)."""
-    from streamer.runtime.coordinator import JobRunner, RunOptions
+    """Run a loaded pipeline with the CLI's reporters (shared by `run` and `restore`). The
+    live display is up before pyspark is imported, so it shows Spark starting from the first
+    second (a cold start takes a minute on a loaded machine)."""
     from streamer.runtime.metrics import JsonReporter, LiveReporter, QuietReporter, Reporter
 
     extra = parse_conf(conf)
-    reporter: Reporter
-    console = Console(stderr=False, highlight=False)
-    if quiet:
-        reporter = QuietReporter()
-    elif json_lines:
-        reporter = JsonReporter()
-    else:
-        reporter = _live_reporter(LiveReporter)(Console(stderr=True, highlight=False))
     if sum(map(bool, (fresh, from_checkpoint, from_savepoint))) > 1:
         from streamer.exceptions import ConfigError
 
@@ -68,13 +64,30 @@ def run_job(spec: object, *, quiet: bool = False, json_lines: bool = False,
 
         err_console().print(Text(str(exc), style="green"))
         return
-    options = RunOptions(master=master, spark_conf=extra, ui=not no_ui, max_epochs=max_epochs,
-                         console=None if json_lines or quiet else console,
-                         checkpoints=not no_checkpoints, from_checkpoint=from_checkpoint,
-                         fresh=fresh, storage=storage, from_savepoint=from_savepoint,
-                         allow_non_restored_state=allow_non_restored_state,
-                         metrics_port=metrics_port)
-    JobRunner(spec, options, reporter=reporter).run()  # type: ignore[arg-type]
+    reporter: Reporter
+    display: AbstractContextManager[object] = contextlib.nullcontext()
+    # Where console sinks print: stdout, or, when stdout and the live display share the
+    # terminal, the display's console, which prints them above the display (rich does not
+    # let one Console's output pass through another's Live).
+    sinks_console: Console | None = None
+    if quiet:
+        reporter = QuietReporter()
+    elif json_lines:
+        reporter = JsonReporter()
+    else:
+        reporter = display = _live_reporter(LiveReporter)(Console(stderr=True, highlight=False))
+        shared = sys.stdout.isatty() and reporter.console.is_terminal
+        sinks_console = reporter.console if shared else Console(stderr=False, highlight=False)
+    with display:
+        from streamer.runtime.coordinator import JobRunner, RunOptions
+
+        options = RunOptions(
+            master=master, spark_conf=extra, ui=not no_ui, max_epochs=max_epochs,
+            console=sinks_console,
+            checkpoints=not no_checkpoints, from_checkpoint=from_checkpoint, fresh=fresh,
+            storage=storage, from_savepoint=from_savepoint,
+            allow_non_restored_state=allow_non_restored_state, metrics_port=metrics_port)
+        JobRunner(spec, options, reporter=reporter).run()  # type: ignore[arg-type]
 
 
 def warn(message: str) -> None:

@@ -72,6 +72,22 @@ def _last(a: Any, b: Any) -> Any:
     return b if (b[0], b[1]) >= (a[0], a[1]) else a
 
 
+def _by(largest: bool) -> Callable[[Any, Any], Any]:
+    """The merge of `max_by` (`largest`) or `min_by` partials, (order, ts, seq, value): the
+    largest (smallest) order wins; among equal orders the earliest record (by event time,
+    then arrival), so results do not depend on how epochs were cut."""
+    def merge(a: Any, b: Any) -> Any:
+        if a is None:
+            return b
+        if b is None:
+            return a
+        if a[0] != b[0]:
+            return a if (a[0] > b[0]) == largest else b
+        return a if (a[1], a[2]) <= (b[1], b[2]) else b
+
+    return merge
+
+
 def _concat(a: Any, b: Any) -> Any:
     return (a or []) + (b or [])
 
@@ -162,10 +178,16 @@ def _avg_final(acc: Any) -> Any:
     return acc[0] / acc[1]
 
 
-def accumulator(spec: AggregateSpec, ts: str, seq: str) -> Accumulator:
+def accumulator(spec: AggregateSpec, ts: str, seq: str, sign: str | None = None
+                ) -> Accumulator:
     """The accumulator of one aggregate; `ts`/`seq` are the event-time (ms) and arrival-order
-    columns used to order `first`, `last` and `collect_list`."""
+    columns used to order `first`, `last` and `collect_list`. `sign` (an expression of 1 or
+    -1): the input is an update stream whose rows of -1 take their values back; only the
+    aggregates of `pipeline.spec.RETRACTABLE` take it (their partials are then signed sums,
+    which the same merges add)."""
     fn, x = spec.function, spec.arg
+    if sign is not None:
+        return _signed(spec, sign)
     if fn == "count":
         return Accumulator(spec, ("count(1)",), _add, lambda p: p[0] or 0, lambda a: a or 0,
                            "count(1)", _zero_for_null, _zero_for_null)
@@ -200,9 +222,40 @@ def accumulator(spec: AggregateSpec, ts: str, seq: str) -> Accumulator:
             lambda p: [t for t in map(_t, p[0] or []) if t[2] is not None],
             lambda a: [v[2] for v in sorted(a or [], key=lambda t: (t[0], t[1]))],
             f"collect_list({x})")
+    if fn in ("max_by", "min_by"):
+        value, order = spec.args
+        # Spark's own max_by/min_by pick any row among equal orders: the partial takes the
+        # earliest by making it the largest (smallest) of (order, -ts, -seq) ((order, ts,
+        # seq) for min_by); a null order is skipped, as Spark skips it.
+        sign = "-" if fn == "max_by" else ""
+        return Accumulator(
+            spec, (f"{fn}(named_struct('o', {order}, 't', {ts}, 's', {seq}, 'v', {value}), "
+                   f"struct({order}, {sign}{ts}, {sign}{seq}))",),
+            _by(fn == "max_by"), lambda p: _t(p[0]) if p[0] is not None else None,
+            lambda a: a[3] if a else None, f"{fn}({value}, {order})")
     if fn == "count_distinct":
         return Accumulator(spec, (f"collect_set({x})",), _union,
                            lambda p: frozenset(p[0] or ()), lambda a: len(a or ()),
                            f"count(distinct {x})")
     msg = f"unknown aggregate {fn!r}"
+    raise ValueError(msg)
+
+
+def _signed(spec: AggregateSpec, sign: str) -> Accumulator:
+    """`accumulator` over an update stream: the partials add each row's value times its
+    sign, so a retracted value is subtracted from the key's total, count and average."""
+    fn, x = spec.function, spec.arg
+    if fn == "count":
+        return Accumulator(spec, (f"sum({sign})",), _add, lambda p: p[0] or 0,
+                           lambda a: a or 0, "count(1)", _zero_for_null, _zero_for_null)
+    if fn == "sum":
+        return Accumulator(spec, (f"sum({sign} * ({x}))",), _sum_merge(f"sum({x})"),
+                           lambda p: p[0], lambda a: a, f"sum({x})", _same, _same)
+    if fn == "avg":
+        return Accumulator(
+            spec, (f"sum({sign} * cast({x} as double))",
+                   f"sum(if(({x}) is null, 0, {sign}))"),
+            lambda a, b: (_add(a[0], b[0]), a[1] + b[1]) if a and b else (a or b),
+            lambda p: (p[0], p[1] or 0), _avg_final, f"avg({x})")
+    msg = f"{fn}() cannot take values back (an update stream's retractions)"
     raise ValueError(msg)

@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from streamer.columns import (
+    CHANGE,
     DUMMY,
     EVENT_TIME,
     JOIN_SIDE,
@@ -43,8 +44,9 @@ from streamer.operators.keyed_rows import _Emitter, _Input
 def output_schema(spark: Any, op: Any, input_schema: Any) -> Any:
     """The Spark schema of a keyed operator's output batches: `__kind`, `__meta`, then for
     windows the keys, window_start, window_end, `__ts` (= window_end - 1 ms, the event time
-    of the result, as in Flink) and the aggregates; for rolling aggregates the keys and the
-    aggregates; for dedupe the input's columns."""
+    of the result, as in Flink) and the aggregates; for rolling aggregates the keys, the
+    aggregates and `__op` (insert, retract or update: `columns.CHANGE`); for dedupe the
+    input's columns."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType, TimestampType
 
@@ -76,6 +78,8 @@ def output_schema(spark: Any, op: Any, input_schema: Any) -> Any:
         acc = accumulator(agg, "0", "0")
         dtype = empty.select(F.expr(acc.type_sql).alias(agg.name)).schema[0].dataType
         fields.append(StructField(agg.name, dtype))
+    if kind == "aggregate":  # an update stream: what each row changes (`columns.CHANGE`)
+        fields.append(StructField(CHANGE, StringType()))
     return StructType([StructField(f.name, f.dataType, True) for f in fields])
 
 

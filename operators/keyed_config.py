@@ -54,6 +54,9 @@ class KeyedConfig:
     park: bool = False
     #: The keyed stage reads this epoch's files itself (`operators.direct.DirectRead`).
     direct: Any = None
+    #: Rolling aggregates read by a keyed operator: before a key's new value, emit the
+    #: value it had as a `RETRACT` row (`columns.CHANGE`), so the reader takes it back.
+    changelog: bool = False
     #: join only: the `JoinSpec`, and its output columns (`operators.join.JoinColumns`).
     join: Any = None
     join_columns: Any = None

@@ -9,7 +9,15 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from streamer.columns import EVENT_TIME_MS, KEY_GROUP, SEQUENCE, WINDOW_START
+from streamer.columns import (
+    EVENT_TIME_MS,
+    INSERT,
+    KEY_GROUP,
+    RETRACT,
+    SEQUENCE,
+    UPDATE,
+    WINDOW_START,
+)
 from streamer.operators.keyed_config import KeyedConfig
 from streamer.operators.keyed_rows import (
     _I64,
@@ -212,7 +220,12 @@ def _rolling(cfg: KeyedConfig, backend: Any, rows: _Input, out: _Emitter) -> Non
     stored = backend.get_many("acc", cells)
     merged_all = [_merge(accs, old, new)
                   for old, new in zip(stored, _lift_columns(accs, rows), strict=True)]
-    out.columns(keys, _final_columns(accs, merged_all))
+    if cfg.changelog:  # what each key had, taken back first (Flink's update-before)
+        had = [i for i, old in enumerate(stored) if old is not None]
+        out.columns([keys[i] for i in had], _final_columns(accs, [stored[i] for i in had]),
+                    changes=[RETRACT] * len(had))
+    out.columns(keys, _final_columns(accs, merged_all),
+                changes=[INSERT if old is None else UPDATE for old in stored])
     backend.put_many("acc", [(*cell, merged)
                              for cell, merged in zip(cells, merged_all, strict=True)])
 

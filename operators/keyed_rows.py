@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from streamer.columns import (
+    CHANGE,
     EVENT_TIME,
     EVENT_TIME_MS,
     KEY_GROUP,
@@ -53,21 +54,26 @@ class _Emitter:
         return len(self.rows) + sum(n for n, _ in self.chunks)
 
     def columns(self, keys: list[tuple[Any, ...]], values: list[list[Any]],
-                starts: list[int] | None = None, size: int = 0) -> None:
+                starts: list[int] | None = None, size: int = 0,
+                changes: list[str] | None = None) -> None:
         """Output rows of `keys` with the final `values` (one list per aggregate); with
-        `starts`, of the windows [start, start + size)."""
+        `starts`, of the windows [start, start + size); with `changes`, what each row is to
+        an update stream (`columns.CHANGE`)."""
         if not keys:
             return
         self.key_columns([[k[i] for k in keys] for i in range(len(self.cfg.keys))], values,
-                         starts, size)
+                         starts, size, changes)
 
     def key_columns(self, keys: list[list[Any]], values: list[list[Any]],
-                    starts: list[int] | None = None, size: int = 0) -> None:
+                    starts: list[int] | None = None, size: int = 0,
+                    changes: list[str] | None = None) -> None:
         """`columns`, with the keys given a column (list) per key column."""
         n = len(values[0]) if values else len(starts or ())
         if not n:
             return
         cols: dict[str, Any] = dict(zip(self.cfg.keys, keys, strict=True))
+        if changes is not None:
+            cols[CHANGE] = changes
         if starts is not None:
             import numpy as np
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from functools import reduce
 from typing import TYPE_CHECKING
 
-from streamer.columns import EVENT_TIME
+from streamer.columns import CHANGE, EVENT_TIME
 from streamer.pipeline.spec import OperatorSpec
 
 if TYPE_CHECKING:
@@ -29,8 +29,9 @@ def apply_stateless(op: OperatorSpec, df: DataFrame) -> DataFrame:
         return df.filter(F.expr(op.filter))
     if op.kind == "select":
         # The hidden event-time column travels with the rows through a select.
-        carried = EVENT_TIME in df.columns and EVENT_TIME not in dict(op.columns)
-        keep = [F.col(EVENT_TIME)] if carried else []
+        # (the event time and an update stream's change travel with the rows)
+        keep = [F.col(c) for c in (EVENT_TIME, CHANGE)
+                if c in df.columns and c not in dict(op.columns)]
         return df.select(*[F.expr(expr).alias(name) for name, expr in op.columns], *keep)
     if op.kind == "with_columns":
         return df.withColumns({name: F.expr(expr) for name, expr in op.columns})

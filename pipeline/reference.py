@@ -2,8 +2,8 @@
 
 The docs site renders this page at build time (`docs/hooks.py`), so the reference lists exactly
 the keys that `streamer validate` accepts and cannot drift from them. Every key of every mapping
-gets a row: its full path, type, whether it is required, its default, the values it allows and
-its description. Paths name list items `[]` and the variants of a `type:`-tagged list item
+gets an entry: its full path, type, whether it is required, its default, the values it allows
+and its description. Paths name list items `[]` and the variants of a `type:`-tagged list item
 `[type=files]`, e.g. `sources[type=files].path`; a mapping of user-chosen names is `.<name>`.
 """
 
@@ -122,7 +122,7 @@ def allowed(schema: dict[str, Any]) -> list[str]:
     if "const" in schema:
         out.append(f"`{schema['const']}`")
     if "enum" in schema:
-        out.append(" · ".join(f"`{v}`" for v in schema["enum"]))
+        out.append(", ".join(f"`{v}`" for v in schema["enum"]))
     if "minimum" in schema:
         out.append(f"≥ {schema['minimum']}")
     if "exclusiveMinimum" in schema:
@@ -179,15 +179,12 @@ def description_of(schema: dict[str, Any]) -> str:
     return text
 
 
-def _cell(text: str) -> str:
-    """Markdown for a table cell: outside code spans, pipes escaped and `<`, `>` and `&` made
-    entities so that `array<string>` is text, not an HTML tag. Python-Markdown does not split
-    cells at a pipe inside a code span, and would show a backslash there.
-    """
+def _text(text: str) -> str:
+    """Markdown for generated text: outside code spans, `<`, `>` and `&` made entities so
+    that `array<string>` is text, not an HTML tag."""
     parts = text.replace("\n", " ").split("`")
     for i in range(0, len(parts), 2):
-        parts[i] = (parts[i].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-                    .replace("|", "\\|"))
+        parts[i] = parts[i].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return "`".join(parts)
 
 
@@ -195,11 +192,31 @@ def _link(row: Row, anchors: dict[str, str]) -> str:
     """A link to the section of the mapping(s) a key holds, if it holds any."""
     holds = re.compile(re.escape(row.path) + r"(?:\[\]|\[type=[^\]]+\]|\.<name>)*")
     targets = [(path, anchor) for path, anchor in anchors.items() if holds.fullmatch(path)]
-    return " ".join(f"[`{path}`](#{anchor})" for path, anchor in targets)
+    return ", ".join(f"[`{path}`](#{anchor})" for path, anchor in targets)
+
+
+def facts(row: Row) -> str:
+    """A key's one line of facts: its type, whether it is required, its default and what
+    it allows, separated by `·`."""
+    out = [_text(type_of(row.schema))]
+    if row.required:
+        out.append("**required**")
+    default = default_of(row.schema)
+    if default:
+        out.append(f"default {_text(default)}")
+    limits = allowed(row.schema)
+    if limits:
+        out.append(f"allowed: {_text('; '.join(limits))}")
+    return " · ".join(out)
 
 
 def render(schema: dict[str, Any]) -> str:
-    """The reference page (Markdown) for a pipeline-file JSON Schema."""
+    """The reference page (Markdown) for a pipeline-file JSON Schema.
+
+    One entry per key, stacked (a definition list): the key's full path, a line of facts
+    (type, required, default, allowed) and its description below. Six columns of a table
+    broke the paths mid-word and clipped the descriptions at a laptop's width.
+    """
     found = sections(schema)
     anchors = {s.path: s.anchor for s in found if s.path}
     lines = [
@@ -215,6 +232,9 @@ def render(schema: dict[str, Any]) -> str:
         "Durations are a number and a unit: `250ms`, `10s`, `5m`, `2h`, `1d`. "
         "A `${VAR}` or `${VAR:-default}` anywhere is read from the environment.",
         "",
+        "Under each key: its type, **required** when it must be given, its default and the "
+        "values it allows, then what it does.",
+        "",
         f"{len(found)} mappings, {sum(len(s.rows) for s in found)} keys.",
         "",
     ]
@@ -222,17 +242,11 @@ def render(schema: dict[str, Any]) -> str:
         title = f"`{section.path}`" if section.path else "The file"
         lines += [f"## {title} {{#{section.anchor}}}", ""]
         if section.description:
-            lines += [_cell(section.description), ""]
-        lines += ["| key | type | required | default | allowed | description |",
-                  "| --- | --- | --- | --- | --- | --- |"]
+            lines += [_text(section.description), ""]
         for row in section.rows:
             see = _link(row, anchors)
-            described = description_of(row.schema) + (f" See {see}." if see else "")
-            lines.append("| " + " | ".join([
-                f"`{row.path}`", _cell(type_of(row.schema)), "yes" if row.required else "",
-                _cell(default_of(row.schema)), _cell("; ".join(allowed(row.schema))),
-                _cell(described)]) + " |")
-        lines.append("")
+            described = _text(description_of(row.schema)) + (f" See {see}." if see else "")
+            lines += [f"`{row.path}`", f":   {facts(row)}", "", f"    {described}", ""]
     return "\n".join(lines)
 
 

@@ -7,9 +7,9 @@ schema` renders JSON Schema. Cross-references (inputs, on_error, cycles) are che
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
+from streamer.pipeline.aggregate_calls import AGGREGATES, parse_aggregate, split_arguments
 from streamer.pipeline.model import (
     AnyValue,
     Bool,
@@ -42,40 +42,6 @@ from streamer.pipeline.schema_joins import join_schema
 from streamer.pipeline.schema_sinks import SINK
 from streamer.pipeline.units import parse_duration_ms
 from streamer.pipeline.yaml_loader import Path
-
-AGGREGATES = {  # name -> number of arguments
-    "count": 0, "sum": 1, "min": 1, "max": 1, "avg": 1, "first": 1, "last": 1,
-    "collect_list": 1, "count_distinct": 1,
-}
-_AGG_CALL = re.compile(r"^\s*([A-Za-z_]\w*)\s*\(", re.S)
-
-
-def parse_aggregate(text: str) -> tuple[str, str | None] | None:
-    """`sum(amount)` -> ("sum", "amount"); `count()` -> ("count", None); None unless the text
-    is exactly one call (`max(x) - min(x)` is two).
-    """
-    match = _AGG_CALL.match(text)
-    if not match:
-        return None
-    depth, quote = 0, ""
-    for i in range(match.end() - 1, len(text)):
-        ch = text[i]
-        if quote:
-            quote = "" if ch == quote else quote
-        elif ch in "'\"`":
-            quote = ch
-        elif ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-            if depth == 0:
-                if text[i + 1:].strip():
-                    return None
-                arg = text[match.end():i].strip()
-                return match.group(1).lower(), (arg or None if arg != "*" else None)
-    return None
-
-
 
 # ---------------------------------------------------------------------------------- sources
 
@@ -294,6 +260,10 @@ class AggregateFn(Str):
                       f"{did_you_mean(name, list(AGGREGATES), listing='valid functions')}")
         elif AGGREGATES[name] == 1 and arg is None:
             ck.report(path, f"{name}() needs a column or expression, e.g. {name}(amount)")
+        elif AGGREGATES[name] == 2 and (arg is None or len(split_arguments(arg)) != 2
+                                        or not all(split_arguments(arg))):
+            ck.report(path, f"{name}() takes the value and what orders it, e.g. "
+                      f"{name}(bid, price): the bid with the {name[:3]}imum price")
         elif AGGREGATES[name] == 0 and arg is not None:
             ck.report(path, f"count() takes no argument; use count_distinct({arg}) to count "
                       "distinct values")

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from streamer.exceptions import ConfigError
+from streamer.pipeline.aggregate_calls import parse_aggregate, split_arguments
 from streamer.pipeline.exceptions import Location
-from streamer.pipeline.schema import parse_aggregate
 from streamer.pipeline.units import parse_duration_ms, parse_signed_duration_ms
 from streamer.pipeline.yaml_loader import Path, Positions
 
@@ -63,13 +63,23 @@ class WindowSpec:
     emit: str = "final"
 
 
+#: Aggregates that take back a value as well as add one (a retraction of an update stream).
+RETRACTABLE = ("count", "sum", "avg")
+
+
 @dataclass(frozen=True)
 class AggregateSpec:
     """One output column of an aggregate: `name: function(arg)`."""
 
     name: str
     function: str
+    #: The argument text as written (`max_by(bid, price)`: "bid, price").
     arg: str | None
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        """The arguments, split at top-level commas (`max_by`: the value, then the order)."""
+        return tuple(split_arguments(self.arg)) if self.arg else ()
 
 
 @dataclass(frozen=True)
@@ -147,6 +157,50 @@ class OperatorSpec:
         if self.aggregates:
             return "aggregate"
         return "dedupe" if self.dedupe_within_ms is not None else "process"
+
+    # What a keyed operator declares to the operators after it (how it composes).
+    @property
+    def emits_updates(self) -> str | None:
+        """Why this operator's output is an update stream (each key's new value again and
+        again: a changelog), or None when it is append-only (every row is final)."""
+        kind = self.keyed_kind
+        if kind == "aggregate":
+            return "a rolling aggregate (it emits each key's new value after every epoch)"
+        if kind == "window" and self.window is not None and self.window.emit == "updates":
+            return "a window with emit: updates (it emits a window again after every change)"
+        return None
+
+    def output_event_time(self, input_has_event_time: bool) -> bool:
+        """Whether this operator's output rows carry an event time (`__ts`): a time window's
+        and a join's always (a window's end - 1 ms; a join's, the later side's), a count
+        window's, a dedupe's and a process function's when their input has one (the record's
+        or the timer's time), a stateless operator's as its input; a rolling aggregate's
+        never (an update of a key has no time of its own)."""
+        kind = self.keyed_kind
+        if kind is None:
+            return input_has_event_time
+        if kind == "join" or (kind == "window" and self.window is not None
+                              and self.window.kind != "count"):
+            return True
+        return kind != "aggregate" and input_has_event_time
+
+    @property
+    def watermark_hold_ms(self) -> int:
+        """How far behind the watermark it ran with this operator may still emit, which its
+        output watermark stays behind (`runtime.watermarks`): a window emits a window once
+        the watermark passed its end plus the allowed lateness, stamped with the end; a
+        window join a window's pairs at its end; an interval join an unmatched outer record
+        once the watermark passed it by the interval's bound. Operators that emit as records
+        arrive (rolling aggregates, dedupe, table joins, process functions) hold nothing."""
+        if self.window is not None and self.window.kind != "count":
+            return self.window.allowed_lateness_ms
+        join = self.join
+        if join is not None:
+            if join.mode == "window" and join.window is not None:
+                return (join.window.size_ms or 0) + join.window.allowed_lateness_ms
+            if join.mode == "interval":
+                return max(0, join.upper_ms, -join.lower_ms)
+        return 0
 
 
 @dataclass(frozen=True)
@@ -337,6 +391,23 @@ class PipelineSpec:
     def where(self, path: Path, *, key: bool = False) -> Location:
         """The file location of the value (or key) at `path`."""
         return self.positions.of_key(path) if key else self.positions.of(path)
+
+    def updates_behind(self, ref: str) -> str | None:
+        """The operator whose update stream (`OperatorSpec.emits_updates`) node `ref`'s rows
+        are, directly or through stateless operators, or None when they are append-only."""
+        by_id = {o.id: o for o in self.operators}
+        seen: set[str] = set()
+        todo = [ref]
+        while todo:
+            op = by_id.get(todo.pop())
+            if op is None or op.id in seen:
+                continue
+            seen.add(op.id)
+            if op.emits_updates is not None:
+                return op.id
+            if not op.stateful:
+                todo.extend(op.inputs)
+        return None
 
     def node(self, node_id: str) -> SourceSpec | OperatorSpec | SinkSpec:
         """The source, operator or sink with this id."""

@@ -182,16 +182,17 @@ class TypeChecker:
         keys = {k: (cols.get(k) if cols else None) for k in o.key_by}
         aggs: dict[str, str | None] = {a.name: None for a in o.aggregates}
         kind = o.keyed_kind
+        timed = o.output_event_time(node.event_time)
+        no_time = () if timed else (("operator", o.id, "rolling aggregate")
+                                    if kind == "aggregate" else node.no_time)
+        out: Columns = None  # (a process function's: declared in its class)
         if kind == "window":
-            self.nodes[o.id] = _Node(
-                {**keys, "window_start": "timestamp", "window_end": "timestamp", **aggs}, True)
+            out = {**keys, "window_start": "timestamp", "window_end": "timestamp", **aggs}
         elif kind == "aggregate":
-            self.nodes[o.id] = _Node({**keys, **aggs}, False,
-                                     ("operator", o.id, "rolling aggregate"))
+            out = {**keys, **aggs}
         elif kind == "dedupe":
-            self.nodes[o.id] = _Node(cols, node.event_time, node.no_time)
-        else:
-            self.nodes[o.id] = _Node(None, False, ("operator", o.id, "process function"))
+            out = cols
+        self.nodes[o.id] = _Node(out, timed, no_time)
 
     def _no_event_time(self, o: OperatorSpec, node: _Node) -> None:
         """A time window whose input has no event time, without `time: processing`."""

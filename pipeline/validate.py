@@ -6,13 +6,14 @@ Every problem is collected and reported together as `file:line:col: message`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from streamer.pipeline.exceptions import PipelineError, Problem
 from streamer.pipeline.model import Checker, did_you_mean
 from streamer.pipeline.schema import PIPELINE
-from streamer.pipeline.spec import PipelineSpec, build_spec
+from streamer.pipeline.spec import RETRACTABLE, PipelineSpec, build_spec
 from streamer.pipeline.typecheck import check_types
 from streamer.pipeline.yaml_loader import Path, Positions, load_file, load_text
 
@@ -340,6 +341,72 @@ def _check_changelogs(data: Mapping[str, Any], ck: Checker) -> None:
                 break
 
 
+def check_update_streams(spec: PipelineSpec, ck: Checker) -> None:
+    """Which keyed operators may read an update stream (`OperatorSpec.emits_updates`): a
+    rolling aggregate whose aggregates take retractions (count, sum, avg) consumes a
+    rolling aggregate's updates as a changelog, taking back each key's old value before
+    adding the new one. Any other keyed operator would take every update as a new record
+    (a max over a rolling aggregate's updates would keep values the key no longer has:
+    wrong results, and no error), so it is refused with the fix. Stateless operators pass
+    updates on; sinks take them (a files sink keeps every update, an upsert table the
+    latest)."""
+    by_id = {o.id: o for o in spec.operators}
+    for op in spec.operators:
+        if not op.stateful:
+            continue
+        if op.join is not None:
+            refs: list[tuple[str, Path]] = [
+                (op.join.left, (*op.path, "join", "left")),
+                (op.join.right, (*op.path, "join", "right"))]
+        else:
+            listed = (*op.path, "input", 0) in spec.positions.values
+            refs = [(ref, (*op.path, "input", j) if listed else (*op.path, "input"))
+                    for j, ref in enumerate(op.inputs)]
+        for ref, path in refs:
+            origin = spec.updates_behind(ref)
+            if origin is None:
+                continue
+            why = by_id[origin].emits_updates
+            via = "" if origin == ref else f" through {ref!r}"
+            head = f"operator {op.id!r} reads{via} the updates of {origin!r}, {why}"
+            if op.keyed_kind == "aggregate" and by_id[origin].keyed_kind == "aggregate":
+                for agg in op.aggregates:
+                    if agg.function not in RETRACTABLE:
+                        ck.report((*op.path, "aggregate", agg.name),
+                                  f"{head}; its aggregate {agg.name!r} = {agg.function}() "
+                                  "cannot take an old value back when a key's value changes; "
+                                  f"use {', '.join(f + '()' for f in RETRACTABLE)} over "
+                                  f"updates, or key and window the records before {origin!r}")
+                break
+            what = {"aggregate": "rolling aggregate", "process": "process function"}.get(
+                str(op.keyed_kind), str(op.keyed_kind))
+            ck.report(path, f"{head}; {_a(what)} would take every update as a new "
+                      "record (only a rolling aggregate of count, sum or avg takes "
+                      f"retractions). Key and window the records before {origin!r} "
+                      f"instead, or send {origin!r} to a sink")
+            break
+
+
+#: A window function call (`row_number() OVER (...)`), outside string literals.
+_OVER = re.compile(r"\)\s*over\s*[(\w]", re.IGNORECASE)
+_STRINGS = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|`[^`]*`")
+
+
+def check_window_functions(spec: PipelineSpec, ck: Checker) -> None:
+    """A window function (`row_number() OVER (PARTITION BY ...)`) in a stateless operator
+    would run over each epoch's rows alone: a "top 1" per key once per epoch, not once. It
+    is refused with the keyed operators that keep the state it needs."""
+    for op in spec.operators:
+        exprs = [((*op.path, "filter"), op.filter)] if op.filter else []
+        exprs += [((*op.path, op.kind, name), text) for name, text in op.columns]
+        for path, text in exprs:
+            if isinstance(text, str) and _OVER.search(_STRINGS.sub("''", text)):
+                ck.report(path, f"operator {op.id!r} uses a window function (OVER), which "
+                          "would see only one epoch's rows at a time; keep state across "
+                          "epochs with a keyed operator instead: key_by with a window and "
+                          "max_by/min_by for the top row per key, or dedupe for the first")
+
+
 def validate_data(data: Any, positions: Positions,
                   env: Mapping[str, str] | None = None) -> PipelineSpec:
     """Validate loaded YAML and build the spec, or raise `PipelineError` with every problem."""
@@ -354,9 +421,11 @@ def validate_data(data: Any, positions: Positions,
     if problems:
         raise PipelineError(problems)
     spec = build_spec(data, positions, env)
-    found = check_types(spec)
-    if found:
-        raise PipelineError(found)
+    check_update_streams(spec, ck)
+    check_window_functions(spec, ck)
+    problems = _problems(ck, positions) + check_types(spec)
+    if problems:
+        raise PipelineError(problems)
     return spec
 
 

@@ -14,7 +14,13 @@ from streamer.exceptions import StreamerError
 from streamer.frames import empty_frame
 from streamer.pipeline.exceptions import PipelineError, Problem
 from streamer.pipeline.graph import Dataflow, compile_dataflow
-from streamer.pipeline.spec import OperatorSpec, PipelineSpec, SinkSpec, SourceSpec
+from streamer.pipeline.spec import (
+    AggregateSpec,
+    OperatorSpec,
+    PipelineSpec,
+    SinkSpec,
+    SourceSpec,
+)
 from streamer.pipeline.yaml_loader import Path
 
 if TYPE_CHECKING:
@@ -131,8 +137,7 @@ class Analyzer:
         if df is None:
             return
         has_ts = all(self.event_time.get(i, False) for i in o.inputs)
-        self.event_time[o.id] = has_ts if o.kind != "keyed" else bool(
-            (o.window and o.window.kind != "count") or (o.dedupe_within_ms and has_ts))
+        self.event_time[o.id] = o.output_event_time(has_ts)
         if o.kind == "filter":
             assert o.filter is not None
             out = self.try_expr(df, o.filter, (*o.path, "filter"), f"filter of {owner}")
@@ -214,9 +219,7 @@ class Analyzer:
                             f"not valid Spark DDL: {exc}")
             return
         for agg in o.aggregates:
-            if agg.arg:
-                ok &= self.try_expr(df, agg.arg, (*o.path, "aggregate", agg.name),
-                                    f"aggregate {agg.name!r} of {owner}") is not None
+            ok &= self.aggregate(o, agg, df)
         if ok and o.process is None:
             from pyspark.sql.types import StructType
 
@@ -225,6 +228,45 @@ class Analyzer:
             out = output_schema(self.spark, o, df.schema)
             self.schemas[o.id] = StructType(
                 [f for f in out.fields if not f.name.startswith(HIDDEN_PREFIX)])
+
+    def aggregate(self, o: OperatorSpec, agg: AggregateSpec, df: DataFrame) -> bool:
+        """Check an aggregate's arguments and that its function takes their types (Spark's
+        analyzer on the partial and the final expression; the types the state's merges
+        compare or hash), reporting at its line with the fix."""
+        from streamer.operators.aggregates import accumulator
+
+        path: Path = (*o.path, "aggregate", agg.name)
+        what = f"aggregate {agg.name!r} of operator {o.id!r}"
+        for arg in agg.args:
+            out = self.try_expr(df, arg, path, what)
+            if out is None:
+                return False
+            kind = out.schema.fields[0].dataType
+            if agg.function in ("sum", "avg") and not _summable(kind):
+                self.report(path, f"{what}: {agg.function}() needs numbers, but {arg!r} is "
+                            f"{kind.simpleString()}; cast it, e.g. "
+                            f"{agg.function}(cast({arg} as double))")
+                return False
+            if type(kind).__name__ in ("StructType", "ArrayType", "MapType", "VariantType"):
+                compared = {"min": "value", "max": "value", "count_distinct": "value",
+                            "max_by": "order", "min_by": "order"}.get(agg.function)
+                if compared == "value" or (compared == "order" and arg == agg.args[-1]):
+                    fix = (f"use max_by({arg}, <column>) or min_by({arg}, <column>) for the "
+                           "row with the largest or smallest value of a column"
+                           if agg.function in ("min", "max") else
+                           f"count_distinct(to_json({arg}))" if agg.function == "count_distinct"
+                           else "order by an atomic column, e.g. a field of it")
+                    self.report(path, f"{what}: {agg.function}() cannot compare values of type "
+                                f"{kind.simpleString()}; {fix}")
+                    return False
+        if agg.function in ("max_by", "min_by") and o.window is not None and (
+                o.window.kind == "session"):
+            self.report(path, f"{what}: {agg.function}() is not supported in session windows "
+                        "yet; use a tumbling or sliding window, or a rolling aggregate")
+            return False
+        acc = accumulator(agg, "0", "0")
+        return all(self.try_expr(df, sql, path, what) is not None
+                   for sql in (*acc.sql, acc.type_sql))
 
     def join(self, o: OperatorSpec) -> None:
         """Check a join's key columns, their types and the output's names (clashes); its
@@ -322,3 +364,11 @@ def analyze(spec: PipelineSpec, spark: SparkSession, sources: dict[str, Source],
     if az.problems:
         raise PipelineError(az.problems)
     return az.schemas
+
+
+def _summable(kind: Any) -> bool:
+    """Whether `sum`/`avg` add values of the Spark type `kind` as numbers (Spark itself would
+    cast a string to a double, and fail the epoch on the first one that is not a number)."""
+    from pyspark.sql.types import DayTimeIntervalType, NumericType, YearMonthIntervalType
+
+    return isinstance(kind, NumericType | DayTimeIntervalType | YearMonthIntervalType)

@@ -35,7 +35,13 @@ from streamer.runtime.epoch import EpochRunner, guarded
 from streamer.runtime.exceptions import JobFailedError
 from streamer.runtime.job import JobState, RunOptions, now_ms
 from streamer.runtime.jobcontrol import JobControl
-from streamer.runtime.metrics import EpochMetrics, QuietReporter, Reporter, TeeReporter
+from streamer.runtime.metrics import (
+    EpochMetrics,
+    QuietReporter,
+    Reporter,
+    TeeReporter,
+    plural,
+)
 from streamer.runtime.recovery import Recovery
 from streamer.runtime.watermarks import MAX_WATERMARK
 
@@ -231,6 +237,7 @@ class JobRunner:
         try:
             restore = self.control.install_signals()  # SIGTERM during start-up stops too
             self._start()
+            self.reporter.starting({"job": self.spec.name, "master": self.options.master})
             self.spark  # noqa: B018  (PySpark installs its SIGINT handler when it starts)
             self.control.started = True
             self.control.install_sigint()
@@ -278,6 +285,7 @@ class JobRunner:
         self.reporter.started({"job": self.spec.name, "master": self.spark.sparkContext.master,
                                "ui": ui, "sources": list(self.job.sources),
                                "sinks": list(self.job.sinks),
+                               "outputs": [s.id for s in self.spec.sinks if s.inputs],
                                "lag_units": {sid: src.lag_unit()
                                              for sid, src in self.job.sources.items()},
                                "metrics": self.exporter.url if self.exporter else None})
@@ -347,12 +355,12 @@ class JobRunner:
             if not live:
                 self._end_of_input(savepoint_url)
                 status = "finished"
-                reason = f"all sources are exhausted after {self.job.epoch} epochs"
+                reason = f"all sources are exhausted after {plural(self.job.epoch, 'epoch')}"
                 break
             slices = {sid: piece for sid, src in live.items()
                       if (piece := src.plan(self.job.offsets[sid], now)) is not None}
             plan_ms = (time.monotonic() - tick) * 1000
-            if slices or self._timers_due(self.job.tracker.current, now):
+            if slices or self._timers_due(now):
                 ran += 1
                 last = self._ends_input(live, slices) and (
                     self.options.max_epochs is None or ran < self.options.max_epochs)
@@ -408,7 +416,7 @@ class JobRunner:
     def _end_of_input(self, savepoint_url: str | None) -> None:
         """Every source ended: the watermark goes to +inf and every timer fires (unless the
         epoch with the last records did that already)."""
-        if not (self._timers_due(MAX_WATERMARK, MAX_WATERMARK) or self.checkpoints.unsaved()
+        if not (self._timers_due(MAX_WATERMARK, flush=True) or self.checkpoints.unsaved()
                 or savepoint_url):
             return
         if self.options.checkpoints:
@@ -422,6 +430,7 @@ class JobRunner:
         """Run the next epoch and report it."""
         assert self.epochs is not None
         self.job.epoch += 1
+        self.reporter.epoch_started(self.job.epoch)
         metrics = self.epochs.run(self.job.epoch, slices, plan_ms, flush=flush,
                                   checkpoint=checkpoint, savepoint_url=savepoint_url)
         self.job.record(metrics)
@@ -438,9 +447,13 @@ class JobRunner:
             if remaining > 0:
                 self.control.stop.wait(remaining)
 
-    def _timers_due(self, watermark: int, now: int) -> bool:
-        """Whether some keyed subtask has a timer due (so an epoch must run without data)."""
-        for nxt in self.job.next_timers.values():
+    def _timers_due(self, now: int, flush: bool = False) -> bool:
+        """Whether some keyed subtask has a timer due (so an epoch must run without data):
+        an event-time timer at or before the watermark its operator would run with
+        (every one with `flush`), a processing-time one at or before `now`."""
+        marks = self.job.tracker.for_operators()
+        for node_id, nxt in self.job.next_timers.items():
+            watermark = MAX_WATERMARK if flush else marks.get(node_id, self.job.tracker.current)
             event, processing = nxt.get("event"), nxt.get("processing")
             if (event is not None and event <= watermark) or (
                     processing is not None and processing <= now):

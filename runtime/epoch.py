@@ -23,7 +23,7 @@ from streamer.runtime.jobcontrol import JobControl
 from streamer.runtime.metrics import EpochMetrics
 from streamer.runtime.plan import decide
 from streamer.runtime.savepoints import complete_savepoint
-from streamer.runtime.stages.base import DEAD, LATE, EpochContext, Stage
+from streamer.runtime.stages.base import DEAD, LATE, OUT, EpochContext, Stage
 
 if TYPE_CHECKING:
     from streamer.connectors.base import SourceSlice
@@ -126,7 +126,8 @@ class EpochRunner:
         self.use_small_conf(decision.small)
         ctx = EpochContext(
             epoch=epoch, slices=slices, now=now_ms(), watermark=job.tracker.current,
-            flush=flush, checkpoint_id=self.checkpoints.begin() if checkpoint else None,
+            operator_watermarks=job.tracker.for_operators(), flush=flush,
+            checkpoint_id=self.checkpoints.begin() if checkpoint else None,
             savepoint_url=savepoint_url, decision=decision,
             guard=lambda what, action: guarded(epoch, what, action))
         started, t0 = time.time(), time.monotonic()
@@ -235,6 +236,7 @@ class EpochRunner:
                                           for i, split in enumerate(piece.end)}, ctx.now)
                 if source.bounded and source.exhausted(job.offsets[sid]):
                     job.tracker.finish(sid)
+        job.tracker.operators_ran(ctx.operator_watermarks)
         job.tracker.advance(now_ms())
 
     def _complete(self, ctx: EpochContext, started: float) -> float | None:
@@ -261,12 +263,16 @@ class EpochRunner:
                  checkpoint_ms: float | None) -> EpochMetrics:
         job = self.job
         now = now_ms()
-        records_out = {k: int(o.get.get("n") or 0) for k, o in ctx.seen_out.items()}
+        seen_out = {k: o.get for k, o in ctx.seen_out.items()}
+        records_out = {k: int(got.get("n") or 0) for k, got in seen_out.items()}
         return EpochMetrics(
             epoch=ctx.epoch, started_at=started,
             duration_ms=(time.monotonic() - t0) * 1000 + plan_ms,
             records_in={k: int(o.get.get("n") or 0) for k, o in ctx.seen_in.items()},
             records_out=records_out,
+            sink_rows={k: {kind: n for kind in (OUT, DEAD, LATE)
+                           if (n := int(got.get(f"n_{kind}") or 0))}
+                       for k, got in seen_out.items()},
             dead_letters=ctx.count_of(DEAD),
             late=ctx.count_of(LATE) + sum(int(s.get.get("late") or 0)
                                           for s in ctx.seen_late.values()),

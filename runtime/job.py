@@ -123,6 +123,8 @@ class JobState:
         watermark = self.tracker.to_json()
         watermark["finished"] = [uid_of[s] for s in watermark["finished"]]
         watermark["splits"] = [[uid_of[s], *rest] for s, *rest in watermark["splits"]]
+        op_uid = {o.id: o.uid for o in self.spec.operators}
+        watermark["operators"] = {op_uid[o]: wm for o, wm in watermark["operators"].items()}
         return {uid_of[sid]: dict(o) for sid, o in self.offsets.items()}, watermark
 
     def record(self, metrics: EpochMetrics) -> None:
@@ -148,4 +150,7 @@ class JobState:
                                  if u in ids_of]
         watermark["splits"] = [[ids_of[u], *rest] for u, *rest in watermark.get("splits", [])
                                if u in ids_of]
+        op_id = {o.uid: o.id for o in self.spec.operators}
+        watermark["operators"] = {op_id[u]: wm for u, wm in watermark.get("operators", {}).items()
+                                  if u in op_id}
         self.tracker.restore(watermark, now_ms())

@@ -11,10 +11,10 @@ where what varies per epoch is chosen.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from streamer.columns import EVENT_TIME, HIDDEN_PREFIX
+from streamer.columns import CHANGE, EVENT_TIME, HIDDEN_PREFIX
 from streamer.connectors.arrow_json import TYPES
 from streamer.pipeline.spec import ExecutionSpec
 from streamer.runtime.arrow_input import ArrowInput, plan_arrow_input
@@ -99,14 +99,16 @@ def plan_stages(spec: PipelineSpec, flow: Dataflow, spark: SparkSession,
         elif node.role == "operator":
             has_ts = all(event_time.get(i, False) for i in node.operator.inputs)
             if node.kind != "keyed":
-                event_time[node.id] = has_ts
+                event_time[node.id] = node.operator.output_event_time(has_ts)
                 continue
             stage = _keyed_stage(spec, flow, spark, node, sources, sinks, schemas, settings,
                                  has_ts=has_ts, on_cluster=on_cluster, state_root=state_root,
                                  checkpointing=checkpointing)
             keyed[node.id] = stage
-            event_time[node.id] = stage.stage.kind in ("window", "join") or (
-                stage.stage.kind == "dedupe" and has_ts)
+            event_time[node.id] = node.operator.output_event_time(has_ts)
+            for origin in _updates_read(spec, node.operator):  # it takes their retractions
+                producer = keyed[origin].stage
+                producer.base_config = replace(producer.base_config, changelog=True)
     arrow_sinks: dict[str, tuple[ArrowInput, ToSink]] = {}
     not_arrow: dict[str, str] = {}
     for node in flow.nodes:
@@ -167,10 +169,8 @@ def _keyed_stage(spec: PipelineSpec, flow: Dataflow, spark: SparkSession, node: 
                  checkpointing: Callable[[str, int | None, str | None], Any]
                  ) -> KeyedOperatorStage:
     """A keyed operator's stage with every strategy that applies to it."""
-    from dataclasses import replace
-
     op = node.operator
-    schema, join = _keyed_input(op, flow, schemas, has_ts)
+    schema, join = _keyed_input(op, flow, schemas, has_ts, bool(_updates_read(spec, op)))
     stage = KeyedStage(spark, op, spec.job, spec.name, schema, has_ts, state_root, join)
     if on_cluster:
         stage.base_config = replace(stage.base_config, executor_scoped=True)
@@ -235,11 +235,18 @@ def _keyed_stage(spec: PipelineSpec, flow: Dataflow, spark: SparkSession, node: 
     return out
 
 
+def _updates_read(spec: PipelineSpec, op: Any) -> list[str]:
+    """The operators whose update streams keyed operator `op` reads (validation allowed
+    only a rolling aggregate that takes their retractions)."""
+    return [origin for i in op.inputs if (origin := spec.updates_behind(i)) is not None]
+
+
 def _keyed_input(op: Any, flow: Dataflow, schemas: Mapping[str, Any],
-                 has_ts: bool) -> tuple[Any, Any]:
-    """A keyed operator's input schema (with the event-time column when it has one), and a
-    join's plan (its input: both sides projected onto its output columns) or None."""
-    from pyspark.sql.types import StructField, StructType, TimestampType
+                 has_ts: bool, updates: bool = False) -> tuple[Any, Any]:
+    """A keyed operator's input schema (with the event-time column when it has one, and an
+    update stream's `CHANGE`), and a join's plan (its input: both sides projected onto its
+    output columns) or None."""
+    from pyspark.sql.types import StringType, StructField, StructType, TimestampType
 
     if op.join is not None:
         from streamer.runtime.join import plan_join
@@ -249,6 +256,8 @@ def _keyed_input(op: Any, flow: Dataflow, schemas: Mapping[str, Any],
     schema = schemas[op.inputs[0]]
     if has_ts:
         schema = StructType([*schema.fields, StructField(EVENT_TIME, TimestampType())])
+    if updates:
+        schema = StructType([*schema.fields, StructField(CHANGE, StringType())])
     return schema, None
 
 

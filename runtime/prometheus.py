@@ -306,6 +306,12 @@ class PrometheusExporter:
         self.collector.restarted()
 
     # ------------------------------------------------------------------ the Reporter side
+    def starting(self, info: dict[str, Any]) -> None:
+        """Nothing: the metrics start with the job (`started`)."""
+
+    def epoch_started(self, epoch: int) -> None:
+        """Nothing: an epoch is counted when it ends."""
+
     def started(self, info: dict[str, Any]) -> None:
         """Note the start time and the sources' lag units."""
         import time

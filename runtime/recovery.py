@@ -33,7 +33,7 @@ class Recovery:
         commits it covers (done again, idempotently)."""
         from dataclasses import replace
 
-        from streamer.runtime.watermarks import WatermarkTracker
+        from streamer.runtime.watermarks import WatermarkTracker, operator_chains
 
         job, options = self.job, self.job.options
         if not first:
@@ -43,7 +43,8 @@ class Recovery:
         job.state_roots.append(job.state_root)
         for stage in job.keyed.values():
             stage.base_config = replace(stage.base_config, state_root=job.state_root)
-        job.watermarks = WatermarkTracker({s.id: s for s in job.spec.sources})
+        job.watermarks = WatermarkTracker({s.id: s for s in job.spec.sources},
+                                          chains=operator_chains(job.spec))
         job.offsets = {sid: dict(src.initial_offsets()) for sid, src in job.sources.items()}
         job.epoch = 0
         job.next_timers = {}

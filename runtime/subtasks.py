@@ -21,6 +21,7 @@ two behind are removed by the claimers.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import uuid
@@ -103,6 +104,21 @@ def subtask_batches(cfg: KeyedConfig, batches: Iterator[Any], subtask: int, writ
         if out is not None:
             out.discard()
         raise
+
+
+def subtask_of_rows(batches: Iterator[Any]) -> tuple[Iterator[Any], int]:
+    """(`batches` unchanged, the subtask they are for): every partition of a keyed stage's
+    input holds rows of one subtask and at least one row (its dummy row, or, for the tasks
+    that read their input themselves, the start row whose `id` is the subtask)."""
+    held = []
+    for batch in batches:
+        held.append(batch)
+        if batch.num_rows:
+            names = batch.schema.names
+            column = batch.column(names.index(C.SUBTASK if C.SUBTASK in names else "id"))
+            return itertools.chain(held, batches), int(column[0].as_py())
+    msg = "a keyed stage's task received no rows: its partition lacks the subtask's start row"
+    raise RuntimeError(msg)
 
 
 def output_rows(batch: Any) -> Any:

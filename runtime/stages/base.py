@@ -67,6 +67,9 @@ class EpochContext:
     #: Runs a Spark action or a driver-side read; turns its failure into a JobFailedError
     #: naming the epoch and `what`.
     guard: Callable[[str, Callable[[], Any]], Any]
+    #: Keyed node id -> the watermark it runs this epoch with, when it reads another keyed
+    #: operator's output (`runtime.watermarks.WatermarkTracker.for_operators`).
+    operator_watermarks: Mapping[str, int] = field(default_factory=dict)
     #: Per node id, its output this epoch (None: no rows this epoch).
     frames: dict[str, DataFrame | None] = field(default_factory=dict)
     #: Sink id -> further inputs (dead letters, late records, side outputs), each with what
@@ -111,6 +114,11 @@ class EpochContext:
     handles: dict[str, Any] = field(default_factory=dict)
     #: Frames persisted for several consumers, unpersisted when the epoch ends.
     cached: list[DataFrame] = field(default_factory=list)
+
+    def watermark_of(self, node_id: str) -> int:
+        """The watermark keyed operator `node_id` runs this epoch with: what decides which
+        of its input is late and which of its event-time timers fire."""
+        return self.operator_watermarks.get(node_id, self.watermark)
 
     def inputs(self, node_ids: tuple[str, ...]) -> list[DataFrame]:
         """The frames of `node_ids` that have rows this epoch."""

@@ -31,7 +31,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from streamer import failpoints
-from streamer.columns import EVENT_TIME, HIDDEN_PREFIX, JOIN_SIDE
+from streamer.columns import CHANGE, EVENT_TIME, HIDDEN_PREFIX, JOIN_SIDE
 from streamer.operators.direct import DIRECT_AGGREGATES, ipc_bytes
 from streamer.operators.stateless import union
 from streamer.runtime.arrow_input import clear_other_epochs
@@ -84,7 +84,7 @@ class RoutedRun(KeyedRun):
         op = self.stage.op
         broadcast = ctx.frames.get(op.broadcast) if op.broadcast else None
         return self.stage.run(union(present) if present else None, ctx.epoch, ctx.now,
-                              ctx.watermark, fire, tasks, ctx.decision.small, write_to,
+                              ctx.watermark_of(op.id), fire, tasks, ctx.decision.small, write_to,
                               broadcast, table_load=self.table_load(ctx), flush=ctx.flush)
 
 
@@ -124,7 +124,7 @@ class LocalRun(KeyedRun):
     def run(self, ctx: EpochContext, present: list[DataFrame], fire: int, tasks: Any,
             write_to: Any, collected: Any = None) -> KeyedResult:
         """Run the subtasks over `collected` (an Arrow table of the epoch's input)."""
-        inline = self.shape.read(ctx.watermark, table=ipc_bytes(collected))
+        inline = self.shape.read(ctx.watermark_of(self.stage.op.id), table=ipc_bytes(collected))
         result = self.stage.run_local(inline, ctx.epoch, ctx.now, fire, tasks, write_to,
                                       table_load=self.table_load(ctx), flush=ctx.flush)
         ctx.ran_local.append(self.stage.op.id)
@@ -150,7 +150,7 @@ class StagedRun(KeyedRun):
         files = self.stage_input(ctx.epoch, union(present)) if present else ()
         files = (*ctx.prestaged.get(self.stage.op.id, ()), *files)
         failpoints.reached("staged", ctx.epoch)
-        read = self.shape.read(ctx.watermark, files=files)
+        read = self.shape.read(ctx.watermark_of(self.stage.op.id), files=files)
         result = self.stage.run_direct(read, ctx.epoch, ctx.now, fire, tasks, write_to,
                                        table_load=self.table_load(ctx), flush=ctx.flush)
         ctx.ran_staged.append(self.stage.op.id)
@@ -242,7 +242,7 @@ class KeyedOperatorStage(Stage):
                 ctx.route(sink_id, frame, DEAD)
         else:
             present = ctx.inputs(stage.op.inputs)
-        fire = ctx.now if stage.domain == "processing" else ctx.watermark
+        fire = ctx.now if stage.domain == "processing" else ctx.watermark_of(node_id)
         tasks = self.checkpointing(node_id, ctx.checkpoint_id, ctx.savepoint_url)
         write_to = None
         if self.task_sink is not None:
@@ -394,6 +394,8 @@ def local_plan(stage: KeyedStage) -> DirectShape | str:
         return "a count window, or a late: output"
     if op.join is not None and op.join.late:
         return "a join with a late: output"
+    if CHANGE in stage.input_schema.fieldNames():
+        return "its input is an update stream (its retractions are signed in Spark's partials)"
     return _direct_shape(stage, "", stage.input_schema,
                          EVENT_TIME if stage.domain == "event" else None)
 

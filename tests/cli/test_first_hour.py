@@ -112,8 +112,8 @@ def test_processing_time_asked_for_is_fine(tmp_path: Path,
 
 def test_a_window_after_a_process_function_is_not_silently_processing_time(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process function's output carries its input's event time: none here."""
     code, out, _ = invoke(tmp_path, monkeypatch, HEAD + """\
-        event_time: ts
     operators:
       - id: scored
         input: orders

@@ -41,10 +41,29 @@ def schema() -> dict[str, Any]:
     return json_schema()
 
 
+def entries(page: str) -> dict[str, tuple[str, str]]:
+    """The page's keys, each with its line of facts and its description: an entry is
+    `` `path` ``, then `:   facts`, a blank line and the indented description."""
+    lines = page.splitlines()
+    found: dict[str, tuple[str, str]] = {}
+    for i, line in enumerate(lines):
+        if line.startswith(":   "):
+            path = re.fullmatch(r"`([^`]+)`", lines[i - 1])
+            assert path is not None, lines[i - 1]
+            assert path.group(1) not in found  # one entry per key
+            found[path.group(1)] = (line[4:], lines[i + 2].strip())
+    return found
+
+
+def paths_in(page: str) -> list[str]:
+    """The keys of the page, in order."""
+    return list(entries(page))
+
+
 def test_every_key_of_the_schema_has_a_row(schema: dict[str, Any]) -> None:
     page = render(schema)
     paths = list(property_paths(schema))
-    rows = re.findall(r"^\| `([^`]+)` \|", page, flags=re.M)
+    rows = paths_in(page)
     assert len(paths) > 100  # the walk found the file's keys, not an empty schema
     missing = [p for p in paths if p not in rows]
     assert missing == []
@@ -60,13 +79,7 @@ def test_every_key_is_described(schema: dict[str, Any]) -> None:
     """A key without a description would be a bare row in the reference: describe it in
     pipeline/schema.py (the `type` tags are described by the generator).
     """
-    bare = []
-    page = render(schema)
-    for line in page.splitlines():
-        if line.startswith("| `"):
-            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
-            if not cells[5]:
-                bare.append(cells[0])
+    bare = [path for path, (_, described) in entries(render(schema)).items() if not described]
     assert bare == []
 
 
@@ -80,28 +93,25 @@ def test_a_new_key_appears_without_touching_the_generator(schema: dict[str, Any]
     kafka["properties"]["linger"] = {"type": "string",
                                      "pattern": r"^\s*\d+(\.\d+)?\s*(ms|s|m|h|d)\s*$",
                                      "description": "Wait before sending."}
-    page = render(changed)
-    row = next(line for line in page.splitlines()
-               if line.startswith("| `job.execution.new_knob`"))
-    assert row == "| `job.execution.new_knob` | integer |  | 7 | ≥ 2 | A knob (default 7). |"
-    assert "| `sinks[type=kafka].linger` | duration |" in page
+    page = entries(render(changed))
+    assert page["job.execution.new_knob"] == ("integer · default 7 · allowed: ≥ 2",
+                                              "A knob (default 7).")
+    assert page["sinks[type=kafka].linger"][0].startswith("duration ·")
     assert "job.execution.new_knob" not in render(schema)
 
 
 def test_types_defaults_and_allowed_values(schema: dict[str, Any]) -> None:
-    rows = {line.split(" | ")[0][3:-1]: line for line in render(schema).splitlines()
-            if line.startswith("| `")}
-    assert rows["job.checkpoint.interval"].startswith(
-        "| `job.checkpoint.interval` | duration |  | 10s |")
-    assert "| `exactly_once` · `at_least_once` |" in rows["job.checkpoint.mode"]
-    assert "| ≥ 1; ≤ 32768 |" in rows["job.max_parallelism"]
-    assert "| `sources[type=files].path` | string | yes |" in rows["sources[type=files].path"]
+    rows = entries(render(schema))
+    assert rows["job.checkpoint.interval"][0].startswith("duration · default 10s ·")
+    assert "allowed: `exactly_once`, `at_least_once`" in rows["job.checkpoint.mode"][0]
+    assert rows["job.max_parallelism"][0].endswith("allowed: ≥ 1; ≤ 32768")
+    assert rows["sources[type=files].path"][0].startswith("string · **required**")
     # required of every operator but a join, which names left and right instead (validation)
-    assert "| string or list of string |  |" in rows["operators[].input"]
-    assert "| string | yes |" in rows["operators[].join.left"]
+    assert rows["operators[].input"][0].startswith("string or list of string · allowed")
+    assert rows["operators[].join.left"][0].startswith("string · **required**")
     # a section's link and `<` escaped outside code spans
-    assert "[`job.execution`](#job-execution)" in rows["job.execution"]
-    assert "array&lt;string&gt;" in rows["sources[type=files].schema"]
+    assert "[`job.execution`](#job-execution)" in rows["job.execution"][1]
+    assert "array&lt;string&gt;" in rows["sources[type=files].schema"][1]
 
 
 @pytest.mark.parametrize(("description", "default"), [
