@@ -8,8 +8,14 @@ from __future__ import annotations
 import contextlib
 import sys
 from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+
+from streamer.cli.errors import err_console
+
+if TYPE_CHECKING:
+    from streamer.runtime.metrics import LiveReporter
 
 
 def parse_conf(conf: list[str] | None) -> dict[str, str]:
@@ -46,6 +52,18 @@ def run_job(spec: object, *, quiet: bool = False, json_lines: bool = False,
         msg = ("--fresh, --from-checkpoint and --from-savepoint contradict each other; give "
                "one of them")
         raise ConfigError(msg)
+    from streamer.runtime.exceptions import JobFinishedError
+    from streamer.runtime.preflight import PreflightOptions, preflight
+
+    try:
+        preflight(spec, PreflightOptions(  # type: ignore[arg-type]
+            storage=storage, from_savepoint=from_savepoint, from_checkpoint=from_checkpoint,
+            fresh=fresh, checkpoints=not no_checkpoints), warn=warn)
+    except JobFinishedError as exc:
+        from rich.text import Text
+
+        err_console().print(Text(str(exc), style="green"))
+        return
     reporter: Reporter
     display: AbstractContextManager[object] = contextlib.nullcontext()
     # Where console sinks print: stdout, or, when stdout and the live display share the
@@ -57,7 +75,7 @@ def run_job(spec: object, *, quiet: bool = False, json_lines: bool = False,
     elif json_lines:
         reporter = JsonReporter()
     else:
-        reporter = display = LiveReporter(Console(stderr=True, highlight=False))
+        reporter = display = _live_reporter(LiveReporter)(Console(stderr=True, highlight=False))
         shared = sys.stdout.isatty() and reporter.console.is_terminal
         sinks_console = reporter.console if shared else Console(stderr=False, highlight=False)
     with display:
@@ -70,3 +88,21 @@ def run_job(spec: object, *, quiet: bool = False, json_lines: bool = False,
             storage=storage, from_savepoint=from_savepoint,
             allow_non_restored_state=allow_non_restored_state, metrics_port=metrics_port)
         JobRunner(spec, options, reporter=reporter).run()  # type: ignore[arg-type]
+
+
+def warn(message: str) -> None:
+    """One yellow line on stderr."""
+    err_console().print(f"[yellow]warning[/yellow] {message}", soft_wrap=True)
+
+
+def _live_reporter(base: type[LiveReporter]) -> type[LiveReporter]:
+    """The live display, whose end line leaves a failure's reason to the CLI's error
+    boundary: it prints the error once, after the display."""
+
+    class FailureOnce(base):  # type: ignore[valid-type,misc]
+        def finished(self, summary: dict[str, Any]) -> None:
+            if summary.get("status") not in ("finished", "stopped"):
+                summary = {**summary, "reason": "(the error follows)"}
+            super().finished(summary)
+
+    return FailureOnce

@@ -61,34 +61,53 @@ def validate(
     files: Annotated[list[Path], typer.Argument(help="Pipeline YAML files to check.",
                                                 show_default=False)],
     no_spark: Annotated[bool, typer.Option(
-        "--no-spark", help="Check structure and references only; skip the expression check "
-        "with Spark's analyzer (no Java needed, instant).")] = False,
+        "--no-spark", help="Check structure, references, columns, types and event time "
+        "from the declared schemas only; skip the expression check with Spark's analyzer "
+        "(no Java needed, under a second).")] = False,
 ) -> None:
-    """Check pipeline files: keys, types, references, cycles, and every expression against its
-    input schema. Prints `file:line:col: message` per problem; exit code 1 if any.
+    """Check pipeline files: keys, types, references, cycles, columns and event time (without
+    Spark, for every file first), then every expression against its input schema (Spark's
+    analyzer). Prints `file:line:col: message` per problem; exit code 1 if any.
     """
+    from streamer.cli.errors import print_error
     from streamer.pipeline.exceptions import PipelineError
     from streamer.pipeline.validate import load_pipeline
 
     out = Console(highlight=False)
     failed = 0
+    # First what needs no Spark, for every file (its errors print at once); then Spark's
+    # analyzer, once, for the expressions of the files that passed.
+    from streamer.runtime.checks import check_user_code
+
+    loaded = []
     for file in files:
         try:
             spec = load_pipeline(str(file))
-            if not no_spark:
-                from streamer.runtime.checks import analyze_spec
-
-                analyze_spec(spec)
+            check_user_code(spec)
+            loaded.append((file, spec))
         except PipelineError as exc:
-            from streamer.cli.errors import print_error
-
             print_error(exc)
             failed += 1
-            continue
         except StreamerError as exc:
             err_console().print(f"[red]error[/red] {file}: {exc}")
             failed += 1
-            continue
+    if loaded and not no_spark:
+        err_console().print(f"checking expressions with Spark's analyzer ({len(loaded)} "
+                            f"file{'s' if len(loaded) != 1 else ''}; --no-spark skips this)")
+    for file, spec in loaded:
+        if not no_spark:
+            from streamer.runtime.checks import analyze_spec
+
+            try:
+                analyze_spec(spec)
+            except PipelineError as exc:
+                print_error(exc)
+                failed += 1
+                continue
+            except StreamerError as exc:
+                err_console().print(f"[red]error[/red] {file}: {exc}")
+                failed += 1
+                continue
         out.print(f"[green]ok[/green] {file}")
     if failed:
         raise typer.Exit(1)
@@ -302,6 +321,11 @@ def test_cmd(
                           "docs/guide/testing.md) or check --case"
         )
         raise ConfigError(msg)
+    from streamer.cli.launch import warn
+    from streamer.runtime.preflight import PreflightOptions, preflight
+
+    replaced = frozenset.intersection(*(frozenset(c.inputs) for c in cases))
+    preflight(spec, PreflightOptions(checkpoints=False, replaced=replaced, sinks=False), warn)
     spark = shared_session(spec)
     console = Console(highlight=False)
     failed = 0

@@ -13,9 +13,9 @@ Local files are read by Spark in place. Files on other file systems (`memory://`
 stores) are copied to a local temporary directory first, since Spark in local mode has no
 Hadoop connector for them; this is meant for tests and small inputs.
 
-A dead letter's `split` and `offset` are both the file's path: Spark 4.3 gives a text or CSV
-line no position without an extra pass over the file, so the raw `record` is what points at
-the line.
+A dead letter's `split` is the file and its `offset` the line (1-based, as editors count; a
+header counts): Spark 4.3 gives a text or CSV line no position, so the extra pass over a file
+is made only for files with dead letters (`connectors.dead_letters`).
 """
 
 from __future__ import annotations
@@ -460,7 +460,7 @@ class FilesSource(Source):
             decoded = decode_json_lines(self.ctx.spark, lines, schema, self.spec,
                                         extra=(_SPLIT_COLUMN,) if position else ())
             decoded.position = position
-            return decoded
+            return self._explained(decoded, schema)
         from pyspark.sql.types import StringType, StructField, StructType
 
         with_corrupt = StructType([*schema.fields, StructField(CORRUPT_COLUMN, StringType())])
@@ -474,6 +474,15 @@ class FilesSource(Source):
                                  CORRUPT_COLUMN, raw_file_scan=True,
                                  columns=[*names, _SPLIT_COLUMN] if position else names)
         decoded.position = position
+        return self._explained(decoded, schema)
+
+    def _explained(self, decoded: SourceRead, schema: StructType) -> SourceRead:
+        """`decoded` with dead letters that give the line and the field that failed."""
+        if decoded.dead_letters is not None:
+            from streamer.connectors.dead_letters import explain
+
+            decoded.dead_letters = explain(decoded.dead_letters, schema, self.format,
+                                           delimiter=self.delimiter)
         return decoded
 
     def parquet_problem(self, name: str, schema: StructType) -> str | None:

@@ -405,7 +405,12 @@ class KafkaSource(Source):
             records = records.withColumnRenamed(_TS, self.record_timestamp)
         else:
             records = records.drop(_TS)
-        return SourceRead(records=records, dead_letters=decoded.dead_letters,
+        dead = decoded.dead_letters
+        if dead is not None:  # which field failed, not the whole schema
+            from streamer.connectors.dead_letters import explain
+
+            dead = explain(dead, self.schema_without_timestamp(), "json", lines=False)
+        return SourceRead(records=records, dead_letters=dead,
                           split_column=_SPLIT, local=local is not None,
                           position=(_SPLIT, _OFFSET) if self.spec.event_time else None)
 

@@ -182,9 +182,17 @@ def _operate(cfg: KeyedConfig, backend: Any, rows: Any, out: _Emitter) -> None:
     that work row by row): timers up to `cfg.fire_up_to` fire, the rows are processed."""
     if cfg.kind == "process":
         from streamer.operators.process import run_process
+        from streamer.user_errors import user_error
 
-        out.rows.extend(run_process(cfg.fn_class, cfg.keys, cfg.record_columns, rows,
-                                    backend, cfg.fire_up_to, cfg.now_ms))
+        try:
+            out.rows.extend(run_process(cfg.fn_class, cfg.keys, cfg.record_columns, rows,
+                                        backend, cfg.fire_up_to, cfg.now_ms))
+        except Exception as exc:  # the user's code: told with the user's frames
+            fn = cfg.fn_class
+            found = user_error(exc, f"operator {cfg.uid!r} ({fn.__module__}:{fn.__name__})")
+            if found is None:
+                raise
+            raise found from exc
     elif cfg.kind == "join":
         from streamer.operators.join import run_join
 

@@ -132,6 +132,18 @@ def load_function_class(spec: str, base_dir: str, operator: str) -> type[KeyedPr
                "pipeline file or on PYTHONPATH")
         raise ProcessFunctionError(msg) from exc
     cls = getattr(module, class_name, None)
+    if cls is None:
+        import difflib
+
+        classes = sorted(n for n, v in vars(module).items() if isinstance(v, type)
+                         and issubclass(v, KeyedProcessFunction) and v is not KeyedProcessFunction)
+        close = difflib.get_close_matches(class_name, classes, n=1)
+        hint = (f"did you mean {module_name}:{close[0]}?" if close else
+                f"its process functions: {', '.join(classes)}" if classes else
+                "it defines no subclass of KeyedProcessFunction")
+        msg = (f"operator {operator!r}: module {module_name!r} ({module_file(spec)}) has no "
+               f"class {class_name!r}; {hint}")
+        raise ProcessFunctionError(msg)
     if not (isinstance(cls, type) and issubclass(cls, KeyedProcessFunction)):
         msg = (f"operator {operator!r}: {spec!r} must name a subclass of "
                "streamer.operators.process.KeyedProcessFunction")

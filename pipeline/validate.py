@@ -14,6 +14,7 @@ from streamer.pipeline.exceptions import PipelineError, Problem
 from streamer.pipeline.model import Checker, did_you_mean
 from streamer.pipeline.schema import PIPELINE
 from streamer.pipeline.spec import RETRACTABLE, PipelineSpec, build_spec
+from streamer.pipeline.typecheck import check_types
 from streamer.pipeline.yaml_loader import Path, Positions, load_file, load_text
 
 
@@ -422,14 +423,15 @@ def validate_data(data: Any, positions: Positions,
     spec = build_spec(data, positions, env)
     check_update_streams(spec, ck)
     check_window_functions(spec, ck)
-    problems = _problems(ck, positions)
+    problems = _problems(ck, positions) + check_types(spec)
     if problems:
         raise PipelineError(problems)
     return spec
 
 
 def load_pipeline(path: str, env: Mapping[str, str] | None = None) -> PipelineSpec:
-    """Read, validate and build the pipeline in the file at `path` (no Spark involved)."""
+    """Read, validate and build the pipeline in the file at `path` (no Spark involved): its
+    structure, references, and what its declared schemas allow (`pipeline.typecheck`)."""
     data, positions = load_file(path, env)
     return validate_data(data, positions, env)
 

@@ -32,6 +32,18 @@ if TYPE_CHECKING:
 _NESTED = ("array", "map", "struct")
 
 
+def _implicit_alias(expr: str, name: str) -> str | None:
+    """The name Spark gave `expr` when it read its last word as an alias (`amount > 500 AND`
+    is `amount > 500` named "AND"), else None. Aliases are never meant in these expressions
+    (a select's column is named by its key)."""
+    text = expr.rstrip()
+    head = text[:-len(name)] if name and text.endswith(name) else None
+    if head is None or not head or not head[-1].isspace() or not head.strip():
+        return None
+    before = head.split()[-1].upper()
+    return None if before == "AS" else name
+
+
 def _describe(schema: StructType) -> str:
     return ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in schema.fields)
 
@@ -67,10 +79,16 @@ class Analyzer:
         try:
             out = df.select(F.expr(expr))
             out.schema  # noqa: B018 - forces analysis
-            return out
         except (PySparkException, ValueError, TypeError) as exc:
             self.report(path, f"{what}: {spark_error_message(exc)}")
             return None
+        alias = _implicit_alias(expr, out.columns[0])
+        if alias:
+            self.report(path, f"{what} is incomplete or has a stray word: Spark reads "
+                        f"{expr!r} as {expr.rstrip()[:-len(alias)].rstrip()!r} named "
+                        f"{alias!r}; complete the expression, or remove {alias!r}")
+            return None
+        return out
 
     # ------------------------------------------------------------------------ per node
     def source(self, s: SourceSpec) -> None:

@@ -42,3 +42,24 @@ def physical_plan(spec: PipelineSpec, spark: SparkSession | None = None) -> Phys
     session = spark or shared_session(spec)  # (with checkpoints, as `streamer run`: a
     # sink's exactly-once mode decides how it is written)
     return JobRunner(spec, RunOptions(ui=False, checkpoints=True), spark=session).build()
+
+
+def check_user_code(spec: PipelineSpec) -> None:
+    """Import every process function the pipeline names (no Spark): a missing module or
+    class, or a class that is not a process function, is a `PipelineError` at its line."""
+    import os
+
+    from streamer.operators.process import ProcessFunctionError, load_function_class
+    from streamer.pipeline.exceptions import PipelineError, Problem
+
+    base = os.path.dirname(os.path.abspath(spec.file))
+    problems = []
+    for op in spec.operators:
+        if op.process is None:
+            continue
+        try:
+            load_function_class(op.process, base, op.id)
+        except ProcessFunctionError as exc:
+            problems.append(Problem(spec.where((*op.path, "process")), str(exc)))
+    if problems:
+        raise PipelineError(problems)

@@ -31,7 +31,23 @@ if TYPE_CHECKING:
 
 def guarded(epoch: int, what: str, action: Callable[[], Any]) -> Any:
     """Run a Spark action (or a driver-side read or subtask); turn its failure into an
-    error that says what happened in which epoch."""
+    error that says what happened in which epoch: where user code failed, the operator
+    and the user's frames (not the stage whose Spark job ran it)."""
+    from streamer.user_errors import UserCodeError, user_error_message
+
+    try:
+        return _guarded(epoch, what, action)
+    except (JobFailedError, UserCodeError) as exc:
+        cause = exc if isinstance(exc, UserCodeError) else exc.__cause__
+        users = user_error_message(str(cause)) if cause is not None else None
+        if users is None:
+            raise
+        msg = f"epoch {epoch}: {users}"
+        raise JobFailedError(msg) from cause
+
+
+def _guarded(epoch: int, what: str, action: Callable[[], Any]) -> Any:
+    """`guarded` for what is not the user's code."""
     from py4j.protocol import Py4JJavaError
     from pyspark.errors import PySparkException
 

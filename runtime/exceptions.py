@@ -27,6 +27,20 @@ class UnreadableFileError(JobFailedError):
         self.reason = reason
 
 
+class PreflightError(StreamerError):
+    """Raised before Spark starts when a run cannot succeed: a missing savepoint, an
+    unreachable Kafka broker, a files source whose path matches no file. The message names
+    each and its fix; fix them and run again."""
+
+
+class JobFinishedError(StreamerError):
+    """Raised by `streamer run` when the job already finished (its bounded sources were read
+    to the end) and nothing new has arrived: run with `--fresh` to start over. Exit code 0:
+    the job's output is complete, not failed."""
+
+    exit_code = 0
+
+
 class PipelineTestFailedError(StreamerError):
     """Raised by `streamer test` when a sink's rows differ from the test's `expect`."""
 

@@ -89,7 +89,12 @@ class InlineSource(Source):
         start, end = piece.start["inline"], piece.end["inline"]
         data = [(self.rows[i], "inline", str(i)) for i in range(start, end)]
         df = self.ctx.spark.createDataFrame(data, "value string, split string, offset string")
-        return decode_json_lines(self.ctx.spark, df, self._schema, self.spec)
+        read = decode_json_lines(self.ctx.spark, df, self._schema, self.spec)
+        if read.dead_letters is not None:  # the field that failed, as a file source says
+            from streamer.connectors.dead_letters import explain
+
+            read.dead_letters = explain(read.dead_letters, self._schema, "json", lines=False)
+        return read
 
     def exhausted(self, offsets: Mapping[str, Any]) -> bool:
         """True once the rows were read."""

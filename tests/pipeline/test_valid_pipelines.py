@@ -289,6 +289,7 @@ def test_dead_letter_sinks_need_no_input() -> None:
             topics: [orders, returns]
             start: earliest
             format: json
+            event_time: ts
             on_error: bad_records
         operators:
           - id: counts

@@ -118,13 +118,18 @@ def check_dead_letters(dlq: Path, bad: dict[str, str], data: Path) -> None:
     assert all(r["split"].startswith(str(data)) and r["split"].endswith(".jsonl")
                for r in dead), dead[:3]
     by_reason = Counter("null" if r["error"] == "event time is null: `ts`" else
-                        "decode" if r["error"].startswith("cannot decode as {") else r["error"]
+                        "decode" if not r["error"].startswith("event time") else r["error"]
                         for r in dead)
     assert by_reason == {"null": 50, "decode": 150}
     null_records = [json.loads(r["record"]) for r in dead if r["error"].startswith("event")]
     expected_null = [json.loads(line) for line, kind in bad.items() if kind == "null ts"]
     assert sorted(r["n"] for r in null_records) == sorted(r["n"] for r in expected_null)
-    decoded = sorted(r["record"] for r in dead if r["error"].startswith("cannot"))
+    for r in dead:  # an undecodable record's offset is its line in the file
+        if not r["error"].startswith("event"):
+            lines = Path(r["split"]).read_text().splitlines()
+            assert lines[int(r["offset"]) - 1] == r["record"], r
+            assert r["error"].startswith(("field '", "not JSON", "not a JSON object")), r
+    decoded = sorted(r["record"] for r in dead if not r["error"].startswith("event"))
     assert decoded == sorted(line for line, kind in bad.items() if kind != "null ts")
 
 
