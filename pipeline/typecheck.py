@@ -172,9 +172,10 @@ class TypeChecker:
                             f"atomic columns, e.g. with_columns: {{{key}_key: "
                             f"\"to_json({key})\"}}")
         for agg in o.aggregates:
-            if agg.arg and _NAME.fullmatch(agg.arg) and agg.arg.lower() not in _LITERALS:
-                self._column(agg.arg, cols, (*o.path, "aggregate", agg.name),
-                             f"column {agg.arg!r} of aggregate {agg.name!r} of {owner}")
+            for arg in agg.args:  # (max_by and min_by take two)
+                if _NAME.fullmatch(arg) and arg.lower() not in _LITERALS:
+                    self._column(arg, cols, (*o.path, "aggregate", agg.name),
+                                 f"column {arg!r} of aggregate {agg.name!r} of {owner}")
         window = o.window
         if window is not None and window.kind != "count" and not node.event_time \
                 and window.time != "processing":
