@@ -171,3 +171,14 @@ def test_a_rolling_aggregate_over_an_updating_windows_output_is_refused() -> Non
         "take every update as a new record (only a rolling aggregate of count, sum or avg takes "
         "retractions). Key and window the records before 'early' instead, or send 'early' "
         "to a sink"]
+
+
+def test_key_by_nothing_is_one_key_for_every_record() -> None:
+    spec = load("""\
+      - id: overall
+        input: bids
+        key_by: []
+        window: {tumbling: 1m}
+        aggregate: {top: "max_by(auction, price)"}
+    """, "overall")
+    assert spec.operators[0].key_by == ()

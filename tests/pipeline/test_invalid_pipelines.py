@@ -595,26 +595,6 @@ CASES = [
         ["p.yaml:9:12: 'input' must name at least one id"],
         id="empty-input-list",
     ),
-    pytest.param(
-        """\
-        name: p
-        sources:
-          - id: src
-            type: datagen
-            fields: {x: offset}
-        operators:
-          - id: k
-            input: src
-            key_by: []
-            dedupe: {within: 1h}
-        sinks:
-          - id: out
-            type: console
-            input: k
-        """,
-        ["p.yaml:9:13: 'key_by' must name at least one column"],
-        id="empty-key-by-list",
-    ),
     # ------------------------------------------------------------------------- durations
     pytest.param(
         """\
