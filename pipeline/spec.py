@@ -392,22 +392,35 @@ class PipelineSpec:
         """The file location of the value (or key) at `path`."""
         return self.positions.of_key(path) if key else self.positions.of(path)
 
+    def keyed_behind(self, ref: str) -> tuple[frozenset[str], bool]:
+        """What node `ref`'s rows come from: (the keyed operators behind it, through
+        stateless operators, whether a source is behind it with no keyed operator
+        between)."""
+        by_id = {o.id: o for o in self.operators}
+        keyed: set[str] = set()
+        sourced = False
+        seen: set[str] = set()
+        todo = [ref]
+        while todo:
+            node_id = todo.pop()
+            if node_id in seen:
+                continue
+            seen.add(node_id)
+            op = by_id.get(node_id)
+            if op is None:  # a source
+                sourced = True
+            elif op.stateful:
+                keyed.add(op.id)
+            else:
+                todo.extend(op.inputs)
+        return frozenset(keyed), sourced
+
     def updates_behind(self, ref: str) -> str | None:
         """The operator whose update stream (`OperatorSpec.emits_updates`) node `ref`'s rows
         are, directly or through stateless operators, or None when they are append-only."""
         by_id = {o.id: o for o in self.operators}
-        seen: set[str] = set()
-        todo = [ref]
-        while todo:
-            op = by_id.get(todo.pop())
-            if op is None or op.id in seen:
-                continue
-            seen.add(op.id)
-            if op.emits_updates is not None:
-                return op.id
-            if not op.stateful:
-                todo.extend(op.inputs)
-        return None
+        return next((k for k in sorted(self.keyed_behind(ref)[0])
+                     if by_id[k].emits_updates is not None), None)
 
     def node(self, node_id: str) -> SourceSpec | OperatorSpec | SinkSpec:
         """The source, operator or sink with this id."""

@@ -48,25 +48,6 @@ class OperatorChain:
 
 def operator_chains(spec: Any) -> dict[str, OperatorChain]:
     """The `OperatorChain` of every keyed operator of the pipeline `spec`."""
-    ops = {o.id: o for o in spec.operators}
-
-    def feeds(node_id: str, seen: frozenset[str] = frozenset()) -> tuple[set[str], bool]:
-        """(the keyed operators behind `node_id` through stateless ones, whether a source
-        is behind it without a keyed operator between)."""
-        op = ops.get(node_id)
-        if op is None:  # a source
-            return set(), True
-        if op.stateful:
-            return {op.id}, False
-        keyed: set[str] = set()
-        sourced = False
-        for i in op.inputs:
-            if i not in seen:
-                k, s = feeds(i, seen | {node_id})
-                keyed |= k
-                sourced |= s
-        return keyed, sourced
-
     chains = {}
     for op in spec.operators:
         if not op.stateful:
@@ -74,9 +55,9 @@ def operator_chains(spec: Any) -> dict[str, OperatorChain]:
         upstream: set[str] = set()
         sourced = False
         for i in op.inputs:
-            k, s = feeds(i)
-            upstream |= k
-            sourced |= s
+            keyed, from_source = spec.keyed_behind(i)
+            upstream |= keyed
+            sourced |= from_source
         chains[op.id] = OperatorChain(tuple(sorted(upstream)), sourced or not upstream,
                                       op.watermark_hold_ms)
     return chains
