@@ -64,8 +64,8 @@ class Query:
     sss_sql: str = ""
     sss_mode: str = "append"
     sss_na: str = ""
-    #: A windowed query's window-end column: SSS's AvailableNow run emits only the windows its
-    #: final watermark closed, so the oracle is cut there for SSS.
+    #: A windowed query's window end (an expression of its output): SSS's AvailableNow run
+    #: emits only the windows its final watermark closed, so the oracle is cut there for SSS.
     window_end: str = ""
 
     @property
@@ -115,7 +115,8 @@ QUERIES = [
       GROUP BY window(date_time, '10 seconds')) B1
     ON B.price = B1.maxprice
     WHERE B.date_time BETWEEN B1.date_time - INTERVAL 10 SECONDS AND B1.date_time""",
-          "q07_highest_bid"),
+          "q07_highest_bid",
+          window_end="timestamp_seconds(floor(unix_seconds(date_time) / 10) * 10 + 10)"),
     Query("q8", "monitor new users", ("person", "auction"), """
     SELECT P.id, P.name, P.starttime FROM (
       SELECT id, name, window.start AS starttime, window.end AS endtime FROM person
@@ -124,7 +125,7 @@ QUERIES = [
       SELECT seller, window.start AS starttime, window.end AS endtime FROM auction
       GROUP BY seller, window(date_time, '10 seconds')) A
     ON P.id = A.seller AND P.starttime = A.starttime AND P.endtime = A.endtime""",
-          "q08_monitor_new_users"),
+          "q08_monitor_new_users", window_end="starttime + INTERVAL 10 SECONDS"),
     Query("q9", "winning bids", ("auction", "bid"), f"""
     SELECT id, item_name, description, initial_bid, reserve, date_time, expires, seller,
            category, extra, auction, bidder, price, bid_date_time, bid_extra

@@ -105,12 +105,12 @@ def run_sss(spark: Any, q: Query, root: Path, scratch: Path, files_per_epoch: in
     return Run(seconds, out, {"watermark": watermark, "batches": len(progress)})
 
 
-def _latest(df: Any, keys: tuple[str, ...], order: Any) -> Any:
-    """The last row per key of an update stream (`order`: the epoch or batch it came in)."""
+def _latest(df: Any, keys: tuple[str, ...]) -> Any:
+    """The last row per key of an update stream (`_order`: the epoch or batch it came in)."""
     from pyspark.sql import functions as F
 
-    others = [c for c in df.columns if c not in keys]
-    latest = df.withColumn("_order", order).groupBy(*keys).agg(
+    others = [c for c in df.columns if c not in (*keys, "_order")]
+    latest = df.groupBy(*keys).agg(
         F.max_by(F.struct(*others), "_order").alias("_row"))
     return latest.select(*keys, *[F.col(f"_row.{c}").alias(c) for c in others])
 
@@ -124,25 +124,24 @@ def output(spark: Any, q: Query, run: Run, sss: bool) -> Any:
         return None
     df = spark.read.option("basePath", path).parquet(path)
     if sss and q.sss_mode == "update":
-        order = F.col("batch").cast("long")
-        df = df.drop("batch")
+        df = df.withColumn("_order", F.col("batch").cast("long")).drop("batch")
         keys = ("bidder", "starttime") if q.name == "q12" else q.keys
-        df = _latest(df, keys, order) if keys else df
+        df = _latest(df, keys) if keys else df.drop("_order")
     elif q.keys:
-        order = F.regexp_extract(F.input_file_name(), r"part-(\d+)-", 1).cast("long")
-        df = _latest(df, q.keys, order)
+        df = _latest(df.withColumn("_order", F.regexp_extract(
+            F.input_file_name(), r"part-(\d+)-", 1).cast("long")), q.keys)
     if q.name == "q12":
         df = df.groupBy("bidder").agg(F.sum("bid_count").alias("bid_count"))
     return df
 
 
 def check(spark: Any, q: Query, run: Run, sss: bool) -> str:
-    """'yes', or how the engine's answer differs from the oracle's."""
+    """'yes (n rows)', or how the engine's answer differs from the oracle's."""
     from pyspark.sql import functions as F
 
     truth = oracle(spark, q)
     if sss and q.window_end and run.extra.get("watermark"):
-        truth = truth.filter(F.col(q.window_end)
+        truth = truth.filter(F.expr(q.window_end)
                              <= F.lit(run.extra["watermark"]).cast("timestamp"))
     got = output(spark, q, run, sss)
     if got is None:
@@ -153,4 +152,5 @@ def check(spark: Any, q: Query, run: Run, sss: bool) -> str:
     got = got.select(*[F.col(f.name).cast(f.dataType) for f in truth.schema.fields])
     missing, extra = truth.exceptAll(got).count(), got.exceptAll(truth).count()
     rows = truth.count()
-    return "yes" if missing == extra == 0 else f"no: {missing}/{rows} missing, {extra} extra"
+    return f"yes ({rows:,} rows)" if missing == extra == 0 else (
+        f"no: {missing:,} of {rows:,} missing, {extra:,} extra")
