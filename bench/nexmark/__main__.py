@@ -75,6 +75,7 @@ def measure(spark, q: Query, root: Path, scratch: Path, args: argparse.Namespace
                 r = engines[name]()  # type: ignore[operator]
             except Exception as exc:  # an engine that cannot run the query: n/a, with why
                 text = " ".join(str(exc).split())
+                text = text.split("terminated with exception: ")[-1]  # Spark's reason
                 result.na[name] = ("failed: " if name == "streamer" else "") + text[:160]
                 continue
             last[name] = r
