@@ -19,7 +19,8 @@ gives with the same explicit schema. It is certain when:
   many `"` as the first line's shape times the lines, and each row has those;
 - each field the schema names is a string for a `string` column (timestamps are read as
   text) and a number for a `bigint` / `int` (integers only) or `double` column; fields the
-  schema does not name are skipped, as Arrow's JSON reader ignores them; a schema column no
+  schema does not name are left out of the table, as Arrow's JSON reader leaves them, but
+  their numbers are checked as it parses them (within the double range); a schema column no
   field names is null, as in Arrow's table;
 - the casts succeed (an integer out of range: Arrow's JSON reader refuses it too) and give no
   infinity (Arrow's JSON reader refuses a number past the double range; the cast rounds it).
@@ -130,8 +131,12 @@ def _number(text: Any, kind: Any) -> Any:
         return None
     if not pc.all(pc.match_substring_regex(text, _INTEGER if integer else _NUMBER)).as_py():
         return None
-    if kind is None:
-        return text
+    if kind is None:  # Arrow's JSON reader parses it all the same: past the double range
+        try:          # (an integer too: it reads one past 64 bits as a double) it refuses it
+            values = pc.cast(text, pa.float64())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return None
+        return None if pc.any(pc.is_inf(values)).as_py() else text
     try:
         column = pc.cast(text, kind)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):

@@ -139,3 +139,18 @@ def test_a_column_no_field_names_is_null_and_other_types_are_not_taken() -> None
     boolean = pa.schema([("b", pa.bool_()), ("a", pa.int64())])
     assert read_shaped(b'{"b":1,"a":1}\n', boolean) is None
     assert agrees(b'{"a":1}\n', boolean) is not None  # (b: no field names it)
+
+
+@pytest.mark.parametrize("line", [
+    b'{"other":1.0687096616247354e416,"a":1}\n',  # found by the property test above
+    b'{"other":1e400,"a":1}\n',
+    b'{"other":-1234567890123456789012345678901234567890e380,"a":1}\n',
+])
+def test_a_number_arrow_refuses_in_a_field_the_schema_does_not_name_is_not_read(line) -> None:
+    assert arrow(line * 3, pa.schema([("a", pa.int64())])) is None
+    assert agrees(line * 3, pa.schema([("a", pa.int64())])) is None
+
+
+def test_an_integer_past_64_bits_in_a_field_the_schema_does_not_name_is_read() -> None:
+    line = b'{"other":123456789012345678901234567890,"a":1}\n'
+    assert agrees(line * 3, pa.schema([("a", pa.int64())])) is not None
