@@ -136,7 +136,7 @@ def explain_batches(batches: Iterator[pa.RecordBatch], fields: Sequence[tuple[st
     import pyarrow as pa
 
     for batch in batches:
-        rows = batch.to_pylist()
+        rows = _rows(batch)
         if lines:
             by_file: dict[str, set[str]] = {}
             for row in rows:
@@ -161,7 +161,24 @@ def explain_batches(batches: Iterator[pa.RecordBatch], fields: Sequence[tuple[st
                       else json_problem(fields, row["record"]))
             if better:
                 row["error"] = better
-        yield pa.RecordBatch.from_pylist(rows, schema=batch.schema)
+        names = batch.schema.names
+        columns = [batch.column(i) if name == "record" else pa.array(
+            [row[name] for row in rows], batch.schema.field(i).type)
+            for i, name in enumerate(names)]  # (the record's bytes kept as they were)
+        yield pa.RecordBatch.from_arrays(columns, schema=batch.schema)
+
+
+def _rows(batch: pa.RecordBatch) -> list[dict[str, Any]]:
+    """The batch's rows as dicts, the record as text even where its bytes are not UTF-8 (a
+    damaged line: Spark keeps its bytes; those that are not UTF-8 read as U+FFFD, as the
+    file's lines do in `_line_numbers`)."""
+    import pyarrow as pa
+
+    names = batch.schema.names
+    records = [None if b is None else b.decode("utf-8", errors="replace")
+               for b in batch.column(names.index("record")).cast(pa.binary()).to_pylist()]
+    others = batch.select([n for n in names if n != "record"]).to_pylist()
+    return [{**row, "record": record} for row, record in zip(others, records, strict=True)]
 
 
 def explain(dead: DataFrame, schema: StructType, fmt: str, *, delimiter: str = ",",
