@@ -6,7 +6,7 @@ look right in a real browser.
 The browser: headless Chromium renders five pages at 1280 px, and a script in each page
 measures what a reader would see: the page rendered (a title, its diagrams loaded), no element
 sticks out of the text column, no code block needs a horizontal scrollbar, and in the pipeline
-reference no key is broken across lines. Screenshots go to `$STREAMER_DOCS_SCREENSHOTS` when
+reference no key is broken across lines. Screenshots go to `$STREAMER_TEST_DOCS_SCREENSHOTS` when
 it is set (to look at them), else to the test's temporary folder. Chromium comes from
 Debian's `chromium` package (.ci/run installs it); without it those tests are skipped, saying
 so.
@@ -255,7 +255,7 @@ def test_page_in_chromium_at_1280px(site: Path, page: str, tmp_path: Path) -> No
     browser = chromium()
     if browser is None:
         pytest.skip("Chromium is not installed (apt-get install chromium; .ci/run does)")
-    shots = Path(os.environ.get("STREAMER_DOCS_SCREENSHOTS") or tmp_path)
+    shots = Path(os.environ.get("STREAMER_TEST_DOCS_SCREENSHOTS") or tmp_path)
     shots.mkdir(parents=True, exist_ok=True)
     shot = shots / (page.replace("/index.html", "").replace("/", "-").replace(".html", "")
                     + ".png")

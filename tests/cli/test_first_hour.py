@@ -1,6 +1,6 @@
 """The newcomer's first hour (issue 37): mistakes reported in seconds, before Spark starts,
 once, at the line, with the fix. Each message is compared exactly with a golden file in
-tests/cli/golden/ (`STREAMER_UPDATE_GOLDEN=1` rewrites them after a deliberate change).
+tests/cli/golden/ (`STREAMER_TEST_UPDATE_GOLDEN=1` rewrites them after a deliberate change).
 
 Everything here runs without Spark but the finished-job case, which first runs a job."""
 
@@ -34,9 +34,9 @@ HEAD = """\
 
 
 def golden(name: str, text: str) -> None:
-    """`text` equals the golden file `name` (rewritten under STREAMER_UPDATE_GOLDEN=1)."""
+    """`text` equals the golden file `name` (rewritten under STREAMER_TEST_UPDATE_GOLDEN=1)."""
     path = GOLDEN / f"{name}.txt"
-    if os.environ.get("STREAMER_UPDATE_GOLDEN"):
+    if os.environ.get("STREAMER_TEST_UPDATE_GOLDEN"):
         path.write_text(text)
     assert text == path.read_text(), f"differs from {path}"
 
