@@ -30,9 +30,26 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from streamer.columns import EVENT_TIME_MS, KEY_GROUP
+from streamer.columns import (
+    EVENT_TIME,
+    EVENT_TIME_MS,
+    FIRST_RECORD,
+    KEY_GROUP,
+    ROUTE,
+    SEQUENCE,
+    SUBTASK,
+)
+from streamer.operators.contract import (
+    COLUMNAR,
+    COMBINES,
+    LOCAL_EPOCHS,
+    WHOLE_RECORDS,
+    KeyedKind,
+    Logic,
+    Planning,
+)
 from streamer.operators.keyed_rows import (
     encode_chunk,
     filled,
@@ -43,12 +60,55 @@ from streamer.operators.keyed_rows import (
 )
 from streamer.state.names import CHUNK_KEYS, DEDUPE_EXPIRES, DEDUPE_SEEN
 
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructField, StructType
+
+    from streamer.operators.keyed_config import KeyedConfig
+    from streamer.pipeline.spec import OperatorSpec
+
 #: A key group with more chunks than this has them merged into one.
 MAX_CHUNKS = 16
 #: When a remembered key is forgotten (ms: its first record's time + `within`).
 EXPIRES = DEDUPE_EXPIRES
 _NS = struct.Struct(">qqq")  # epoch, earliest expiry, latest expiry
 _REWRITE = "__rewrite"  # (in memory: the row's chunk is written again this epoch)
+
+
+class DedupeKind(KeyedKind):
+    """Dedupe (`dedupe: {within: d}`)."""
+
+    name = "dedupe"
+    capabilities = frozenset({COMBINES, COLUMNAR, LOCAL_EPOCHS, WHOLE_RECORDS})
+
+    def output_fields(self, spark: Any, op: OperatorSpec, input_schema: StructType
+                      ) -> list[StructField]:
+        """The input's columns, and `__ts` (the record's event time)."""
+        from pyspark.sql.types import StructField, TimestampType
+
+        del spark, op
+        fields = list(input_schema.fields)
+        if EVENT_TIME not in input_schema.fieldNames():
+            fields.append(StructField(EVENT_TIME, TimestampType()))
+        return fields
+
+    def prepare(self, plan: Planning, df: DataFrame, group: list[Any], epoch: int,
+                watermark: int, prerouted: bool) -> tuple[DataFrame, DataFrame | None, Any]:
+        """Each key's first record of the epoch (by event time, then arrival)."""
+        from pyspark.sql import functions as F
+
+        del epoch, watermark
+        cols = [F.col(c) for c in df.columns if c not in (SUBTASK, KEY_GROUP, SEQUENCE)]
+        first = F.min_by(F.struct(*cols, F.col(SEQUENCE)), F.struct(EVENT_TIME_MS, SEQUENCE))
+        if prerouted:
+            df, group = plan.routed(df), [F.col(ROUTE), *group]
+        rows = df.groupBy(*group).agg(first.alias(FIRST_RECORD)).select(
+            *([ROUTE] if prerouted else []), SUBTASK, KEY_GROUP, f"{FIRST_RECORD}.*")
+        return rows, None, None
+
+    def logic(self, cfg: KeyedConfig) -> Logic:
+        """`run_dedupe` over the rows' table."""
+        return lambda cfg, backend, rows, out: run_dedupe(cfg, backend, rows.table, out)
 
 
 def run_dedupe(cfg: Any, backend: Any, table: Any, out: Any) -> None:

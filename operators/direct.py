@@ -34,7 +34,9 @@ from streamer.columns import (
     WINDOW_START,
     partial,
 )
+from streamer.operators.contract import EVERY_RECORD, WHOLE_RECORDS
 from streamer.operators.keyed_rows import key_codes, key_codes_only
+from streamer.operators.registry import kind_of
 from streamer.spark_errors import UNREADABLE_FILE
 
 #: Per worker process: (key types, max_parallelism) -> key -> key group.
@@ -246,7 +248,7 @@ def _key_groups(distinct: list[tuple[Any, ...]], key_types: tuple[str, ...],
 
 
 def read_direct(cfg: Any, d: DirectRead, subtask: int) -> tuple[Any, dict[str, Any]]:
-    """The pre-aggregated rows of `subtask` in the epoch (what `operators.keyed_rows._Input`
+    """The pre-aggregated rows of `subtask` in the epoch (what `operators.keyed_rows.Input`
     wraps) and the epoch's `records_in`, `max_ts` (ms, or None) and, for an event-time
     window, `late` (the late records it dropped, of all rows, so any subtask's is the
     epoch's)."""
@@ -274,10 +276,11 @@ def read_direct(cfg: Any, d: DirectRead, subtask: int) -> tuple[Any, dict[str, A
     event = cfg.domain == "event"
     if d.sides:  # a join reading both sources: each source's records in and newest time
         info["sides"] = _side_info(table, valid, ts_ms, len(d.sides))
-    if cfg.kind in ("dedupe", "join"):
+    kind = kind_of(cfg.kind)
+    if kind.has(WHOLE_RECORDS):
         if event:  # (the source made a row without event time a dead letter)
             keep &= valid
-        if cfg.kind == "dedupe":
+        if not kind.has(EVERY_RECORD):  # (dedupe: each key's first record)
             return _records(cfg, d, table, np.flatnonzero(keep), kg, ts_ms), info
         from streamer.operators.join import late_mask
 

@@ -30,11 +30,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streamer.columns import (
     EVENT_TIME,
     EVENT_TIME_MS,
+    HIDDEN_PREFIX,
     JOIN_SIDE,
     KEY_GROUP,
     OUT,
@@ -42,7 +43,23 @@ from streamer.columns import (
     ROW_META,
 )
 from streamer.columns import SEQUENCE as SEQ
+from streamer.operators.contract import (
+    COLUMNAR,
+    EVERY_RECORD,
+    LOCAL_EPOCHS,
+    WHOLE_RECORDS,
+    KeyedKind,
+    Logic,
+    Planning,
+)
 from streamer.operators.join_interval import LEFT, RIGHT, STATES, run_interval
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+    from pyspark.sql.types import StructField, StructType
+
+    from streamer.operators.keyed_config import KeyedConfig
+    from streamer.pipeline.spec import JoinSpec, OperatorSpec
 
 #: A table join's right record that deletes its key's row (a changelog's tombstone).
 DELETE = 2
@@ -122,8 +139,77 @@ def late_mask(join: Any, ts_ms: Any, watermark: int) -> Any:
     return ts_ms - np.mod(ts_ms, slide) + (size - 1) <= watermark
 
 
+class JoinKind(KeyedKind):
+    """Interval, window and table joins (`join:`)."""
+
+    name = "join"
+    capabilities = frozenset({EVERY_RECORD, COLUMNAR, LOCAL_EPOCHS, WHOLE_RECORDS})
+
+    def local_refusal(self, op: OperatorSpec) -> str | None:
+        """A `late:` output is a Spark frame of its own."""
+        return "a join with a late: output" if op.join is not None and op.join.late else None
+
+    def output_fields(self, spark: Any, op: OperatorSpec, input_schema: StructType
+                      ) -> list[StructField]:
+        """The input's columns (the output's, `__ts`), without `__join_side`."""
+        del spark, op
+        return [f for f in input_schema.fields if f.name != JOIN_SIDE]
+
+    def prepare(self, plan: Planning, df: DataFrame, group: list[Any], epoch: int,
+                watermark: int, prerouted: bool) -> tuple[DataFrame, DataFrame | None, Any]:
+        """Every record, without the late ones (`late_condition`): to the `late:` output,
+        or counted."""
+        del group, prerouted
+        join = plan.op.join
+        assert join is not None
+        if join.late:
+            return (*split_late(join, df, watermark), None)
+        is_late = late_condition(join, watermark)
+        if is_late is None:  # (a processing-time table join: nothing is late)
+            return df, None, None
+        in_time, seen = plan.count_late(df, is_late, epoch)
+        return in_time, None, seen
+
+    def logic(self, cfg: KeyedConfig) -> Logic:
+        """`run_join`."""
+        return run_join
+
+
+def late_condition(join: JoinSpec, watermark: int) -> Column | None:
+    """Whether a record is late: an interval or temporal table join's record at or behind
+    `watermark`; a window join's once its last window has closed (`W >= last window end -
+    1`); never a processing-time table join's (None: its left records wait for nothing, its
+    right records upsert the table whatever their time)."""
+    from pyspark.sql import functions as F
+
+    if join.mode == "table" and join.as_of is None:
+        return None
+    ts = F.col(EVENT_TIME_MS)
+    if join.mode in ("interval", "table"):
+        return ts <= F.lit(watermark)
+    window = join.window
+    assert window is not None
+    size, slide = window.size_ms or 0, window.slide_ms or window.size_ms or 0
+    return ts - F.expr(f"pmod({EVENT_TIME_MS}, {slide})") + F.lit(size - 1) <= F.lit(watermark)
+
+
+def split_late(join: JoinSpec, df: DataFrame, watermark: int
+               ) -> tuple[DataFrame, DataFrame | None]:
+    """(the records not behind `watermark` (`late_condition`), the late ones with a
+    `join_side` column saying left or right, or None when nothing can be late)."""
+    from pyspark.sql import functions as F
+
+    is_late = late_condition(join, watermark)
+    if is_late is None:
+        return df, None
+    late = df.filter(is_late).withColumn(
+        "join_side", F.when(F.col(JOIN_SIDE) == 0, F.lit("left")).otherwise(F.lit("right")))
+    late = late.drop(*[c for c in late.columns if c.startswith(HIDDEN_PREFIX)])
+    return df.filter(~is_late), late
+
+
 def run_join(cfg: Any, backend: Any, rows: Any, out: Any) -> None:
-    """One epoch of a join for one subtask over its input rows (`keyed_rows._Input`): match,
+    """One epoch of a join for one subtask over its input rows (`keyed_rows.Input`): match,
     buffer, fire closed windows, expire (with outer rows), as the module docstring says. A
     processing-time table join works a column at a time (`_upsert_table`, `_lookup_table`);
     everything else goes record by record (`_run_rows`)."""

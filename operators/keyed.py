@@ -8,7 +8,7 @@ the epoch's partials into state (one state access per distinct key and window), 
 commit state, timers and output atomically under the epoch number.
 
 The task's config is `keyed_config.KeyedConfig`, its input and output rows are in `keyed_rows`,
-and the state logic of each keyed kind (windows, rolling aggregates, dedupe) in `keyed_kinds`.
+and the logic of each keyed kind in the kind's module (`operators.registry`).
 """
 
 from __future__ import annotations
@@ -20,66 +20,24 @@ from dataclasses import replace
 from typing import Any
 
 from streamer.columns import (
-    CHANGE,
     DUMMY,
-    EVENT_TIME,
-    JOIN_SIDE,
     KEY_GROUP,
     ROW_KIND,
     ROW_META,
-    SIDE_OUTPUT,
     SUBTASK,
 )
-from streamer.frames import empty_frame
-from streamer.operators.aggregates import accumulator
 from streamer.operators.keyed_config import KeyedConfig
-from streamer.operators.keyed_kinds import (
-    _count_windows,
-    _rolling,
-    _time_windows,
-)
-from streamer.operators.keyed_rows import _Emitter, _Input
+from streamer.operators.keyed_rows import Emitter, Input
+from streamer.operators.registry import kind_of
 
 
 def output_schema(spark: Any, op: Any, input_schema: Any) -> Any:
-    """The Spark schema of a keyed operator's output batches: `__kind`, `__meta`, then for
-    windows the keys, window_start, window_end, `__ts` (= window_end - 1 ms, the event time
-    of the result, as in Flink) and the aggregates; for rolling aggregates the keys, the
-    aggregates and `__op` (insert, retract or update: `columns.CHANGE`); for dedupe the
-    input's columns."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import StringType, StructField, StructType, TimestampType
+    """The Spark schema of a keyed operator's output batches: `__kind`, `__meta`, then its
+    kind's columns (`KeyedKind.output_fields`), every one nullable."""
+    from pyspark.sql.types import StringType, StructField, StructType
 
-    kind = op.keyed_kind
-    fields = [StructField(ROW_KIND, StringType()), StructField(ROW_META, StringType())]
-    if kind == "process":
-        from streamer.operators.process import load_function_class
-
-        fn = load_function_class(op.process, "", op.id)
-        declared = StructType.fromDDL(fn.output_schema)
-        assert isinstance(declared, StructType)
-        return StructType([*fields, StructField(SIDE_OUTPUT, StringType()), *declared.fields,
-                           StructField(EVENT_TIME, TimestampType())])
-    if kind == "join":  # the input is the output's columns, `__ts` and `__join_side`
-        fields += [f for f in input_schema.fields if f.name != JOIN_SIDE]
-        return StructType(fields)
-    if kind == "dedupe":
-        fields += list(input_schema.fields)
-        if EVENT_TIME not in input_schema.fieldNames():
-            fields.append(StructField(EVENT_TIME, TimestampType()))
-        return StructType(fields)
-    empty = empty_frame(spark, input_schema)
-    fields += [input_schema[k] for k in op.key_by]
-    if kind == "window":
-        fields += [StructField("window_start", TimestampType()),
-                   StructField("window_end", TimestampType()),
-                   StructField(EVENT_TIME, TimestampType())]
-    for agg in op.aggregates:
-        acc = accumulator(agg, "0", "0")
-        dtype = empty.select(F.expr(acc.type_sql).alias(agg.name)).schema[0].dataType
-        fields.append(StructField(agg.name, dtype))
-    if kind == "aggregate":  # an update stream: what each row changes (`columns.CHANGE`)
-        fields.append(StructField(CHANGE, StringType()))
+    fields = [StructField(ROW_KIND, StringType()), StructField(ROW_META, StringType()),
+              *kind_of(op.keyed_kind).output_fields(spark, op, input_schema)]
     return StructType([StructField(f.name, f.dataType, True) for f in fields])
 
 
@@ -96,13 +54,13 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
             pass
         began = time.perf_counter()
         table, read_info = read_direct(cfg, cfg.direct, subtask)
-        rows: Any = _Input(table)
+        rows: Any = Input(table)
         read_info["read_ms"] = round((time.perf_counter() - began) * 1000, 3)
     else:
         rows = _read_input(cfg, batches, subtask)
         began = time.perf_counter()  # after the input arrived: the stage's own work
-    if not (cfg.kind in ("aggregate", "dedupe", "join") or (cfg.kind == "window"
-                                        and cfg.window_kind != "count")):
+    kind = kind_of(cfg.kind)
+    if kind.row_input(cfg):
         rows = rows.table.to_pylist()  # the operators that work row by row
     from streamer import failpoints
     from streamer.checkpoint import task as checkpointing
@@ -150,12 +108,12 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
             ok = True
             return
         checkpointing.check_version(cfg, subtask, done)
-        out = _Emitter(cfg)
+        out = Emitter(cfg)
         _operate(cfg, backend, rows, out)
         if cfg.flush_to is not None:
             # The end of input follows the epoch's last records (Flink's MAX_WATERMARK after
             # them): every timer up to it fires, as in an epoch of its own without records.
-            none: Any = [] if isinstance(rows, list) else _Input(rows.table.slice(0, 0))
+            none: Any = [] if isinstance(rows, list) else Input(rows.table.slice(0, 0))
             _operate(replace(cfg, fire_up_to=cfg.flush_to), backend, none, out)
         meta: dict[str, Any] = {"subtask": subtask, "out": len(out), "executor": executor,
                                 "next_event": backend.next_timer("event"),
@@ -177,40 +135,10 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
             backend.close()
 
 
-def _operate(cfg: KeyedConfig, backend: Any, rows: Any, out: _Emitter) -> None:
-    """The operator's work on one subtask's `rows` (an `_Input`, or a list for the operators
+def _operate(cfg: KeyedConfig, backend: Any, rows: Any, out: Emitter) -> None:
+    """The operator's work on one subtask's `rows` (an `Input`, or a list for the operators
     that work row by row): timers up to `cfg.fire_up_to` fire, the rows are processed."""
-    if cfg.kind == "process":
-        from streamer.operators.process import run_process
-        from streamer.user_errors import user_error
-
-        try:
-            out.rows.extend(run_process(cfg.fn_class, cfg.keys, cfg.record_columns, rows,
-                                        backend, cfg.fire_up_to, cfg.now_ms))
-        except Exception as exc:  # the user's code: told with the user's frames
-            fn = cfg.fn_class
-            found = user_error(exc, f"operator {cfg.uid!r} ({fn.__module__}:{fn.__name__})")
-            if found is None:
-                raise
-            raise found from exc
-    elif cfg.kind == "join":
-        from streamer.operators.join import run_join
-
-        run_join(cfg, backend, rows, out)
-    elif cfg.kind == "dedupe":
-        from streamer.operators.dedupe import run_dedupe
-
-        run_dedupe(cfg, backend, rows.table, out)
-    elif cfg.kind == "aggregate":
-        _rolling(cfg, backend, rows, out)
-    elif cfg.window_kind == "session":
-        from streamer.operators.sessions import run_sessions
-
-        run_sessions(cfg, backend, rows.table, out)
-    elif cfg.window_kind == "count":
-        _count_windows(cfg, backend, rows, out)
-    else:
-        _time_windows(cfg, backend, rows, out)
+    kind_of(cfg.kind).logic(cfg)(cfg, backend, rows, out)
 
 
 def _stored_bytes(batch: Any) -> bytes:
@@ -235,7 +163,7 @@ def _stored_batch(data: bytes) -> Any:
     return pa.ipc.open_stream(data).read_next_batch()
 
 
-def _read_input(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> _Input:
+def _read_input(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Input:
     """The epoch's rows of this subtask, without the dummy row that makes every subtask run;
     checks that the routing delivered them to the right Spark partition."""
     import pyarrow as pa
@@ -243,7 +171,7 @@ def _read_input(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> _Inpu
 
     received = list(batches)
     if not received:
-        return _Input(pa.table({KEY_GROUP: pa.array([], pa.int32())}))
+        return Input(pa.table({KEY_GROUP: pa.array([], pa.int32())}))
     table = pa.Table.from_batches(received)
     dummy = pc.fill_null(table.column(DUMMY), False)
     routed = set(table.filter(dummy).column(SUBTASK).to_pylist())
@@ -251,4 +179,4 @@ def _read_input(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> _Inpu
         msg = (f"keyed stage of {cfg.uid!r}: rows for subtask {min(routed - {subtask})} "
                f"reached Spark partition {subtask}; key-group routing is broken")
         raise RuntimeError(msg)
-    return _Input(table.filter(pc.invert(dummy)))
+    return Input(table.filter(pc.invert(dummy)))

@@ -1,6 +1,6 @@
-"""The rows of a keyed task (operators/keyed.py): its input (`_Input`, read a column at a
-time), its output batch (`_Emitter`), and the accumulator, key and namespace helpers that the
-logic of every keyed kind (operators/keyed_kinds.py) shares.
+"""The rows of a keyed task (operators/keyed.py): its input (`Input`, read a column at a
+time), its output batch (`Emitter`), and the accumulator, key and namespace helpers that the
+logic of every keyed kind (operators/registry.py) shares.
 """
 
 from __future__ import annotations
@@ -26,21 +26,21 @@ from streamer.operators.aggregates import accumulator
 from streamer.operators.keyed_config import KeyedConfig
 
 NS_ROLLING = b""
-_I64 = struct.Struct(">q")
+I64 = struct.Struct(">q")
 
 
 def ns_of(start_ms: int) -> bytes:
     """A window namespace: its start, big-endian so namespaces sort by time."""
-    return _I64.pack(start_ms)
+    return I64.pack(start_ms)
 
 
-def _partials(cfg: KeyedConfig) -> list[tuple[Any, int]]:
+def accumulators_of(cfg: KeyedConfig) -> list[tuple[Any, int]]:
     """(accumulator, number of partial columns) per aggregate, in order."""
     accs = [accumulator(a, EVENT_TIME_MS, SEQUENCE) for a in cfg.aggregates]
     return [(acc, len(acc.sql)) for acc in accs]
 
 
-class _Emitter:
+class Emitter:
     """Collects output rows and turns them into one Arrow batch: row by row (`rows`, dicts)
     or, for the columnar operators, a column chunk at a time (`columns`); the batch holds the
     chunks, then the rows, then the meta row."""
@@ -86,6 +86,7 @@ class _Emitter:
         self.chunks.append((n, cols))
 
     def window(self, key: Sequence[Any], start: int, end: int, values: list[Any]) -> None:
+        """One window's output row: its key, [start, end) and final values."""
         row: dict[str, Any] = {ROW_KIND: OUT, ROW_META: None}
         row.update(zip(self.cfg.keys, key, strict=True))
         row["window_start"] = start * 1000
@@ -102,9 +103,11 @@ class _Emitter:
                                                  for name in table.column_names}))
 
     def record(self, record: dict[str, Any]) -> None:
+        """One output row of the output columns."""
         self.rows.append({ROW_KIND: OUT, ROW_META: None, **record})
 
     def batch(self, meta: dict[str, Any]) -> Any:
+        """The output as one Arrow batch, its last row the meta row (`meta` as JSON)."""
         import pyarrow as pa
 
         schema = self.cfg.out_schema
@@ -130,16 +133,17 @@ class _Emitter:
         return pa.concat_batches([*parts, last])
 
 
-def _finals(accs: list[tuple[Any, int]], state: list[Any]) -> list[Any]:
+def final_values(accs: list[tuple[Any, int]], state: list[Any]) -> list[Any]:
+    """The final value of each accumulator of one state."""
     return [acc.final(value) for (acc, _), value in zip(accs, state, strict=True)]
 
 
-def _final_columns(accs: list[tuple[Any, int]], states: list[list[Any]]) -> list[list[Any]]:
+def final_columns(accs: list[tuple[Any, int]], states: list[list[Any]]) -> list[list[Any]]:
     """The final values of many accumulator lists, one list per aggregate."""
     return [acc.final_rows([state[i] for state in states]) for i, (acc, _) in enumerate(accs)]
 
 
-def _lifted(accs: list[tuple[Any, int]], rows: _Input) -> list[list[Any]]:
+def lifted_columns(accs: list[tuple[Any, int]], rows: Input) -> list[list[Any]]:
     """The mergeable accumulators of every input row, a column (list) per aggregate."""
     per_agg, i = [], 0
     for acc, n in accs:
@@ -148,12 +152,12 @@ def _lifted(accs: list[tuple[Any, int]], rows: _Input) -> list[list[Any]]:
     return per_agg
 
 
-def _lift_columns(accs: list[tuple[Any, int]], rows: _Input) -> list[list[Any]]:
-    """The mergeable accumulators of every input row (a list per row, like `_lift`)."""
-    return [list(values) for values in zip(*_lifted(accs, rows), strict=True)]
+def lift_columns(accs: list[tuple[Any, int]], rows: Input) -> list[list[Any]]:
+    """The mergeable accumulators of every input row (a list per row, like `lift_row`)."""
+    return [list(values) for values in zip(*lifted_columns(accs, rows), strict=True)]
 
 
-class _Input:
+class Input:
     """A subtask's input rows of an epoch (dummy rows removed) as an Arrow table, read into
     Python a column at a time: the columnar operators never build a dict per row."""
 
@@ -234,11 +238,11 @@ def key_cells(table: Any, keys: Sequence[str], namespace: bytes = NS_ROLLING
 
     kgs = table.column(KEY_GROUP).to_pylist()
     encoded = (encode_key_columns([table.column(k) for k in keys]) if keys
-               else [_key_bytes(())] * len(kgs))
+               else [key_to_bytes(())] * len(kgs))
     return [(kg, kb, namespace) for kg, kb in zip(kgs, encoded, strict=True)]
 
 
-def _encode_keys(keys: list[tuple[Any, ...]]) -> list[bytes]:
+def encode_keys(keys: list[tuple[Any, ...]]) -> list[bytes]:
     """`encode_key` of every key, once per distinct key.
 
     A cache by key is safe: equal keys of one column encode alike (a column has one type,
@@ -256,7 +260,7 @@ def _encode_keys(keys: list[tuple[Any, ...]]) -> list[bytes]:
     return out
 
 
-def _namespaces(starts: list[int]) -> list[bytes]:
+def window_namespaces(starts: list[int]) -> list[bytes]:
     """`ns_of` of every window start, once per distinct start."""
     cache: dict[int, bytes] = {}
     out = []
@@ -268,7 +272,8 @@ def _namespaces(starts: list[int]) -> list[bytes]:
     return out
 
 
-def _lift(accs: list[tuple[Any, int]], row: dict[str, Any]) -> list[Any]:
+def lift_row(accs: list[tuple[Any, int]], row: dict[str, Any]) -> list[Any]:
+    """The accumulators of one row's partial columns."""
     out, i = [], 0
     for acc, n in accs:
         out.append(acc.lift([row[partial(i + j)] for j in range(n)]))
@@ -276,13 +281,16 @@ def _lift(accs: list[tuple[Any, int]], row: dict[str, Any]) -> list[Any]:
     return out
 
 
-def _merge(accs: list[tuple[Any, int]], a: list[Any] | None, b: list[Any]) -> list[Any]:
+def merge_accumulators(accs: list[tuple[Any, int]], a: list[Any] | None, b: list[Any]
+                       ) -> list[Any]:
+    """`a` and `b` merged, accumulator by accumulator (`b` when there is no `a`)."""
     if a is None:
         return b
     return [acc.merge(x, y) for (acc, _), x, y in zip(accs, a, b, strict=True)]
 
 
-def _key_bytes(key: Sequence[Any]) -> bytes:
+def key_to_bytes(key: Sequence[Any]) -> bytes:
+    """The state key of a key tuple."""
     from streamer.state.codec import encode_key
 
     return encode_key(tuple(key))

@@ -42,7 +42,7 @@ import os
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from streamer.columns import (
     BROADCAST,
@@ -57,6 +57,20 @@ from streamer.columns import (
     SIDE_OUTPUT,
 )
 from streamer.exceptions import StreamerError
+from streamer.operators.contract import (
+    EVERY_RECORD,
+    KeyedKind,
+    Logic,
+    Planning,
+    records_as_they_are,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructField, StructType
+
+    from streamer.operators.keyed_config import KeyedConfig
+    from streamer.pipeline.spec import OperatorSpec
 
 
 class ProcessFunctionError(StreamerError):
@@ -401,3 +415,47 @@ def run_process(fn_class: type[KeyedProcessFunction], keys: tuple[str, ...],
         ctx.timestamp = row[EVENT_TIME_MS]
         record = {c: row[c] for c in record_columns}
         yield from emit(fn.process_element(record, ctx), row[EVENT_TIME_MS])
+
+
+class ProcessKind(KeyedKind):
+    """The user's keyed process function (`process:`): every record, row by row."""
+
+    name = "process"
+    capabilities = frozenset({EVERY_RECORD})
+
+    def prepare(self, plan: Planning, df: DataFrame, group: list[Any], epoch: int,
+                watermark: int, prerouted: bool) -> tuple[DataFrame, DataFrame | None, Any]:
+        """Every record as it is (the function decides what is late)."""
+        return records_as_they_are(plan, df, group, epoch, watermark, prerouted)
+
+    def output_fields(self, spark: Any, op: OperatorSpec, input_schema: StructType
+                      ) -> list[StructField]:
+        """`__side` (a side output's name), the function's declared `output_schema`, and
+        `__ts` (the record's or the timer's time)."""
+        from pyspark.sql.types import StringType, StructField, StructType, TimestampType
+
+        del spark, input_schema
+        assert op.process is not None
+        fn = load_function_class(op.process, "", op.id)
+        declared = StructType.fromDDL(fn.output_schema)
+        assert isinstance(declared, StructType)
+        return [StructField(SIDE_OUTPUT, StringType()), *declared.fields,
+                StructField(EVENT_TIME, TimestampType())]
+
+    def logic(self, cfg: KeyedConfig) -> Logic:
+        """`run_process`, with an error in the user's code told with the user's frames."""
+        return _process
+
+
+def _process(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]], out: Any) -> None:
+    from streamer.user_errors import user_error
+
+    try:
+        out.rows.extend(run_process(cfg.fn_class, cfg.keys, cfg.record_columns, rows,
+                                    backend, cfg.fire_up_to, cfg.now_ms))
+    except Exception as exc:  # the user's code: told with the user's frames
+        fn = cfg.fn_class
+        found = user_error(exc, f"operator {cfg.uid!r} ({fn.__module__}:{fn.__name__})")
+        if found is None:
+            raise
+        raise found from exc

@@ -38,7 +38,7 @@ from typing import Any
 
 from streamer.columns import EVENT_TIME, KEY_GROUP, WINDOW_END, WINDOW_START, partial
 from streamer.operators.keyed_rows import (
-    _partials,
+    accumulators_of,
     encode_chunk,
     flagged,
     key_codes_only,
@@ -64,7 +64,7 @@ def run_sessions(cfg: Any, backend: Any, table: Any, out: Any) -> None:
     from streamer.state import StateDescriptor, StateKind
 
     backend.declare(StateDescriptor(SESSION_CHUNKS, StateKind.VALUE))
-    accs = _partials(cfg)
+    accs = accumulators_of(cfg)
     keys = list(cfg.keys)
     columns = [*keys, WINDOW_START, WINDOW_END, *_partial_names(accs)]
     timers = backend.due_timers(cfg.domain, _ALL_TIMERS)  # one per key group: few

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from streamer.columns import EVENT_TIME, EVENT_TIME_MS, HIDDEN_PREFIX, JOIN_SIDE, TOMBSTONE
+from streamer.columns import EVENT_TIME, HIDDEN_PREFIX, JOIN_SIDE, TOMBSTONE
 from streamer.connectors.base import DECODE_ERROR_MARKER
 from streamer.operators.join import DELETE, JoinColumns, join_columns
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
     from streamer.pipeline.graph import Dataflow
-    from streamer.pipeline.spec import JoinSpec, OperatorSpec, SourceSpec
+    from streamer.pipeline.spec import OperatorSpec, SourceSpec
 
 
 @dataclass(frozen=True)
@@ -135,34 +135,3 @@ def table_load(plan: JoinPlan, slices: Mapping[str, Any]) -> int | None:
     return int(load) if load is not None else None
 
 
-def late_condition(join: JoinSpec, watermark: int) -> Column | None:
-    """Whether a record is late: an interval or temporal table join's record at or behind
-    `watermark`; a window join's once its last window has closed (`W >= last window end -
-    1`); never a processing-time table join's (None: its left records wait for nothing, its
-    right records upsert the table whatever their time)."""
-    from pyspark.sql import functions as F
-
-    if join.mode == "table" and join.as_of is None:
-        return None
-    ts = F.col(EVENT_TIME_MS)
-    if join.mode in ("interval", "table"):
-        return ts <= F.lit(watermark)
-    window = join.window
-    assert window is not None
-    size, slide = window.size_ms or 0, window.slide_ms or window.size_ms or 0
-    return ts - F.expr(f"pmod({EVENT_TIME_MS}, {slide})") + F.lit(size - 1) <= F.lit(watermark)
-
-
-def split_late(join: JoinSpec, df: DataFrame, watermark: int
-               ) -> tuple[DataFrame, DataFrame | None]:
-    """(the records not behind `watermark` (`late_condition`), the late ones with a
-    `join_side` column saying left or right, or None when nothing can be late)."""
-    from pyspark.sql import functions as F
-
-    is_late = late_condition(join, watermark)
-    if is_late is None:
-        return df, None
-    late = df.filter(is_late).withColumn(
-        "join_side", F.when(F.col(JOIN_SIDE) == 0, F.lit("left")).otherwise(F.lit("right")))
-    late = late.drop(*[c for c in late.columns if c.startswith(HIDDEN_PREFIX)])
-    return df.filter(~is_late), late

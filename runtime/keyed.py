@@ -22,10 +22,11 @@ from pyspark.accumulators import AccumulatorParam
 
 from streamer import columns as C
 from streamer.columns import OUT
-from streamer.operators.aggregates import accumulator
+from streamer.operators.contract import COMBINES, Planning
 from streamer.operators.direct import DirectRead, JoinSide, ipc_bytes
 from streamer.operators.keyed import output_schema, run_task
 from streamer.operators.keyed_config import KeyedConfig
+from streamer.operators.registry import kind_of
 from streamer.pipeline.spec import JobSpec, OperatorSpec
 from streamer.runtime.subtasks import (
     claim_subtask,
@@ -146,7 +147,7 @@ class DirectShape:
                           sides=sides)
 
 
-class KeyedStage:
+class KeyedStage(Planning):
     """One keyed operator's per-epoch Spark plan."""
 
     def __init__(self, spark: SparkSession, op: OperatorSpec, job: JobSpec, job_name: str,
@@ -185,10 +186,10 @@ class KeyedStage:
         self.domain = "event"
         if (window and window.time == "processing") or not has_event_time:
             self.domain = "processing"
-        self.kind = op.keyed_kind or "aggregate"
+        self.kind = kind_of(op.keyed_kind or "aggregate")
         self.fn_class: Any = None
         self.side_schemas: dict[str, str] = {}
-        if self.kind == "process":
+        if op.process is not None:
             from streamer.operators.process import load_function_class
 
             assert op.process is not None
@@ -198,7 +199,7 @@ class KeyedStage:
         from pyspark.sql.pandas.types import to_arrow_schema
 
         self.base_config = KeyedConfig(
-            uid=op.uid, kind=self.kind, keys=op.key_by, aggregates=op.aggregates,
+            uid=op.uid, kind=self.kind.name, keys=op.key_by, aggregates=op.aggregates,
             window_kind=window.kind if window else None,
             size_ms=window.size_ms if window else None,
             slide_ms=(window.slide_ms or window.size_ms) if window else None,
@@ -259,26 +260,27 @@ class KeyedStage:
         """`df` with its route, in the Spark partition of its subtask."""
         return df.withColumn(C.ROUTE, self._route).repartition(self.parallelism, C.ROUTE)
 
-    def _split_late(self, df: DataFrame, is_late: Column, epoch: int
-                    ) -> tuple[DataFrame, DataFrame | None, Any]:
-        """(the records in time, the late ones for the window's `late:` output or None, the
-        observation that counts the late ones a window without that output drops)."""
+    def routed(self, df: DataFrame) -> DataFrame:
+        """`df` with its route, in the Spark partition of its subtask."""
+        return self._routed(df)
+
+    def count_late(self, df: DataFrame, is_late: Column, epoch: int) -> tuple[DataFrame, Any]:
+        """(the records in time, the observation that counts the late ones, which are
+        dropped)."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
-        assert self.op.window is not None
-        if self.op.window.late:
-            return df.filter(~is_late), df.filter(is_late), None
         seen = Observation(f"late_{self.op.id}_{epoch}")
         df = df.observe(seen, F.count_if(is_late).alias("late"))
-        return df.filter(~is_late), None, seen
+        return df.filter(~is_late), seen
 
     def _prepare(self, df: DataFrame, epoch: int, now_ms: int, watermark: int,
                  prerouted: bool = False) -> tuple[DataFrame, DataFrame | None, Any]:
-        """(pre-aggregated rows with routing columns, late records or None, what counts the
-        late records dropped or None: `_split_late`). `prerouted`: route the records to their
-        subtask's partition first and aggregate there, so the plan has one shuffle instead of
-        two (no map-side pre-aggregation: for small epochs)."""
+        """(the epoch's rows as the subtasks take them, with routing columns: its kind's
+        `prepare`, late records for a `late:` output or None, what counts the late records
+        dropped or None). `prerouted`: route the records to their subtask's partition first
+        and combine there, so the plan has one shuffle instead of two (no map-side
+        combining: for small epochs)."""
         from pyspark.sql import functions as F
 
         keys = [F.col(k) for k in self.op.key_by]
@@ -291,99 +293,7 @@ class KeyedStage:
             C.KEY_GROUP: F.expr(f"pmod(xxhash64({', '.join(self.op.key_by)}), {mp})").cast("int"),
         }).withColumn(C.SUBTASK, F.expr(f"cast({C.KEY_GROUP} * {p} div {mp} as int)"))
         group = [F.col(C.SUBTASK), F.col(C.KEY_GROUP), *keys]
-        late = late_seen = None
-        window = self.op.window
-        lateness = window.allowed_lateness_ms if window else 0
-        if self.kind in ("process", "join"):  # every record goes to the function or join
-            return self._unaggregated(df, epoch, watermark)
-        if self.kind == "dedupe":
-            return self._first_records(df, group, prerouted), None, None
-        if window and window.kind in ("tumbling", "sliding") and self.domain == "event":
-            size, slide = window.size_ms or 0, window.slide_ms or window.size_ms or 0
-            last_start = F.col(C.EVENT_TIME_MS) - F.expr(f"pmod({C.EVENT_TIME_MS}, {slide})")
-            is_late = last_start + F.lit(size - 1 + lateness) <= F.lit(watermark)
-            df, late, late_seen = self._split_late(df, is_late, epoch)
-        elif window and window.kind == "session" and self.domain == "event":
-            is_late = F.col(C.EVENT_TIME_MS) + F.lit((window.gap_ms or 0) - 1 + lateness) <= F.lit(
-                watermark)
-            df, late, late_seen = self._split_late(df, is_late, epoch)
-        if window and window.kind in ("tumbling", "sliding"):
-            size, slide = window.size_ms or 0, window.slide_ms or window.size_ms or 0
-            # Window starts are multiples of the slide: the last one at or before ts, back to
-            # the first whose window still contains ts (filtered below when size % slide).
-            back = ((size - 1) // slide) * slide
-            ms = C.EVENT_TIME_MS
-            last = F.col(C.EVENT_TIME_MS) - F.expr(f"pmod({C.EVENT_TIME_MS}, {slide})")
-            # One window per record (tumbling, or a slide not below the size) needs no
-            # array and explode per record.
-            starts = last if back == 0 else F.explode(F.expr(
-                f"sequence({ms} - pmod({ms}, {slide}) - {back}, "
-                f"{ms} - pmod({ms}, {slide}), {slide})"))
-            df = df.withColumn(C.WINDOW_START, starts).filter(
-                F.col(C.WINDOW_START) + F.lit(size) > F.col(C.EVENT_TIME_MS))
-            group.append(F.col(C.WINDOW_START))
-            if self.domain == "event":
-                df = df.filter(F.col(C.WINDOW_START) + F.lit(size - 1 + lateness)
-                               > F.lit(watermark))
-        elif window and window.kind == "session":
-            gap = window.gap_ms or 0
-            session = F.session_window(F.timestamp_millis(F.col(C.EVENT_TIME_MS)),
-                                       f"{gap} milliseconds")
-            group.append(session.alias(C.SESSION))
-        elif window and window.kind == "count":
-            group += [F.col(C.EVENT_TIME_MS), F.col(C.SEQUENCE)]
-        partials = []
-        # An update stream's rows add (insert, update) or take back (retract) their values.
-        sign = (f"if({C.CHANGE} = '{C.RETRACT}', -1, 1)" if C.CHANGE in df.columns
-                else None)
-        for agg in self.op.aggregates:
-            acc = accumulator(agg, C.EVENT_TIME_MS, C.SEQUENCE, sign)
-            partials += [F.expr(sql) for sql in acc.sql]
-        if prerouted:
-            df, group = self._routed(df), [F.col(C.ROUTE), *group]
-        rows = df.groupBy(*group).agg(*[c.alias(C.partial(i)) for i, c in enumerate(partials)])
-        if window and window.kind == "session":
-            rows = rows.withColumns({
-                C.WINDOW_START: F.expr(f"unix_millis({C.SESSION}.start)"),
-                C.WINDOW_END: F.expr(f"unix_millis({C.SESSION}.end)")}).drop(C.SESSION)
-        elif not window:
-            rows = rows.withColumn(C.WINDOW_START, F.lit(0).cast("bigint"))
-        if late is not None:
-            late = visible(late)
-        return rows, late, late_seen
-
-    def _unaggregated(self, df: DataFrame, epoch: int, watermark: int
-                      ) -> tuple[DataFrame, DataFrame | None, Any]:
-        """A process function's records as they are; a join's, without the late ones
-        (`runtime.join.split_late`), and those for its `late:` output, or, without one, the
-        observation that counts the late ones it drops (as `_split_late` does a window's)."""
-        if self.op.join is None:
-            return df, None, None
-        from pyspark.sql import Observation
-        from pyspark.sql import functions as F
-
-        from streamer.runtime.join import late_condition, split_late
-
-        if self.op.join.late:
-            return (*split_late(self.op.join, df, watermark), None)
-        is_late = late_condition(self.op.join, watermark)
-        if is_late is None:  # (a processing-time table join: nothing is late)
-            return df, None, None
-        seen = Observation(f"late_{self.op.id}_{epoch}")
-        df = df.observe(seen, F.count_if(is_late).alias("late"))
-        return df.filter(~is_late), None, seen
-
-    def _first_records(self, df: DataFrame, group: list[Any], prerouted: bool) -> DataFrame:
-        """Dedupe: each key's first record of the epoch (by event time, then arrival)."""
-        from pyspark.sql import functions as F
-
-        cols = [F.col(c) for c in df.columns if c not in (C.SUBTASK, C.KEY_GROUP, C.SEQUENCE)]
-        first = F.min_by(F.struct(*cols, F.col(C.SEQUENCE)),
-                         F.struct(C.EVENT_TIME_MS, C.SEQUENCE))
-        if prerouted:
-            df, group = self._routed(df), [F.col(C.ROUTE), *group]
-        return df.groupBy(*group).agg(first.alias(C.FIRST_RECORD)).select(
-            *([C.ROUTE] if prerouted else []), C.SUBTASK, C.KEY_GROUP, f"{C.FIRST_RECORD}.*")
+        return self.kind.prepare(self, df, group, epoch, watermark, prerouted)
 
     def run(self, df: DataFrame | None, epoch: int, now_ms: int, watermark: int,
             fire_up_to: int, checkpointing: Any = None, small: bool = False,
@@ -406,7 +316,7 @@ class KeyedStage:
                 df = df.withColumn(C.EVENT_TIME, F.lit(None).cast("timestamp"))
         self._constants()
         assert self._dummies is not None and self._routed_dummies is not None
-        prerouted = small and self.kind not in ("process", "join")
+        prerouted = small and self.kind.has(COMBINES)
         rows, late, late_seen = self._prepare(df, epoch, now_ms, watermark, prerouted)
         if prerouted:
             # Both sides are hash-partitioned by route into `parallelism` partitions, so the

@@ -227,7 +227,7 @@ def _keyed_stage(spec: PipelineSpec, flow: Dataflow, spark: SparkSession, node: 
     else:
         task_sink = (sink_id, sinks[sink_id])
     out = KeyedOperatorStage(
-        stage, f"{stage.kind} keyed by {', '.join(op.key_by) or '(nothing)'} in "
+        stage, f"{stage.kind.name} keyed by {', '.join(op.key_by) or '(nothing)'} in "
         f"{stage.max_parallelism} key groups over {stage.parallelism} subtasks",
         checkpointing=checkpointing, subtask_read=subtask_read, local=local, staged=staged,
         task_sink=task_sink, local_epochs=settings.local_rows > 0)

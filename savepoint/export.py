@@ -125,7 +125,7 @@ def _export_rows(table: Any, key_group: int, as_text: bool) -> list[dict[str, An
 def _window_partials(row: dict[str, Any], key_group: int, encode: Any
                      ) -> list[dict[str, Any]] | None:
     """An `emit: final` window's entry of one epoch (columns of keys and accumulators,
-    `operators.keyed_kinds._window_chunks`) as one "acc" row per key, as per-key state reads;
+    `operators.windows._window_chunks`) as one "acc" row per key, as per-key state reads;
     the namespace keeps the epoch (window start + epoch), so a window written over several
     epochs shows one partial per epoch. None for an entry of another layout."""
     try:

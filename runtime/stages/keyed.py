@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from streamer import failpoints
 from streamer.columns import CHANGE, EVENT_TIME, GLOBAL_KEY, HIDDEN_PREFIX, JOIN_SIDE
+from streamer.operators.contract import EVERY_RECORD, LOCAL_EPOCHS, WHOLE_RECORDS
 from streamer.operators.direct import DIRECT_AGGREGATES, ipc_bytes
 from streamer.operators.stateless import union
 from streamer.runtime.arrow_input import clear_other_epochs
@@ -389,15 +390,12 @@ def local_plan(stage: KeyedStage) -> DirectShape | str:
     """Whether `stage` can take a local epoch's rows collected on the driver
     (`runtime.local`) in place of files, or why not: the operator and column shapes of
     `direct_plan`, over the stage's input (its event time is `__ts`)."""
-    op = stage.op
-    window = op.window
-    if stage.kind not in ("window", "aggregate", "dedupe", "join"):
-        return f"a {stage.kind} operator"
-    if window is not None and (window.kind not in ("tumbling", "sliding", "session")
-                               or window.late):
-        return "a count window, or a late: output"
-    if op.join is not None and op.join.late:
-        return "a join with a late: output"
+    kind = stage.kind
+    if not kind.has(LOCAL_EPOCHS):
+        return f"a {kind.name} operator"
+    refusal = kind.local_refusal(stage.op)
+    if refusal is not None:
+        return refusal
     if CHANGE in stage.input_schema.fieldNames():
         return "its input is an update stream (its retractions are signed in Spark's partials)"
     return _direct_shape(stage, "", stage.input_schema,
@@ -415,10 +413,11 @@ def _direct_shape(stage: KeyedStage, source_id: str, schema: StructType,
     op = stage.op
     types = {f.name: f.dataType for f in schema.fields}
     wanted: dict[str, Any] = {}
-    if stage.kind in ("dedupe", "join"):  # the whole record goes on: every column
+    whole = stage.kind.has(WHOLE_RECORDS)
+    if whole:  # the whole record goes on: every column
         for f in schema.fields:
             if f.name.startswith(HIDDEN_PREFIX) and f.name not in (ts_column, *(
-                    (EVENT_TIME, JOIN_SIDE) if stage.kind == "join" else ())):
+                    (EVENT_TIME, JOIN_SIDE) if stage.kind.has(EVERY_RECORD) else ())):
                 return f"its input has the internal column {f.name!r}"
             try:
                 wanted[f.name] = to_arrow_type(f.dataType, timezone="UTC")

@@ -12,7 +12,7 @@ import pytest
 from streamer.columns import EVENT_TIME_MS, KEY_GROUP
 from streamer.operators.dedupe import MAX_CHUNKS, run_dedupe
 from streamer.operators.keyed_config import KeyedConfig
-from streamer.operators.keyed_rows import NS_ROLLING, _Emitter
+from streamer.operators.keyed_rows import NS_ROLLING, Emitter
 from streamer.state import StateDescriptor, StateKind, key_group_range, open_backend
 from streamer.state.codec import encode_key
 from streamer.state.names import DEDUPE_SEEN
@@ -38,7 +38,7 @@ def _state(tmp_path, backend: str):
 def _epoch(cfg: KeyedConfig, state, keys: list[float], ts: list[int], fire: int,
            kgs: list[int] | None = None, epoch: int = 1) -> list[tuple[float, int]]:
     """The (k, v) forwarded by one epoch of records k with v = their index."""
-    out = _Emitter(cfg)
+    out = Emitter(cfg)
     n = len(keys)
     table = pa.table({KEY_GROUP: pa.array(kgs or [1] * n, pa.int32()),
                       "k": pa.array(keys, pa.float64()), "v": pa.array(range(n), pa.int64()),

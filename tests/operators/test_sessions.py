@@ -13,7 +13,7 @@ import pytest
 
 from streamer.columns import KEY_GROUP, WINDOW_END, WINDOW_START, partial
 from streamer.operators.keyed_config import KeyedConfig
-from streamer.operators.keyed_rows import NS_ROLLING, _Emitter, ns_of
+from streamer.operators.keyed_rows import NS_ROLLING, Emitter, ns_of
 from streamer.operators.sessions import run_sessions
 from streamer.pipeline.spec import AggregateSpec
 from streamer.state import StateDescriptor, StateKind, key_group_range, open_backend
@@ -50,7 +50,7 @@ def _state(tmp_path, backend: str):
                         states=[StateDescriptor("acc", StateKind.AGGREGATING)])
 
 
-def _partials(records: list[tuple[float, int, int]], kg: int = 1) -> pa.Table:
+def accumulators_of(records: list[tuple[float, int, int]], kg: int = 1) -> pa.Table:
     """One partial session per record (k, ts, v): [ts, ts + GAP), as Spark hands them."""
     n = len(records)
     item = [{"__ts_ms": ts, "__seq": i, "v": v} for i, (_, ts, v) in enumerate(records)]
@@ -70,7 +70,7 @@ def _partials(records: list[tuple[float, int, int]], kg: int = 1) -> pa.Table:
 
 def _epoch(cfg: KeyedConfig, state: Any, table: pa.Table, fire: int, epoch: int
            ) -> list[dict[str, Any]]:
-    out = _Emitter(cfg)
+    out = Emitter(cfg)
     run_sessions(replace(cfg, fire_up_to=fire, epoch=epoch), state, table, out)
     rows = out.batch({}).to_pylist()[:-1]
     return sorted(({k: v for k, v in r.items() if not k.startswith("__")} for r in rows),
@@ -99,21 +99,21 @@ def test_sessions_merge_across_epochs_and_fire_at_the_watermark(tmp_path, backen
     state = _state(tmp_path, backend)
     try:
         # k=1: 0 and 250 (two sessions), k=0.0: -0.0 at 10 and 0.0 at 60 (one), k=2 in kg 2.
-        first = _partials([(1.0, 0, 5), (1.0, 250, 7), (-0.0, 10, 3), (0.0, 60, 3)])
-        assert _epoch(cfg, state, pa.concat_tables([first, _partials([(2.0, 20, 1)], kg=2)]),
+        first = accumulators_of([(1.0, 0, 5), (1.0, 250, 7), (-0.0, 10, 3), (0.0, 60, 3)])
+        assert _epoch(cfg, state, pa.concat_tables([first, accumulators_of([(2.0, 20, 1)], kg=2)]),
                       0, 1) == []
         assert state.next_timer("event") == 0 + GAP - 1  # k=1's [0, 100)
         assert [len(list(state.iterate(SESSION_CHUNKS, kg))) for kg in (1, 2)] == [1, 1]
         # k=1's record at 100 touches [0, 100): [0, 200) and [250, 350).
-        assert _epoch(cfg, state, _partials([(1.0, 100, 9)]), 0, 2) == []
+        assert _epoch(cfg, state, accumulators_of([(1.0, 100, 9)]), 0, 2) == []
         # Watermark 158: the 0.0 session [10, 160) fires (end - 1 <= 158), k=2's [20, 120)
         # too; k=1's [0, 200) does not.
-        fired = _epoch(cfg, state, _partials([]), 159, 3)
+        fired = _epoch(cfg, state, accumulators_of([]), 159, 3)
         assert fired == [_session(0.0, 10, 160, [3, 3]), _session(2.0, 20, 120, [1])]
         assert list(state.iterate(SESSION_CHUNKS, 2)) == []
         # A record at 200 bridges [0, 200) and [250, 350): one session of four records.
-        assert _epoch(cfg, state, _partials([(1.0, 200, 2)]), 159, 4) == []
-        assert _epoch(cfg, state, _partials([]), 1000, 5) == [
+        assert _epoch(cfg, state, accumulators_of([(1.0, 200, 2)]), 159, 4) == []
+        assert _epoch(cfg, state, accumulators_of([]), 1000, 5) == [
             _session(1.0, 0, 350, [5, 9, 2, 7])]
         assert state.next_timer("event") is None
         assert list(state.iterate(SESSION_CHUNKS, 1)) == []
@@ -128,11 +128,11 @@ def test_updates_emit_each_changed_session(tmp_path, backend) -> None:
     cfg = _config(tmp_path, backend, emit="updates")
     state = _state(tmp_path, backend)
     try:
-        assert _epoch(cfg, state, _partials([(1.0, 0, 5), (2.0, 0, 1)]), 0, 1) == [
+        assert _epoch(cfg, state, accumulators_of([(1.0, 0, 5), (2.0, 0, 1)]), 0, 1) == [
             _session(1.0, 0, 100, [5]), _session(2.0, 0, 100, [1])]
-        assert _epoch(cfg, state, _partials([(1.0, 50, 6)]), 0, 2) == [
+        assert _epoch(cfg, state, accumulators_of([(1.0, 50, 6)]), 0, 2) == [
             _session(1.0, 0, 150, [5, 6])]
-        assert _epoch(cfg, state, _partials([]), 500, 3) == [
+        assert _epoch(cfg, state, accumulators_of([]), 500, 3) == [
             _session(1.0, 0, 150, [5, 6]), _session(2.0, 0, 100, [1])]
     finally:
         state.close()
@@ -153,10 +153,10 @@ def test_sessions_kept_per_key_by_an_earlier_version_move_into_chunks(tmp_path, 
                frozenset({5, 7})]
         state.put_many("acc", [(1, kb, NS_ROLLING, ((1.0,), None, None, [(0, 100, acc)]))])
         state.add_timers("event", [(1, 99, kb, ns_of(0))])
-        assert _epoch(cfg, state, _partials([(1.0, 100, 9)]), 0, 1) == []
+        assert _epoch(cfg, state, accumulators_of([(1.0, 100, 9)]), 0, 1) == []
         assert not [e for kg in state.key_groups for e in state.iterate("acc", kg)]
         assert state.next_timer("event") == 199
-        assert _epoch(cfg, state, _partials([]), 500, 2) == [
+        assert _epoch(cfg, state, accumulators_of([]), 500, 2) == [
             _session(1.0, 0, 200, [5, 7, 9])]
     finally:
         state.close()
@@ -169,10 +169,10 @@ def test_a_sum_past_64_bits_fails_as_the_accumulators_do(tmp_path) -> None:
     state = _state(tmp_path, "memory")
     try:
         big = 2**62
-        assert _epoch(cfg, state, _partials([(1.0, 0, big), (2.0, 0, big)]), 0, 1) == []
-        assert _epoch(cfg, state, _partials([(2.0, 50, -5)]), 0, 2) == []  # no overflow
+        assert _epoch(cfg, state, accumulators_of([(1.0, 0, big), (2.0, 0, big)]), 0, 1) == []
+        assert _epoch(cfg, state, accumulators_of([(2.0, 50, -5)]), 0, 2) == []  # no overflow
         with pytest.raises(ArithmeticError, match="ARITHMETIC_OVERFLOW"):
-            _epoch(cfg, state, _partials([(1.0, 50, big)]), 0, 3)
+            _epoch(cfg, state, accumulators_of([(1.0, 50, big)]), 0, 3)
     finally:
         state.close()
 
@@ -183,11 +183,12 @@ def test_processing_time_sessions_keep_their_timers_in_that_domain(tmp_path) -> 
     cfg = replace(_config(tmp_path, "rocksdb"), domain="processing")
     state = _state(tmp_path, "rocksdb")
     try:
-        assert _epoch(cfg, state, _partials([(1.0, 1000, 4), (1.0, 1050, 6)]), 1000, 1) == []
+        assert _epoch(cfg, state, accumulators_of([(1.0, 1000, 4), (1.0, 1050, 6)]), 1000, 1) == []
         assert state.next_timer("event") is None
         assert state.next_timer("processing") == 1050 + GAP - 1
-        assert _epoch(cfg, state, _partials([]), 1148, 2) == []
-        assert _epoch(cfg, state, _partials([]), 1149, 3) == [_session(1.0, 1000, 1150, [4, 6])]
+        assert _epoch(cfg, state, accumulators_of([]), 1148, 2) == []
+        assert _epoch(cfg, state, accumulators_of([]), 1149, 3) == [
+            _session(1.0, 1000, 1150, [4, 6])]
         assert state.next_timer("processing") is None
     finally:
         state.close()
