@@ -60,6 +60,8 @@ WINDOW_END = "__end"
 SESSION = "__session"
 #: Dedupe: the struct of a key's first record of the epoch while partials are grouped.
 FIRST_RECORD = "__r"
+#: A top-N's rank of a record among its key's records of the epoch (Spark side).
+RANK = "__rank"
 
 #: The key of an operator with `key_by: []`: one constant for every record.
 GLOBAL_KEY = "__global"

@@ -60,3 +60,5 @@ class KeyedConfig:
     #: join only: the `JoinSpec`, and its output columns (`operators.join.JoinColumns`).
     join: Any = None
     join_columns: Any = None
+    #: The operator's spec (`pipeline.spec.OperatorSpec`), whose settings a kind reads.
+    op: Any = None

@@ -7,6 +7,7 @@ from streamer.operators.dedupe import DedupeKind
 from streamer.operators.join import JoinKind
 from streamer.operators.process import ProcessKind
 from streamer.operators.rolling import RollingKind
+from streamer.operators.topn import TopNKind
 from streamer.operators.windows import WindowKind
 
 #: Kind name (`OperatorSpec.keyed_kind`) -> the kind.
@@ -16,6 +17,7 @@ KINDS: dict[str, KeyedKind] = {kind.name: kind for kind in (
     DedupeKind(),
     JoinKind(),
     ProcessKind(),
+    TopNKind(),
 )}
 
 

@@ -156,6 +156,10 @@ def _operator_detail(o: OperatorSpec) -> str:
         return ", ".join(name for name, _ in o.columns)
     if o.join:
         return _join_detail(o)
+    if o.top_n:
+        t = o.top_n
+        order = ", ".join(f"{c}{' desc' if d else ''}" for c, d in t.order_by)
+        return f"top {t.n} by {order}" + (f" per {o.window.kind} window" if o.window else "")
     if o.window:
         w = o.window
         size = {"tumbling": lambda: format_duration_ms(w.size_ms or 0),

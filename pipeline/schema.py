@@ -40,6 +40,7 @@ from streamer.pipeline.schema_base import (
 )
 from streamer.pipeline.schema_joins import join_schema
 from streamer.pipeline.schema_sinks import SINK
+from streamer.pipeline.topn import TOP_N
 from streamer.pipeline.units import parse_duration_ms
 from streamer.pipeline.yaml_loader import Path
 
@@ -273,7 +274,7 @@ JOIN = join_schema(WINDOW, _sliding_rule)
 
 
 OPERATOR_KINDS = ("filter", "select", "with_columns", "key_by", "join")
-KEYED_KINDS = ("window", "aggregate", "dedupe", "process")
+KEYED_KINDS = ("window", "aggregate", "dedupe", "process", "top_n")
 
 
 def _operator_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
@@ -314,17 +315,21 @@ def _operator_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
                           "[columns]" if key != "uid" else f"'uid' applies only to stateful "
                           f"(key_by) operators; remove it from {what}", at_key=True)
         return
-    if "window" in value and "aggregate" not in value:
+    if "window" in value and "aggregate" not in value and "top_n" not in value:
         ck.report((*path, "window"), f"{what} has a window but no aggregate; add aggregate: "
-                  "{name: count()}", at_key=True)
+                  "{name: count()} (or top_n: for the first rows per window)", at_key=True)
         return
-    kinds = [k for k in ("aggregate", "dedupe", "process") if k in value]
+    kinds = [k for k in ("aggregate", "dedupe", "process", "top_n") if k in value]
     if not kinds:
         ck.report(path, f"{what} has key_by but nothing to do per key; add one of window + "
-                  "aggregate, aggregate, dedupe, process")
+                  "aggregate, aggregate, dedupe, process, top_n")
     elif len(kinds) > 1:
         ck.report((*path, kinds[1]), f"{what} can have only one of aggregate, dedupe, "
-                  f"process; it has {' and '.join(kinds)}", at_key=True)
+                  f"process, top_n; it has {' and '.join(kinds)}", at_key=True)
+    elif kinds == ["top_n"] and isinstance(value.get("window"), dict) and not (
+            {"tumbling", "sliding"} & set(value["window"])):
+        ck.report((*path, "window"), f"{what}: a top-N per window needs a tumbling or sliding "
+                  "window", at_key=True)
 
 
 OPERATOR = Obj(
@@ -348,6 +353,7 @@ OPERATOR = Obj(
         "aggregate": Field(MapOf(AggregateFn(), "Output column: aggregate function.",
                                  key_pattern=COLUMN_PATTERN, key_hint=COLUMN_HINT,
                                  min_items=1)),
+        "top_n": Field(TOP_N),
         "dedupe": Field(Obj({"within": Field(Duration("Forget a key after this long."),
                                              required=True)},
                             "Forward the first record per key.")),

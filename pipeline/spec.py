@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 from streamer.exceptions import ConfigError
 from streamer.pipeline.aggregate_calls import parse_aggregate, split_arguments
 from streamer.pipeline.exceptions import Location
+from streamer.pipeline.topn import TopNSpec, build_top_n
 from streamer.pipeline.units import parse_duration_ms, parse_signed_duration_ms
 from streamer.pipeline.yaml_loader import Path, Positions
 
@@ -139,6 +140,7 @@ class OperatorSpec:
     broadcast: str | None = None
     #: join only (`inputs` is then (left, right), `key_by` the left key columns).
     join: JoinSpec | None = None
+    top_n: TopNSpec | None = None
 
     @property
     def stateful(self) -> bool:
@@ -147,11 +149,14 @@ class OperatorSpec:
 
     @property
     def keyed_kind(self) -> str | None:
-        """Window | aggregate | dedupe | process for keyed operators."""
+        """Join | top_n | window | aggregate | dedupe | process for keyed operators (the
+        name of its kind in `operators.registry`)."""
         if self.kind != "keyed":
             return None
         if self.join:
             return "join"
+        if self.top_n:
+            return "top_n"
         if self.window:
             return "window"
         if self.aggregates:
@@ -168,6 +173,8 @@ class OperatorSpec:
             return "a rolling aggregate (it emits each key's new value after every epoch)"
         if kind == "window" and self.window is not None and self.window.emit == "updates":
             return "a window with emit: updates (it emits a window again after every change)"
+        if kind == "top_n" and self.window is None:
+            return "a top-N without a window (its top rows change as records arrive)"
         return None
 
     def output_event_time(self, input_has_event_time: bool) -> bool:
@@ -179,10 +186,10 @@ class OperatorSpec:
         kind = self.keyed_kind
         if kind is None:
             return input_has_event_time
-        if kind == "join" or (kind == "window" and self.window is not None
+        if kind == "join" or (kind in ("window", "top_n") and self.window is not None
                               and self.window.kind != "count"):
             return True
-        return kind != "aggregate" and input_has_event_time
+        return kind not in ("aggregate", "top_n") and input_has_event_time
 
     @property
     def watermark_hold_ms(self) -> int:
@@ -512,6 +519,7 @@ def _build_operator(raw: Mapping[str, Any], path: Path) -> OperatorSpec:
         aggregates=tuple(aggregates),
         dedupe_within_ms=_ms(raw["dedupe"]["within"], None) if "dedupe" in raw else None,
         process=raw.get("process"), broadcast=raw.get("broadcast"),
+        top_n=build_top_n(raw["top_n"]) if "top_n" in raw else None,
         side_outputs=tuple((raw.get("side_outputs") or {}).items()), **base)
 
 

@@ -176,6 +176,17 @@ class TypeChecker:
                 if _NAME.fullmatch(arg) and arg.lower() not in _LITERALS:
                     self._column(arg, cols, (*o.path, "aggregate", agg.name),
                                  f"column {arg!r} of aggregate {agg.name!r} of {owner}")
+        top_n = o.top_n
+        if top_n is not None:
+            listed = (*o.path, "top_n", "order_by", 0) in self.spec.positions.values
+            for i, column in enumerate(top_n.columns):
+                at: Path = (*o.path, "top_n", "order_by", *((i,) if listed else ()))
+                self._column(column, cols, at, f"order_by column {column!r} of {owner}")
+            if cols is not None and top_n.rank in cols:
+                self.report((*o.path, "top_n", "rank") if (*o.path, "top_n", "rank") in
+                            self.spec.positions.values else (*o.path, "top_n"),
+                            f"the rank column {top_n.rank!r} of {owner} is already a column of "
+                            "its input; name it otherwise with rank: <column>")
         window = o.window
         if window is not None and window.kind != "count" and not node.event_time \
                 and window.time != "processing":
@@ -193,6 +204,9 @@ class TypeChecker:
             out = {**keys, **aggs}
         elif kind == "dedupe":
             out = cols
+        elif kind == "top_n" and cols is not None and o.top_n is not None:
+            out = {**cols, o.top_n.rank: "int", **({"window_start": "timestamp",
+                                                    "window_end": "timestamp"} if window else {})}
         self.nodes[o.id] = _Node(out, timed, no_time)
 
     def _no_event_time(self, o: OperatorSpec, node: _Node) -> None:

@@ -341,10 +341,15 @@ def _check_changelogs(data: Mapping[str, Any], ck: Checker) -> None:
                 break
 
 
+#: Kinds whose update streams take back a row's old value before its new one (a rolling
+#: aggregate read by a keyed operator, a top-N without a window).
+RETRACTING = ("aggregate", "top_n")
+
+
 def check_update_streams(spec: PipelineSpec, ck: Checker) -> None:
     """Which keyed operators may read an update stream (`OperatorSpec.emits_updates`): a
     rolling aggregate whose aggregates take retractions (count, sum, avg) consumes a
-    rolling aggregate's updates as a changelog, taking back each key's old value before
+    rolling aggregate's or a top-N's updates as a changelog, taking back each key's old value before
     adding the new one. Any other keyed operator would take every update as a new record
     (a max over a rolling aggregate's updates would keep values the key no longer has:
     wrong results, and no error), so it is refused with the fix. Stateless operators pass
@@ -369,7 +374,7 @@ def check_update_streams(spec: PipelineSpec, ck: Checker) -> None:
             why = by_id[origin].emits_updates
             via = "" if origin == ref else f" through {ref!r}"
             head = f"operator {op.id!r} reads{via} the updates of {origin!r}, {why}"
-            if op.keyed_kind == "aggregate" and by_id[origin].keyed_kind == "aggregate":
+            if op.keyed_kind == "aggregate" and by_id[origin].keyed_kind in RETRACTING:
                 for agg in op.aggregates:
                     if agg.function not in RETRACTABLE:
                         ck.report((*op.path, "aggregate", agg.name),
@@ -378,7 +383,8 @@ def check_update_streams(spec: PipelineSpec, ck: Checker) -> None:
                                   f"use {', '.join(f + '()' for f in RETRACTABLE)} over "
                                   f"updates, or key and window the records before {origin!r}")
                 break
-            what = {"aggregate": "rolling aggregate", "process": "process function"}.get(
+            what = {"aggregate": "rolling aggregate", "process": "process function",
+                    "top_n": "top-N"}.get(
                 str(op.keyed_kind), str(op.keyed_kind))
             ck.report(path, f"{head}; {_a(what)} would take every update as a new "
                       "record (only a rolling aggregate of count, sum or avg takes "

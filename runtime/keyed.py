@@ -213,7 +213,7 @@ class KeyedStage(Planning):
             state_root=state_root, job=job_name, parallelism=self.parallelism,
             max_parallelism=self.max_parallelism, epoch=0, fire_up_to=0,
             fn_class=self.fn_class, join=op.join,
-            join_columns=join.columns if join is not None else None)
+            join_columns=join.columns if join is not None else None, op=op)
         #: join only: its sides' projection and bad-record routing (`runtime.join`).
         self.join = join
 
