@@ -46,6 +46,8 @@ def operator_definition(op: OperatorSpec) -> dict[str, Any]:
                            "dedupe": op.dedupe_within_ms is not None, "process": op.process}
     if op.broadcast is not None:  # (absent without: older savepoints still match)
         out["broadcast"] = op.broadcast
+    if op.top_n is not None:  # (the rows kept per key depend on n and the order)
+        out["top_n"] = {"n": op.top_n.n, "order_by": [list(o) for o in op.top_n.order_by]}
     if op.join is not None:  # (absent for other operators: older savepoints still match)
         j = op.join
         jw = j.window
@@ -224,7 +226,7 @@ def _changes(was: dict[str, Any], now: dict[str, Any]) -> list[str]:
     out = []
     labels = {"kind": "the operator kind", "key_by": "key_by", "window": "the window",
               "aggregates": "the aggregates", "dedupe": "dedupe", "process": "the process "
-              "function", "join": "the join"}
+              "function", "join": "the join", "top_n": "the top-N (n, order_by)"}
     for name, label in labels.items():
         if was.get(name) != now.get(name):
             out.append(f"{label} changed from {_show(was.get(name))} to {_show(now.get(name))}"
