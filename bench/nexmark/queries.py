@@ -188,9 +188,7 @@ QUERIES = [
       SELECT auction, bidder, price, channel, url, date_time, extra,
              row_number() OVER (PARTITION BY auction ORDER BY price DESC, date_time, _seq)
                AS rank_number FROM bid)
-    WHERE rank_number <= 10""", "q19_auction_top10_price",
-          pending="top-N per key with updates (the 10 highest bids per auction, a bid "
-                  "leaving the top 10 retracted)",
+    WHERE rank_number <= 10""", "q19_auction_top10_price", keys=("auction", "rank_number"),
           sss_na="row_number over a stream"),
     Query("q20", "expand bid with auction", ("auction", "bid"), """
     SELECT B.auction, B.bidder, B.price, B.channel, B.url, B.date_time, B.extra,
