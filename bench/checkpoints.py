@@ -158,7 +158,7 @@ class Outcome:
 def run_job(spark: Any, text: str, *, checkpoints: bool, storage: str | None = None,
             from_checkpoint: str | None = None, max_epochs: int | None = None) -> Outcome:
     from streamer.pipeline.validate import load_pipeline_text
-    from streamer.runtime.coordinator import JobRunner, RunOptions
+    from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
     spec = load_pipeline_text(text)
     rec = Recorder()

@@ -104,7 +104,7 @@ def run_streamer(spark: Any, root: Path, pipeline: str, max_epochs: int | None =
                  ) -> tuple[float, int]:
     """(seconds, rows out) of one streamer run of `pipeline` from scratch."""
     from streamer.pipeline.validate import load_pipeline_text
-    from streamer.runtime.coordinator import JobRunner, RunOptions
+    from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
     for name in ("storage", "state", "out-streamer"):
         shutil.rmtree(root / name, ignore_errors=True)

@@ -160,7 +160,7 @@ def streamer_job(spark: Any, broker: KafkaBroker, topic: str, client: str, mode:
                  per_epoch: int, scratch: Path) -> tuple[float, int, int]:
     """(seconds, epochs, output records read back) of one streamer run."""
     from streamer.pipeline.validate import load_pipeline_text
-    from streamer.runtime.coordinator import JobRunner, RunOptions
+    from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
     sink = broker.create_topic(f"bench-out-{uuid.uuid4().hex[:8]}", 2)
     tag = uuid.uuid4().hex[:6]

@@ -235,7 +235,7 @@ def wrapped_run_task(*, profile_dir: Path | None = None, copy_dir: Path | None =
 def run_streamer(spark: Any, name: str, yaml_text: str, out: Path,
                  driver_profile: cProfile.Profile | None = None) -> Run:
     from streamer.pipeline.validate import load_pipeline_text
-    from streamer.runtime.coordinator import JobRunner, RunOptions
+    from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
     spec = load_pipeline_text(yaml_text)
     started = time.perf_counter()

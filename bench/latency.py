@@ -160,7 +160,7 @@ def run_pipeline(spark: Any, text: str, make_sink: Any, seconds: float,
     `ArrivalSink`) for `seconds`, then stop it (with its final checkpoint); the latencies
     of rows created after `warmup` seconds."""
     from streamer.pipeline.validate import load_pipeline_text
-    from streamer.runtime.coordinator import JobRunner, RunOptions
+    from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
     sinks: list[ArrivalSink] = []
 

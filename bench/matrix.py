@@ -258,7 +258,7 @@ sinks:
 
 def run_streamer(spark: Any, c: Cell, data: Data, scratch: Path, backend: str) -> Run:
     from streamer.pipeline.validate import load_pipeline_text
-    from streamer.runtime.coordinator import JobRunner, RunOptions
+    from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
     out = (data.broker.create_topic(f"matrix-out-{uuid.uuid4().hex[:8]}", PARTITIONS)
            if c.sink == "kafka" else str(scratch / f"out-{uuid.uuid4().hex[:8]}"))

@@ -165,7 +165,7 @@ class TimeLimit:
         timer.start()
 
     def _cancel(self) -> None:
-        from streamer.runtime.control import ControlChannel
+        from streamer.runtime.job.control import ControlChannel
 
         self.fired_at = time.perf_counter()
         self.runner.request_stop()
@@ -259,7 +259,7 @@ def run_job(spark: Any, text: str, storage: str, time_limit: float, *,
             from_savepoint: str | None = None, keep_state: bool = False,
             on_epoch: Callable[[Any], None] | None = None) -> Outcome:
     from streamer.pipeline.validate import load_pipeline_text
-    from streamer.runtime.coordinator import JobRunner, RunOptions
+    from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
     spec = load_pipeline_text(text)
     rec = Recorder(on_epoch)
@@ -339,7 +339,7 @@ def subtask_handles(local_dir: Path, url: str) -> list[dict[str, Any]]:
 def save(spark: Any, case: Case, base: Path, time_limit: float, console: Console) -> None:
     """The savepoint run of `case` (see the module docstring, 1)."""
     from streamer.checkpoint.metadata import CheckpointStore
-    from streamer.runtime.control import ControlChannel
+    from streamer.runtime.job.control import ControlChannel
     from streamer.savepoint.metadata import read_metadata
 
     name = f"sp-{case.keys}-{case.backend}"

@@ -71,7 +71,7 @@ def _size(n: int) -> str:
 
 
 def _offsets(meta: CheckpointMetadata) -> str:
-    from streamer.runtime.recovery import offsets_summary as _offsets_summary
+    from streamer.runtime.job.recovery import offsets_summary as _offsets_summary
 
     return _offsets_summary(meta)
 

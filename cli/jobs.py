@@ -33,7 +33,7 @@ def _when(seconds: float | None) -> str:
 
 def _running_job(job: str, storage: str | None) -> tuple[str, dict[str, Any]]:
     """The storage URL and record of a job that is running now (clear errors otherwise)."""
-    from streamer.runtime.control import JobControlError, JobRegistry, state_of
+    from streamer.runtime.job.control import JobControlError, JobRegistry, state_of
 
     url = default_storage(storage)
     record = JobRegistry(url, job).read()
@@ -51,7 +51,7 @@ def _running_job(job: str, storage: str | None) -> tuple[str, dict[str, Any]]:
 def _request(url: str, job: str, record: dict[str, Any], kind: str, **params: Any) -> str:
     """File a request to the run in `record` (a later run of the job refuses it, saying
     why, rather than acting on a request meant for an earlier one); its id."""
-    from streamer.runtime.control import ControlChannel
+    from streamer.runtime.job.control import ControlChannel
 
     return ControlChannel(url, job).request(kind, generation=record.get("generation"),
                                             run_id=record.get("run_id"), **params)
@@ -60,7 +60,7 @@ def _request(url: str, job: str, record: dict[str, Any], kind: str, **params: An
 def _await(url: str, job: str, rid: str, timeout: float, what: str) -> dict[str, Any]:
     """Wait for the job's answer, saying on stderr what the job is doing meanwhile."""
     from streamer.cli.errors import err_console
-    from streamer.runtime.control import ControlChannel, JobControlError
+    from streamer.runtime.job.control import ControlChannel, JobControlError
 
     console = err_console()
 
@@ -86,7 +86,7 @@ def register_job_commands(app: typer.Typer) -> None:
     def list_cmd(storage: StorageOpt = None, as_json: JsonOpt = False) -> None:
         """The jobs under the storage: running, finished, stopped, failed, cancelled, or dead
         (its heartbeat stopped), with key figures."""
-        from streamer.runtime.control import list_jobs
+        from streamer.runtime.job.control import list_jobs
 
         jobs = sorted(list_jobs(default_storage(storage)),
                       key=lambda j: -float(j.get("started_at", 0)))

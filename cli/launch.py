@@ -79,7 +79,7 @@ def run_job(spec: object, *, quiet: bool = False, json_lines: bool = False,
         shared = sys.stdout.isatty() and reporter.console.is_terminal
         sinks_console = reporter.console if shared else Console(stderr=False, highlight=False)
     with display:
-        from streamer.runtime.coordinator import JobRunner, RunOptions
+        from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
         options = RunOptions(
             master=master, spark_conf=extra, ui=not no_ui, max_epochs=max_epochs,

@@ -53,7 +53,7 @@ def status(request: Annotated[str, typer.Argument(help="The request id from --de
            storage: StorageOpt = None, as_json: JsonOpt = False) -> None:
     """The state of a savepoint request: pending, accepted (being written), completed (with
     its path) or failed (with why)."""
-    from streamer.runtime.control import ControlChannel, JobControlError
+    from streamer.runtime.job.control import ControlChannel, JobControlError
     from streamer.storage import Storage
 
     url = default_storage(storage)

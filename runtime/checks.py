@@ -37,7 +37,7 @@ def analyze_spec(spec: PipelineSpec, spark: SparkSession | None = None) -> None:
 def physical_plan(spec: PipelineSpec, spark: SparkSession | None = None) -> PhysicalPlan:
     """The physical plan `streamer run` would compile for `spec` in local mode: sources
     and sinks are built (not opened) and every expression analyzed; nothing is written."""
-    from streamer.runtime.coordinator import JobRunner, RunOptions
+    from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
     session = spark or shared_session(spec)  # (with checkpoints, as `streamer run`: a
     # sink's exactly-once mode decides how it is written)

@@ -39,7 +39,7 @@ class EpochMetrics:
     #: Records that filter operators removed.
     filtered: int = 0
     #: Per operator id, what the epoch counted of it without a job of its own
-    #: (`runtime.epoch.operator_counts`): `in`, `out` and `filtered` for a filter, `out`
+    #: (`runtime.job.epoch.operator_counts`): `in`, `out` and `filtered` for a filter, `out`
     #: for a keyed operator, `late` for a window (or join) whose late records are counted.
     operators: dict[str, dict[str, int]] = field(default_factory=dict)
     #: Per source, what is available but not read yet after the epoch (records, or files

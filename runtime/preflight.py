@@ -139,7 +139,7 @@ def _finished(spec: PipelineSpec, options: PreflightOptions) -> None:
     """Raise `JobFinishedError` when the job's last run finished and a new one would read
     nothing: every source is bounded and no files arrived since the last checkpoint."""
     from streamer.checkpoint.metadata import CheckpointStore
-    from streamer.runtime.control import JobRegistry
+    from streamer.runtime.job.control import JobRegistry
 
     storage = options.storage or spec.storage
     try:

@@ -20,7 +20,7 @@ from streamer.connectors.base import ConnectorContext, Sink, Source, SourceRead,
 from streamer.connectors.formats import json_value
 from streamer.exceptions import StreamerError
 from streamer.pipeline.spec import PipelineSpec, SinkSpec, SourceSpec, TestCase
-from streamer.runtime.coordinator import JobRunner, RunOptions
+from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

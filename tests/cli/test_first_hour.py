@@ -239,7 +239,7 @@ def test_streamer_test_checks_only_what_the_cases_do_not_replace(
 @pytest.mark.spark
 def test_a_finished_job_says_so_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                         spark: object) -> None:
-    from streamer.runtime.coordinator import JobRunner, RunOptions
+    from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
     with_inputs(tmp_path)
     monkeypatch.chdir(tmp_path)

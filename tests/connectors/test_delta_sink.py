@@ -22,7 +22,7 @@ from streamer.connectors.exceptions import ConnectorError
 from streamer.pipeline.exceptions import PipelineError
 from streamer.pipeline.validate import load_pipeline_text
 from streamer.runtime.checks import analyze_spec
-from streamer.runtime.coordinator import JobRunner, RunOptions
+from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
 BASE_MS = 1767225600000
 #: rows per split, and per epoch over both splits: 4 epochs of data (6 s of event time each),

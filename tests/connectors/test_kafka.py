@@ -19,7 +19,7 @@ from streamer.connectors.kafka_sink import KafkaSink
 from streamer.connectors.memory_sink import MemorySink
 from streamer.connectors.registry import make_sink
 from streamer.pipeline.validate import load_pipeline_text
-from streamer.runtime.coordinator import JobRunner, RunOptions
+from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 

@@ -20,7 +20,7 @@ from streamer.connectors.exceptions import ConnectorError
 from streamer.connectors.postgres_sink import PostgresSink
 from streamer.pipeline.exceptions import PipelineError
 from streamer.pipeline.validate import load_pipeline_text
-from streamer.runtime.coordinator import JobRunner, RunOptions
+from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
 
 def table_name() -> str:

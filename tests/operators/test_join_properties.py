@@ -25,7 +25,7 @@ from test_window_properties import BASE, PROPERTY, EpochSource, assert_same, cut
 from streamer.connectors.base import ConnectorContext, Sink, Source
 from streamer.connectors.memory_sink import MemorySink
 from streamer.pipeline.validate import load_pipeline_text
-from streamer.runtime.coordinator import JobRunner, RunOptions
+from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
 pytestmark = pytest.mark.spark
 

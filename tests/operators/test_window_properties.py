@@ -24,7 +24,7 @@ from oracle import Agg
 from streamer.connectors.base import ConnectorContext, Sink, Source, SourceRead, SourceSlice
 from streamer.connectors.memory_sink import MemorySink
 from streamer.pipeline.validate import load_pipeline_text
-from streamer.runtime.coordinator import JobRunner, RunOptions
+from streamer.runtime.job.coordinator import JobRunner, RunOptions
 from streamer.runtime.testing import compare_rows
 
 pytestmark = pytest.mark.spark

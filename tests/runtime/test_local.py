@@ -18,7 +18,7 @@ import pytest
 from streamer.connectors.memory_sink import MemorySink
 from streamer.exceptions import StreamerError
 from streamer.pipeline.validate import load_pipeline_text
-from streamer.runtime.coordinator import JobRunner, RunOptions
+from streamer.runtime.job.coordinator import JobRunner, RunOptions
 from streamer.runtime.local import local_table
 
 pytestmark = pytest.mark.spark

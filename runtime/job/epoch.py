@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 from streamer.connectors.base import DECODE_ERROR_MARKER
 from streamer.connectors.exceptions import DecodeError
 from streamer.exceptions import StreamerError
-from streamer.runtime.checkpointing import CheckpointCoordinator
 from streamer.runtime.exceptions import JobFailedError, UnreadableFileError
-from streamer.runtime.job import JobState, now_ms
-from streamer.runtime.jobcontrol import JobControl
+from streamer.runtime.job.checkpointing import CheckpointCoordinator
+from streamer.runtime.job.job_state import JobState, now_ms
+from streamer.runtime.job.jobcontrol import JobControl
+from streamer.runtime.job.savepointing import complete_savepoint
 from streamer.runtime.metrics import EpochMetrics
 from streamer.runtime.plan import decide
-from streamer.runtime.savepoints import complete_savepoint
 from streamer.runtime.stages.base import DEAD, LATE, OUT, EpochContext, Stage
 
 if TYPE_CHECKING:

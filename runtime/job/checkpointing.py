@@ -19,7 +19,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from streamer.runtime.job import JobState
+from streamer.runtime.job.job_state import JobState
 from streamer.runtime.workdirs import local_recovery_root
 
 if TYPE_CHECKING:

@@ -1,14 +1,14 @@
 """Writing a savepoint (ARCHITECTURE.md §6): after the savepoint epoch's checkpoint, the
 subtasks have written their key groups in the canonical format; this writes the savepoint's
-`_metadata` and answers whoever asked (restoring from one is `runtime.recovery`)."""
+`_metadata` and answers whoever asked (restoring from one is `runtime.job.recovery`)."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from streamer.runtime.job import JobState
-from streamer.runtime.jobcontrol import JobControl
+from streamer.runtime.job.job_state import JobState
+from streamer.runtime.job.jobcontrol import JobControl
 
 
 def complete_savepoint(job: JobState, control: JobControl, url: str, epoch: int,

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from streamer.runtime.exceptions import JobTerminatedError
-from streamer.runtime.job import JobState
+from streamer.runtime.job.job_state import JobState
 
 #: How long the cancel after SIGTERM (a second SIGTERM, or `job.shutdown_timeout` passed) may
 #: take before the process exits at once with 143 (`os._exit`): a cancel stuck in a call
@@ -60,7 +60,7 @@ class JobControl:
         heartbeat; open the control channel."""
         if not self.job.options.checkpoints:
             return
-        from streamer.runtime.control import ControlChannel, JobRegistry
+        from streamer.runtime.job.control import ControlChannel, JobRegistry
 
         job = self.job
         registry = JobRegistry(job.storage_url, job.spec.name)

@@ -15,7 +15,7 @@ The running job writes `job.json` at every epoch boundary and from a heartbeat t
 heartbeat older than `STALE_AFTER_S` means the job is dead (killed, machine lost), and a new run
 takes it over. A run on this machine is dead as soon as its process is gone, so a killed run
 can be restarted at once. The job polls `control/requests/` at every epoch boundary, from its
-first one on, and answers every request it takes (`runtime.jobcontrol`); a client waiting for
+first one on, and answers every request it takes (`runtime.job.jobcontrol`); a client waiting for
 an answer (`ControlChannel.wait`) watches `job.json`, so a run that ends or dies first is
 reported at once.
 

@@ -2,14 +2,14 @@
 
 Per epoch:
 
-    poll control ─> plan the epoch (source slices) ─> run the stages (runtime.epoch)
+    poll control ─> plan the epoch (source slices) ─> run the stages (runtime.job.epoch)
       ─> barrier ─> complete the checkpoint ─> commit sinks ─> loop
 
 What it sequences lives elsewhere: the physical plan and the per-epoch decision in
-`runtime.plan`, the stages in `runtime.stages`, one epoch in `runtime.epoch`, checkpoint
-completion in `runtime.checkpointing`, recovery and restore in `runtime.recovery`,
-savepoints in `runtime.savepoints`, stop / cancel / savepoint requests in
-`runtime.jobcontrol`.
+`runtime.plan`, the stages in `runtime.stages`, one epoch in `runtime.job.epoch`, checkpoint
+completion in `runtime.job.checkpointing`, recovery and restore in `runtime.job.recovery`,
+savepoints in `runtime.job.savepointing`, stop / cancel / savepoint requests in
+`runtime.job.jobcontrol`.
 
 An epoch boundary is an aligned barrier: every record of an epoch's slices is committed
 together, none of the next epoch's. Bounded sources end the loop; unbounded ones run until
@@ -30,11 +30,12 @@ from streamer.exceptions import StreamerError
 from streamer.pipeline.graph import compile_dataflow
 from streamer.pipeline.spec import PipelineSpec
 from streamer.runtime.analyze import analyze
-from streamer.runtime.checkpointing import CheckpointCoordinator
-from streamer.runtime.epoch import EpochRunner, guarded
 from streamer.runtime.exceptions import JobFailedError
-from streamer.runtime.job import JobState, RunOptions, now_ms
-from streamer.runtime.jobcontrol import JobControl
+from streamer.runtime.job.checkpointing import CheckpointCoordinator
+from streamer.runtime.job.epoch import EpochRunner, guarded
+from streamer.runtime.job.job_state import JobState, RunOptions, now_ms
+from streamer.runtime.job.jobcontrol import JobControl
+from streamer.runtime.job.recovery import Recovery
 from streamer.runtime.metrics import (
     EpochMetrics,
     QuietReporter,
@@ -42,7 +43,6 @@ from streamer.runtime.metrics import (
     TeeReporter,
     plural,
 )
-from streamer.runtime.recovery import Recovery
 from streamer.runtime.watermarks import MAX_WATERMARK
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ class JobResult:
     late: int = 0
     filtered: int = 0
     offsets: dict[str, Any] = field(default_factory=dict)
-    #: The metrics of the last epochs (at least `runtime.job.HISTORY_KEEP`); the counts
+    #: The metrics of the last epochs (at least `runtime.job.job_state.HISTORY_KEEP`); the counts
     #: above cover every epoch.
     metrics: list[EpochMetrics] = field(default_factory=list)
     #: Checkpoints completed by this run, the one it resumed from, restarts it made.
