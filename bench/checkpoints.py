@@ -520,7 +520,7 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-checkpoints-"))
     os.environ.setdefault("STREAMER_LOG_DIR", str(tmp / "logs"))
-    from streamer.runtime.spark import create_session
+    from streamer.runtime.cluster.spark import create_session
 
     spark = create_session("bench-checkpoints", "local[2]",
                            {"spark.sql.shuffle.partitions": SESSION_SHUFFLE_PARTITIONS},

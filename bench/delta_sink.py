@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def spark_collect(n: int) -> None:
-    from streamer.runtime.spark import create_session
+    from streamer.runtime.cluster.spark import create_session
 
     spark: Any = create_session("bench-delta", master="local[2]", ui=False,
                                 conf={"spark.sql.shuffle.partitions": "2"})

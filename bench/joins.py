@@ -255,7 +255,7 @@ def main() -> None:
     args = parser.parse_args()
     from rich.console import Console
 
-    from streamer.runtime.spark import create_session
+    from streamer.runtime.cluster.spark import create_session
 
     # A 4 GB driver heap (the default is 1 GB): Spark SS's HDFS state store keeps the state of
     # finished queries in the JVM until its maintenance unloads them, and its third

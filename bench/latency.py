@@ -265,7 +265,7 @@ def main() -> None:
     if args.quick:
         args.seconds, args.warmup = 8.0, 2.0
 
-    from streamer.runtime.spark import create_session
+    from streamer.runtime.cluster.spark import create_session
 
     spark = create_session("bench-latency", "local[2]", {"spark.sql.shuffle.partitions": "2"},
                            ui=False)

@@ -473,7 +473,7 @@ def main() -> None:
 
             conf["spark.jars"] = ",".join(spark_kafka_jars())
             broker = broker_module().KafkaBroker(scratch / "broker").start()
-        from streamer.runtime.spark import create_session
+        from streamer.runtime.cluster.spark import create_session
 
         spark = create_session("bench-matrix", "local[2]", conf, ui=False)
         data = Data(scratch / "data", args.rows, args.files, args.files_per_epoch, broker)

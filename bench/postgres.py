@@ -92,7 +92,7 @@ def main() -> None:
     args = parser.parse_args()
     from postgres_server import PostgresServer
 
-    from streamer.runtime.spark import create_session
+    from streamer.runtime.cluster.spark import create_session
 
     spark = create_session("bench-postgres", master="local[2]", ui=False,
                            conf={"spark.sql.shuffle.partitions": "2"})

@@ -557,7 +557,7 @@ def load() -> str:
 @contextlib.contextmanager
 def session(tmp: Path) -> Iterator[Any]:
     os.environ.setdefault("STREAMER_LOG_DIR", str(tmp / "logs"))
-    from streamer.runtime.spark import create_session
+    from streamer.runtime.cluster.spark import create_session
 
     spark = create_session("bench-savepoints", "local[2]",
                            {"spark.sql.shuffle.partitions": SESSION_SHUFFLE_PARTITIONS},

@@ -90,7 +90,7 @@ def main() -> None:
     parser.add_argument("--splits", type=int, default=2)
     args = parser.parse_args()
 
-    from streamer.runtime.spark import create_session
+    from streamer.runtime.cluster.spark import create_session
 
     spark = create_session("bench-stateless", "local[2]", {"spark.sql.shuffle.partitions": "2"},
                            ui=False)

@@ -246,7 +246,7 @@ def run(
         raise ConfigError(msg)
     spec = load_pipeline(str(file))
     if submit:
-        from streamer.runtime.submit import SubmitOptions, submit_job
+        from streamer.runtime.cluster.submit import SubmitOptions, submit_job
 
         args = _run_args(quiet=quiet, json_lines=json_lines, conf=conf, max_epochs=max_epochs,
                          no_ui=no_ui, from_checkpoint=from_checkpoint, fresh=fresh,

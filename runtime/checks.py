@@ -18,7 +18,7 @@ def shared_session(spec: PipelineSpec | None = None) -> SparkSession:
     """A local session without the UI for checks and tests (the pipeline's spark: block
     applies).
     """
-    from streamer.runtime.spark import create_session
+    from streamer.runtime.cluster.spark import create_session
 
     return create_session("streamer-check", None, dict(spec.spark) if spec else {}, ui=False)
 

@@ -451,7 +451,7 @@ def decide(plan: PhysicalPlan, sources: Mapping[str, Source],
 
 def _small(settings: ExecutionSpec, slices: Mapping[str, SourceSlice],
            last_input: int | None) -> bool:
-    """Whether the epoch runs in the small-epoch mode (`runtime.spark.SMALL_EPOCH_CONF`):
+    """Whether the epoch runs in the small-epoch mode (`runtime.cluster.spark.SMALL_EPOCH_CONF`):
     its input is known to be at most `small_epoch_rows` rows (a timer-only epoch has none),
     or, where a source cannot tell up front, the previous epoch's was."""
     limit = settings.small_epoch_rows

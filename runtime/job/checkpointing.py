@@ -19,8 +19,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from streamer.runtime.cluster.workdirs import local_recovery_root
 from streamer.runtime.job.job_state import JobState
-from streamer.runtime.workdirs import local_recovery_root
 
 if TYPE_CHECKING:
     from streamer.checkpoint.metadata import CheckpointMetadata, CheckpointStore, OperatorState

@@ -94,7 +94,7 @@ class JobRunner:
                  reporter: Reporter | None = None, spark: SparkSession | None = None,
                  source_factory: Callable[[Any, ConnectorContext], Source] | None = None,
                  sink_factory: Callable[[Any, ConnectorContext], Sink] | None = None) -> None:
-        from streamer.runtime.placement import Placement
+        from streamer.runtime.cluster.placement import Placement
         from streamer.storage import use_s3_options
 
         self.spec = spec
@@ -167,7 +167,7 @@ class JobRunner:
         """The Spark session, started on first use."""
         if self._spark is None:
             from streamer.connectors.registry import session_conf
-            from streamer.runtime.spark import create_session
+            from streamer.runtime.cluster.spark import create_session
 
             conf = {**{f"spark.executorEnv.{k}": v for k, v in self._s3_env.items()},
                     **self.spec.spark, **self.options.spark_conf}
@@ -195,10 +195,10 @@ class JobRunner:
     def build(self) -> PhysicalPlan:
         """Build connectors, analyze every expression, and compile the physical plan (no
         side effects: nothing is opened or written; `streamer plan --physical` stops here)."""
-        from streamer.runtime.placement import on_cluster
+        from streamer.runtime.cluster.placement import on_cluster
+        from streamer.runtime.cluster.workdirs import default_state_root
         from streamer.runtime.plan import plan_stages
         from streamer.runtime.userfunctions import ship_user_code
-        from streamer.runtime.workdirs import default_state_root
 
         job, spec = self.job, self.spec
         settings = spec.job.execution.with_overrides(os.environ)
@@ -274,7 +274,7 @@ class JobRunner:
 
     def _open(self) -> None:
         """Plan the job and announce it."""
-        from streamer.runtime.spark import EpochConf
+        from streamer.runtime.cluster.spark import EpochConf
 
         self.prepare()
         self._epoch_conf = EpochConf(self.spark)
@@ -335,7 +335,7 @@ class JobRunner:
         if job.on_cluster:
             # The next application has other executors: their local copies would never be
             # read again. (Only those on this host are reachable here.)
-            from streamer.runtime.workdirs import local_recovery_root
+            from streamer.runtime.cluster.workdirs import local_recovery_root
 
             copies = local_recovery_root(self.spec.job.state_local_dir)
             for executor in job.placement.executors():

@@ -16,9 +16,9 @@ if TYPE_CHECKING:
     from streamer.connectors.base import Sink, Source
     from streamer.pipeline.graph import Dataflow
     from streamer.pipeline.spec import PipelineSpec
+    from streamer.runtime.cluster.placement import Placement
     from streamer.runtime.keyed import KeyedStage
     from streamer.runtime.metrics import EpochMetrics, Reporter
-    from streamer.runtime.placement import Placement
     from streamer.runtime.plan import PhysicalPlan
     from streamer.runtime.watermarks import WatermarkTracker
 
@@ -83,7 +83,7 @@ class JobState:
     schemas: dict[str, Any] = field(default_factory=dict)
     plan: PhysicalPlan | None = None
     #: On a cluster (not `local[...]`): working state per executor, a checkpoint every
-    #: epoch so a subtask that moves restores the latest version (runtime/placement.py).
+    #: epoch so a subtask that moves restores the latest version (runtime/cluster/placement.py).
     on_cluster: bool = False
     offsets: dict[str, dict[str, Any]] = field(default_factory=dict)
     watermarks: WatermarkTracker | None = None

@@ -8,10 +8,10 @@ import datetime as dt
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from streamer.runtime.cluster.workdirs import cleanup_stale_runs, default_state_root
 from streamer.runtime.exceptions import JobFailedError, UnreadableFileError
 from streamer.runtime.job.checkpointing import CheckpointCoordinator, Guard
 from streamer.runtime.job.job_state import JobState, new_run_id
-from streamer.runtime.workdirs import cleanup_stale_runs, default_state_root
 
 if TYPE_CHECKING:
     import threading

@@ -110,7 +110,7 @@ def test_spark_client_puts_the_connector_jars_after_the_users_jars() -> None:
 def test_spark_submit_gets_the_connector_jars_on_its_command_line() -> None:
     """Under spark-submit the session exists before the driver runs: the jars a local run adds
     to the session must be in the submitted conf."""
-    from streamer.runtime.submit import submit_conf
+    from streamer.runtime.cluster.submit import submit_conf
 
     text = SPARK_CLIENT.replace("CLIENT", "spark")
     spec = load_pipeline_text(text.replace("sources:", 'spark: {spark.jars: "/my/udfs.jar"}\n'

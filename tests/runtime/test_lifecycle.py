@@ -18,7 +18,7 @@ from typing import Any
 
 from streamer_process import SCRUBBED, STREAMER, FilesOutput, crash, quick_jvm
 
-from streamer.runtime.standalone import session_members
+from streamer.runtime.cluster.standalone import session_members
 
 PIPELINE = """
 name: lifecycle

@@ -115,10 +115,10 @@ def submit_command(pipeline: Path, run_args: Sequence[str], options: SubmitOptio
                    app_name: str) -> list[str]:
     """The spark-submit command line that runs `streamer run <pipeline> <run_args>` as the
     driver of an application on `options.master`."""
-    from streamer.runtime.spark import DEFAULT_CONF
+    from streamer.runtime.cluster.spark import DEFAULT_CONF
 
     check_options(options)
-    from streamer.runtime.standalone import spark_home
+    from streamer.runtime.cluster.standalone import spark_home
 
     entry = workdir / "streamer_driver.py"
     entry.write_text(ENTRY)
@@ -157,8 +157,8 @@ def submit(pipeline: Path, run_args: Sequence[str], options: SubmitOptions,
            pipeline_conf: Mapping[str, str], *, app_name: str) -> int:
     """Run spark-submit in the foreground (its output is the driver's) and return its exit
     code (the driver's exit code)."""
-    from streamer.runtime.spark import check_java, check_master
-    from streamer.runtime.standalone import spark_home
+    from streamer.runtime.cluster.spark import check_java, check_master
+    from streamer.runtime.cluster.standalone import spark_home
 
     check_java()
     check_options(options)
