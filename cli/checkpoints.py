@@ -137,7 +137,7 @@ def inspect_cmd(job: JobArg, checkpoint: Annotated[str, typer.Argument(
                     path=store.storage.path(store.dir_of(meta.checkpoint_id)))
         sys.stdout.write(json.dumps(body, indent=2, default=str) + "\n")
         return
-    from streamer.runtime.metrics import _time
+    from streamer.runtime.observe.metrics import _time
 
     console = _console()
     console.print(f"checkpoint [bold]{meta.checkpoint_id}[/bold] of job [bold]{job}[/bold]  "

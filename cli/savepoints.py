@@ -121,7 +121,7 @@ def inspect(path: PathArg, as_json: JsonOpt = False) -> None:
         sys.stdout.write(json.dumps(body, indent=2, default=str) + "\n")
         return
     from streamer.cli.jobs import _when
-    from streamer.runtime.metrics import _time
+    from streamer.runtime.observe.metrics import _time
 
     console = _console()
     console.print(f"savepoint of job [bold]{meta.job}[/bold] at epoch {meta.epoch}, "

@@ -92,7 +92,7 @@ def test_readme_links_point_at_docs_pages() -> None:
 
 
 # ------------------------------------------------------------------ files the docs cite
-#: A file name in running text or code: `runtime/metrics.py`, `PIPELINE_SPEC.md`.
+#: A file name in running text or code: `runtime/observe/metrics.py`, `PIPELINE_SPEC.md`.
 FILE_NAME = re.compile(r"(?<![\w/.-])((?:\.{1,2}/)*(?:[\w.-]+/)*[\w-]+"
                        r"\.(?:md|py|ya?ml|json|toml|properties|sh|svg|css))\b")
 #: Pages the docs build generates (docs/hooks.py): cited, but not files in the repository.
@@ -148,7 +148,7 @@ def test_a_cited_file_that_does_not_exist_is_found(tmp_path: Path) -> None:
     docs = tmp_path / "docs"
     (docs / "guide").mkdir(parents=True)
     page = docs / "guide" / "page.md"
-    page.write_text("The contract is `PIPELINE_SPEC.md`; see runtime/metrics.py, "
+    page.write_text("The contract is `PIPELINE_SPEC.md`; see runtime/observe/metrics.py, "
                     "runtime/gone.py, `pipeline.yaml`, [this](../reference/pipeline-file.md) "
                     "and [that](../no-such-page.md).\n")
     assert missing_citations(page, docs) == [

@@ -36,7 +36,7 @@ from streamer.runtime.job.epoch import EpochRunner, guarded
 from streamer.runtime.job.job_state import JobState, RunOptions, now_ms
 from streamer.runtime.job.jobcontrol import JobControl
 from streamer.runtime.job.recovery import Recovery
-from streamer.runtime.metrics import (
+from streamer.runtime.observe.metrics import (
     EpochMetrics,
     QuietReporter,
     Reporter,
@@ -49,8 +49,8 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from streamer.runtime.keyed import KeyedStage
+    from streamer.runtime.observe.prometheus import PrometheusExporter
     from streamer.runtime.plan import PhysicalPlan
-    from streamer.runtime.prometheus import PrometheusExporter
 
 
 @dataclass
@@ -514,7 +514,7 @@ def _exporter(spec: PipelineSpec, options: RunOptions) -> PrometheusExporter | N
     port = options.metrics_port or spec.job.metrics.prometheus_port
     if port is None or not options.metrics:
         return None
-    from streamer.runtime.prometheus import PrometheusExporter
+    from streamer.runtime.observe.prometheus import PrometheusExporter
 
     return PrometheusExporter(spec.name, port, spec.job.metrics.prometheus_host)
 

@@ -21,7 +21,7 @@ from streamer.runtime.job.checkpointing import CheckpointCoordinator
 from streamer.runtime.job.job_state import JobState, now_ms
 from streamer.runtime.job.jobcontrol import JobControl
 from streamer.runtime.job.savepointing import complete_savepoint
-from streamer.runtime.metrics import EpochMetrics
+from streamer.runtime.observe.metrics import EpochMetrics
 from streamer.runtime.plan import decide
 from streamer.runtime.stages.base import DEAD, LATE, OUT, EpochContext, Stage
 

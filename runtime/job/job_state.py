@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from streamer.pipeline.spec import PipelineSpec
     from streamer.runtime.cluster.placement import Placement
     from streamer.runtime.keyed import KeyedStage
-    from streamer.runtime.metrics import EpochMetrics, Reporter
+    from streamer.runtime.observe.metrics import EpochMetrics, Reporter
     from streamer.runtime.plan import PhysicalPlan
     from streamer.runtime.watermarks import WatermarkTracker
 

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from streamer.checkpoint.metadata import CheckpointError, CheckpointStore
 from streamer.pipeline.validate import load_pipeline_text
 from streamer.runtime.job.coordinator import JobRunner, RunOptions
-from streamer.runtime.metrics import JsonReporter
+from streamer.runtime.observe.metrics import JsonReporter
 
 pytestmark = pytest.mark.spark
 

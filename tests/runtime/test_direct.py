@@ -41,7 +41,7 @@ def stop_with_savepoint(spark, text: str, storage: Path, job: str, after_epoch: 
     ask for a stop with a savepoint (no drain) once epoch `after_epoch` has been reported;
     the run's result."""
     from streamer.runtime.job.control import ControlChannel
-    from streamer.runtime.metrics import JsonReporter
+    from streamer.runtime.observe.metrics import JsonReporter
 
     filed: list[str] = []
 

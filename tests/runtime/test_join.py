@@ -18,7 +18,7 @@ from streamer.pipeline.validate import load_pipeline_text
 from streamer.runtime.checks import analyze_spec
 from streamer.runtime.job.control import ControlChannel
 from streamer.runtime.job.coordinator import JobRunner, RunOptions
-from streamer.runtime.metrics import JsonReporter
+from streamer.runtime.observe.metrics import JsonReporter
 from streamer.savepoint.metadata import SavepointError, plan_restore, read_metadata
 
 pytestmark = pytest.mark.spark

@@ -20,7 +20,7 @@ from streamer.exceptions import ConfigError
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
-    from streamer.runtime.metrics import EpochMetrics
+    from streamer.runtime.observe.metrics import EpochMetrics
 
 #: Epoch durations (seconds): a near-empty epoch takes tens of milliseconds, a large one
 #: seconds to minutes.
