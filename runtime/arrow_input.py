@@ -1,7 +1,7 @@
 """A keyed stage's JSON input decoded, filtered and derived in Python tasks with Arrow
 (`job.execution.arrow_input`), where that is certainly what Spark would compute.
 
-The staged-input strategy (`runtime.stages.keyed.StagedRun`) has Spark decode a source's
+The staged-input strategy (`runtime.stages.keyed_stage.StagedRun`) has Spark decode a source's
 text, apply the stateless operators before the keyed stage and write the result as local
 parquet files for the subtasks. For a local JSON-lines `files` source, or a Kafka source of
 JSON values read by confluent-kafka, whose columns, event time and operators Arrow computes

@@ -20,7 +20,7 @@ from streamer.pipeline.spec import ExecutionSpec
 from streamer.runtime.arrow_input import ArrowInput, plan_arrow_input
 from streamer.runtime.keyed import DirectShape, KeyedStage
 from streamer.runtime.stages.base import EpochDecision, Stage
-from streamer.runtime.stages.keyed import (
+from streamer.runtime.stages.keyed_stage import (
     KeyedOperatorStage,
     LocalRun,
     StagedRun,
@@ -37,7 +37,7 @@ from streamer.runtime.stages.sources import (
     ToKeyedStage,
     ToSink,
 )
-from streamer.runtime.stages.stateless import StatelessChain
+from streamer.runtime.stages.stateless_stage import StatelessChain
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
