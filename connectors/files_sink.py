@@ -17,7 +17,7 @@ or copy on an object store, makes each file appear whole.
 A local parquet or jsonl sink fed by nothing but one keyed operator lets that operator's
 Spark tasks write the staging files themselves (`task_target`, `TaskFile`): each subtask writes
 its output rows with pyarrow as Spark would (parquet: its schema in the footer, timestamps as
-`spark.sql.parquet.outputTimestampType` says; jsonl: `connectors.arrow_json_writer`, Spark's
+`spark.sql.parquet.outputTimestampType` says; jsonl: `connectors.arrow.arrow_json_writer`, Spark's
 bytes), and the rows never cross into the JVM; the commit is the same. Where the JSON encoder
 refuses a batch (a double Java 17 may print otherwise, a year outside 1000-9999), that subtask's
 remaining rows are kept as a parquet file and Spark's JSON writer renders it when the sink
@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamer.columns import HIDDEN_PREFIX
 from streamer.connectors import manifests
-from streamer.connectors.arrow_json_writer import JsonLines, jvm_prints_shortest, unsupported
+from streamer.connectors.arrow.arrow_json_writer import JsonLines, jvm_prints_shortest, unsupported
 from streamer.connectors.base import ConnectorContext, Sink
 from streamer.connectors.exceptions import ConnectorError
 from streamer.connectors.files import is_local, spark_path

@@ -144,7 +144,7 @@ class KafkaSink(StagedTableSink):
         is a string, integer or boolean column, whose text Arrow casts as Spark does."""
         from fsspec.core import url_to_fs
 
-        from streamer.connectors.arrow_json_writer import unsupported
+        from streamer.connectors.arrow.arrow_json_writer import unsupported
         from streamer.connectors.files import is_local
         from streamer.connectors.formats import not_utc
 

@@ -5,7 +5,7 @@ The staged-input strategy (`runtime.stages.keyed_stage.StagedRun`) has Spark dec
 text, apply the stateless operators before the keyed stage and write the result as local
 parquet files for the subtasks. For a local JSON-lines `files` source, or a Kafka source of
 JSON values read by confluent-kafka, whose columns, event time and operators Arrow computes
-as Spark does (`connectors.arrow_json`, `operators.arrow_sql`), one Spark job of Python
+as Spark does (`connectors.arrow.arrow_json`, `operators.arrow_sql`), one Spark job of Python
 tasks does that instead, a task per file or per partition range: read, decode, event time,
 operators, and the stage's columns written as a parquet file. A local parquet source with
 operators before the keyed stage (without them its subtasks read the files themselves)
@@ -26,7 +26,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from streamer.columns import EVENT_TIME
-from streamer.connectors.arrow_json import TYPES
+from streamer.connectors.arrow.arrow_json import TYPES
 from streamer.connectors.formats import not_utc
 from streamer.exceptions import ArrowRefused
 from streamer.operators.arrow_sql import Program, arrow_type, compile_ops
@@ -131,7 +131,7 @@ def plan_arrow_input(spark: SparkSession, flow: Dataflow, node_id: str,
         return program
     conf = source.reader_conf() if kind == "kafka" else None
     if kind == "csv":
-        from streamer.connectors.arrow_csv import refusal
+        from streamer.connectors.arrow.arrow_csv import refusal
 
         why = refusal(source.delimiter)
         if why is not None:
@@ -215,8 +215,8 @@ def _decode_one(plan: ArrowInput, target: str | TaskTarget,
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from streamer.connectors.arrow_csv import decode as decode_csv
-    from streamer.connectors.arrow_json import decode
+    from streamer.connectors.arrow.arrow_csv import decode as decode_csv
+    from streamer.connectors.arrow.arrow_json import decode
     from streamer.connectors.files import SPLIT
     from streamer.worker import prepare_task
 

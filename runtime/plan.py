@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from streamer.columns import CHANGE, EVENT_TIME, HIDDEN_PREFIX
-from streamer.connectors.arrow_json import TYPES
+from streamer.connectors.arrow.arrow_json import TYPES
 from streamer.pipeline.spec import ExecutionSpec
 from streamer.runtime.arrow_input import ArrowInput, plan_arrow_input
 from streamer.runtime.keyed import DirectShape, KeyedStage

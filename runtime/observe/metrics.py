@@ -74,7 +74,7 @@ class EpochMetrics:
     arrow_decoded: dict[str, int] = field(default_factory=dict)
     arrow_refused: dict[str, str] = field(default_factory=dict)
     #: `<sink id> subtask <n>` -> why a keyed task writing a jsonl sink left its remaining
-    #: rows to Spark's writer (`connectors.arrow_json_writer`).
+    #: rows to Spark's writer (`connectors.arrow.arrow_json_writer`).
     sink_refused: dict[str, str] = field(default_factory=dict)
     #: Keyed subtasks that ran on another executor than in the epoch before (on a cluster),
     #: subtasks that restored their state, and the slowest restore (ms).

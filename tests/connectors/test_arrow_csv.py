@@ -1,4 +1,4 @@
-"""Arrow's decode of CSV files against Spark's, the definition (`connectors.arrow_csv`).
+"""Arrow's decode of CSV files against Spark's, the definition (`connectors.arrow.arrow_csv`).
 
 Every case is written as a file and read both ways: by Spark's CSV reader with the options a
 `files` source gives it (`connectors.files`: the schema plus a corrupt-record column,
@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_arrow_json import COLUMNS, same
 
-from streamer.connectors.arrow_csv import decode
+from streamer.connectors.arrow.arrow_csv import decode
 from streamer.exceptions import ArrowRefused as Refused
 
 pytestmark = pytest.mark.spark

@@ -15,7 +15,7 @@ from test_arrow_input import epoch_metrics
 from test_direct import run
 from test_staged import json_events
 
-from streamer.connectors.arrow_json_writer import jvm_prints_shortest
+from streamer.connectors.arrow.arrow_json_writer import jvm_prints_shortest
 
 pytestmark = pytest.mark.spark
 

@@ -4,7 +4,7 @@ A `files` source of CSV is read by Spark's CSV reader (`connectors.files`: PERMI
 declared schema, the source's `header` and `delimiter`, every other option at its default),
 which is what defines a record's values and whether it is a bad record. For a file whose every
 line passes the checks below, Arrow gives the same values, so a keyed stage's input can be
-decoded in a Python task (`runtime.arrow_input`), as JSON lines are (`connectors.arrow_json`).
+decoded in a Python task (`runtime.arrow_input`), as JSON lines are (`connectors.arrow.arrow_json`).
 Where a check fails, `Refused` says why and Spark reads the file as before: a bad record still
 becomes a dead letter (or an error) exactly as it would.
 
@@ -24,7 +24,7 @@ What is checked, and why:
   `-?[0-9]+(.[0-9]+)?([eE][-+]?[0-9]+)?` (both parse such text correctly rounded) or `NaN`,
   `Infinity`, `-Infinity` (Java's text, which Spark's writer gives), `Inf`, `-Inf` (Spark's
   `positiveInf`/`negativeInf`); of a boolean column `true` or `false`; of a timestamp column
-  the ISO-8601 forms `connectors.arrow_json.ISO` lets through. Any other text (a `+` sign,
+  the ISO-8601 forms `connectors.arrow.arrow_json.ISO` lets through. Any other text (a `+` sign,
   blanks around a number, `1.`, `TRUE`, a hex float) is refused even where Spark reads it.
 """
 
@@ -34,7 +34,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from streamer.connectors.arrow_json import check_utf8, plain_iso, with_timestamps
+from streamer.connectors.arrow.arrow_json import check_utf8, plain_iso, with_timestamps
 from streamer.exceptions import ArrowRefused as Refused
 
 #: The delimiters this decoder takes.
@@ -122,7 +122,7 @@ def _typed(table: Any, columns: Sequence[tuple[str, str]]) -> Any:
     for `with_timestamps`); `Refused` where a value is out of its type's range."""
     import pyarrow as pa
 
-    from streamer.connectors.arrow_json import arrow_type
+    from streamer.connectors.arrow.arrow_json import arrow_type
 
     out = []
     for name, kind in columns:

@@ -37,7 +37,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from streamer.connectors.arrow_json_shaped import read_shaped
+from streamer.connectors.arrow.arrow_json_shaped import read_shaped
 from streamer.exceptions import ArrowRefused as Refused
 
 #: Spark simple type names this decoder takes, with the Arrow type it reads each as.
