@@ -257,7 +257,7 @@ class KafkaSource(Source):
         if self._schema is None:
             from pyspark.sql.types import StructField, StructType, TimestampType
 
-            from streamer.connectors.files import parse_schema
+            from streamer.connectors.files.files_source import parse_schema
 
             base: StructType
             if self.format == "raw":

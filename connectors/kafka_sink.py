@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
-    from streamer.connectors.files_sink import TaskTarget
+    from streamer.connectors.files.files_sink import TaskTarget
     from streamer.pipeline.spec import SinkSpec
 
 #: How long a flush or a transaction step may take before the commit fails.
@@ -145,7 +145,7 @@ class KafkaSink(StagedTableSink):
         from fsspec.core import url_to_fs
 
         from streamer.connectors.arrow.arrow_json_writer import unsupported
-        from streamer.connectors.files import is_local
+        from streamer.connectors.files.files_source import is_local
         from streamer.connectors.formats import not_utc
 
         if not self.transactional:
@@ -168,7 +168,7 @@ class KafkaSink(StagedTableSink):
         None when they cannot (`task_files_refused`)."""
         if self.task_files_refused(schema) is not None:
             return None
-        from streamer.connectors.files_sink import empty_target
+        from streamer.connectors.files.files_sink import empty_target
 
         return empty_target(self.ctx.spark, self._fs, self._epoch_dir(epoch), schema, json=True,
                             records=True, key=self.key)
@@ -186,8 +186,8 @@ class KafkaSink(StagedTableSink):
 
         import pyarrow.parquet as pq
 
-        from streamer.connectors.files import spark_path
-        from streamer.connectors.files_sink import RECORDS, SPILL
+        from streamer.connectors.files.files_sink import RECORDS, SPILL
+        from streamer.connectors.files.files_source import spark_path
 
         run()
         directory = self._epoch_dir(epoch)

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from streamer.connectors.base import SourceSlice
-    from streamer.connectors.files_sink import TaskTarget
+    from streamer.connectors.files.files_sink import TaskTarget
     from streamer.pipeline.graph import Dataflow
 
 #: A bigger file is left to Spark, which reads it in splits: a task reads a file whole.
@@ -217,7 +217,7 @@ def _decode_one(plan: ArrowInput, target: str | TaskTarget,
 
     from streamer.connectors.arrow.arrow_csv import decode as decode_csv
     from streamer.connectors.arrow.arrow_json import decode
-    from streamer.connectors.files import SPLIT
+    from streamer.connectors.files.files_source import SPLIT
     from streamer.worker import prepare_task
 
     prepare_task()
@@ -251,7 +251,7 @@ def _decode_one(plan: ArrowInput, target: str | TaskTarget,
     done = {"unit": unit, "split": split, "rows_in": rows_in, "max_ts": max_ts,
             "filters": {k: list(v) for k, v in filters.items()}}
     if not isinstance(target, str):  # the sink's rows, in its staging directory
-        from streamer.connectors.files_sink import TaskFile
+        from streamer.connectors.files.files_sink import TaskFile
 
         file = TaskFile(target, index)
         try:
@@ -307,7 +307,7 @@ def _read(plan: ArrowInput, unit: Any) -> tuple[bytes, int | None, str]:
     """(The unit's JSON or CSV text, its number of records when each is one value (Kafka), its
     split's name); `ArrowRefused` for a unit the tasks cannot read as Spark would."""
     if plan.kind in ("files", "csv"):
-        from streamer.connectors.files import SPLIT  # (one split: the files)
+        from streamer.connectors.files.files_source import SPLIT  # (one split: the files)
 
         if os.path.getsize(unit) > MAX_FILE_BYTES:
             msg = f"the file is over {MAX_FILE_BYTES >> 20} MiB, more than a task holds"

@@ -470,7 +470,7 @@ def _direct_reads(plan: PhysicalPlan, sources: Mapping[str, Source],
     for this epoch's slices that keyed stages read themselves; a slice whose files do not
     allow it is read by Spark instead. A stage whose source has no slice this epoch gets an
     empty read (and None for the id)."""
-    from streamer.connectors.files import FilesSource
+    from streamer.connectors.files.files_source import FilesSource
 
     out: dict[str, tuple[str | None, Any, Any]] = {}
     for stage in plan.stages:
@@ -501,7 +501,7 @@ def _join_reads(shape: DirectShape, sources: Mapping[str, Source],
     """`_direct_reads` of a join reading both its sources: one read of both sides' files,
     under each source's id; none at all when either slice's files need Spark (a key or
     event time the footers do not rule out being null: a bad record, which Spark reports)."""
-    from streamer.connectors.files import FilesSource
+    from streamer.connectors.files.files_source import FilesSource
 
     files: list[tuple[str, ...]] = []
     found: dict[str, tuple[bool, Any]] = {}

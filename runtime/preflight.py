@@ -112,7 +112,7 @@ def _files(source: SourceSpec, warn: Callable[[str], None]) -> str | None:
 
     from fsspec.core import url_to_fs
 
-    from streamer.connectors.files import is_local
+    from streamer.connectors.files.files_source import is_local
 
     url = str(source.option("path"))
     try:
@@ -176,7 +176,7 @@ def _finished(spec: PipelineSpec, options: PreflightOptions) -> None:
 def _new_files(source: SourceSpec, done: set[str]) -> bool:
     """Whether a files source lists a file not in `done` (or cannot tell)."""
     from streamer.connectors.base import ConnectorContext
-    from streamer.connectors.files import FilesSource
+    from streamer.connectors.files.files_source import FilesSource
 
     try:
         listed = FilesSource(source, ConnectorContext(spark=None, job_name=""))  # type: ignore[arg-type]

@@ -2,7 +2,7 @@ r"""JSON lines encoded by Arrow exactly as Spark's JSON writer encodes them.
 
 A `files` sink of format `jsonl` is written by Spark's JSON data source (after
 `formats.timestamps_as_iso`, with `ignoreNullFields` off). When the keyed tasks write the
-sink's files themselves (`connectors.files_sink.TaskFile`), `JsonLines.encode` renders each
+sink's files themselves (`connectors.files.files_sink.TaskFile`), `JsonLines.encode` renders each
 batch with Arrow compute kernels to the same bytes, or raises `ArrowRefused` and the task
 hands the rows to Spark's writer instead. What Spark writes, found by writing with it
 (tests/connectors/test_arrow_json_writer.py compares the two byte for byte):

@@ -14,8 +14,8 @@ from streamer.connectors.base import ConnectorContext
 from streamer.connectors.console import ConsoleSink
 from streamer.connectors.datagen import DatagenSource
 from streamer.connectors.exceptions import ConnectorError
-from streamer.connectors.files import FilesSource
-from streamer.connectors.files_sink import FilesSink
+from streamer.connectors.files.files_sink import FilesSink
+from streamer.connectors.files.files_source import FilesSource
 from streamer.connectors.kafka import KafkaSource
 from streamer.connectors.kafka_sink import KafkaSink
 from streamer.connectors.memory_sink import MemorySink

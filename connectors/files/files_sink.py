@@ -7,7 +7,7 @@ Two-phase commit per epoch:
    among the epoch's staged files in name order), then removes the staging directory. A file
    already renamed is skipped, so committing twice gives the same files. An object store has
    no rename: there each file is copied server-side to its final name, and then the epoch's
-   manifest (`connectors/manifests.py`) is published with one PUT; the epoch is committed
+   manifest (`connectors/files/manifests.py`) is published with one PUT; the epoch is committed
    once its manifest exists (docs/object-storage.md says what readers see).
 3. `abort` removes the staging directory.
 
@@ -24,7 +24,7 @@ remaining rows are kept as a parquet file and Spark's JSON writer renders it whe
 stages the epoch (`tasks_wrote`), so the bytes are always Spark's. A local epoch
 (`runtime.local`: rows Spark evaluated on the driver, without a job) of a parquet sink is
 written the same way, from the driver (`write_table`). On S3, Spark writes
-the staging directory itself through S3A (`connectors/s3a.py`); Spark writes to other file
+the staging directory itself through S3A (`connectors/files/s3a.py`); Spark writes to other file
 systems (`memory://`, ...) go to a local temporary directory first and are then uploaded.
 """
 
@@ -40,13 +40,13 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from streamer.columns import HIDDEN_PREFIX
-from streamer.connectors import manifests
 from streamer.connectors.arrow.arrow_json_writer import JsonLines, jvm_prints_shortest, unsupported
 from streamer.connectors.base import ConnectorContext, Sink
 from streamer.connectors.exceptions import ConnectorError
-from streamer.connectors.files import is_local, spark_path
+from streamer.connectors.files import manifests
+from streamer.connectors.files.files_source import is_local, spark_path
+from streamer.connectors.files.s3a import is_s3, spark_url
 from streamer.connectors.formats import not_utc, timestamps_as_iso
-from streamer.connectors.s3a import is_s3, spark_url
 from streamer.exceptions import ArrowRefused
 from streamer.storage import abort_stale_uploads
 

@@ -41,8 +41,8 @@ from streamer.connectors.base import (
     SourceSlice,
 )
 from streamer.connectors.exceptions import ConnectorError, DecodeError
+from streamer.connectors.files.s3a import is_s3, spark_url
 from streamer.connectors.formats import CORRUPT_COLUMN, column, decode_json_lines, guard_or_split
-from streamer.connectors.s3a import is_s3, spark_url
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -352,7 +352,7 @@ class FilesSource(Source):
     # --------------------------------------------------------------------- Spark access
     def _spark_paths(self, files: Sequence[str]) -> dict[str, str]:
         """File name -> a path Spark can read: a local path, the `s3a://` URL of a file on S3
-        (`connectors/s3a.py`), else a copy of the file in a temp dir."""
+        (`connectors/files/s3a.py`), else a copy of the file in a temp dir."""
         if self.local:
             return {f: f for f in files}
         if self.s3a:
