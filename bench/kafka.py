@@ -88,7 +88,7 @@ def source_read(spark: Any, broker: KafkaBroker, topic: str, client: str) -> tup
     from pyspark.sql import functions as F
 
     from streamer.connectors.base import ConnectorContext
-    from streamer.connectors.kafka import KafkaSource
+    from streamer.connectors.kafka.kafka_source import KafkaSource
     from streamer.pipeline.validate import load_pipeline_text
 
     doc = {"name": "bench", "sources": [{

@@ -12,8 +12,8 @@ from streamer.connectors.delta_sink import DeltaSink
 from streamer.connectors.exceptions import ConnectorError
 from streamer.connectors.files.files_sink import FilesSink
 from streamer.connectors.files.files_source import FilesSource
-from streamer.connectors.kafka import KafkaSource
-from streamer.connectors.kafka_sink import KafkaSink
+from streamer.connectors.kafka.kafka_sink import KafkaSink
+from streamer.connectors.kafka.kafka_source import KafkaSource
 from streamer.connectors.postgres_sink import PostgresSink
 
 if TYPE_CHECKING:
@@ -31,8 +31,8 @@ def session_conf(spec: PipelineSpec, conf: Mapping[str, Any]) -> dict[str, str]:
     """The Spark settings the pipeline's connectors add to `conf` at the session's start:
     Spark's Kafka connector jars (a `client: spark` source) and S3A's jars and `fs.s3a.*`
     settings (files on s3://), each connector's jars after those before it on `spark.jars`."""
-    from streamer.connectors import kafka
     from streamer.connectors.files import s3a
+    from streamer.connectors.kafka import kafka_source as kafka
 
     out: dict[str, str] = {}
     for connector in (kafka, s3a):

@@ -314,7 +314,7 @@ def _read(plan: ArrowInput, unit: Any) -> tuple[bytes, int | None, str]:
             raise ArrowRefused(msg)
         with open(unit, "rb") as f:
             return f.read(), None, SPLIT
-    from streamer.connectors.kafka import read_range, split_name
+    from streamer.connectors.kafka.kafka_source import read_range, split_name
 
     topic, partition, start, end = unit
     assert plan.conf is not None

@@ -16,8 +16,8 @@ from streamer.connectors.datagen import DatagenSource
 from streamer.connectors.exceptions import ConnectorError
 from streamer.connectors.files.files_sink import FilesSink
 from streamer.connectors.files.files_source import FilesSource
-from streamer.connectors.kafka import KafkaSource
-from streamer.connectors.kafka_sink import KafkaSink
+from streamer.connectors.kafka.kafka_sink import KafkaSink
+from streamer.connectors.kafka.kafka_source import KafkaSource
 from streamer.connectors.memory_sink import MemorySink
 from streamer.connectors.registry import make_sink, make_source
 from streamer.pipeline.spec import PipelineSpec

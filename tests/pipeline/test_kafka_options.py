@@ -93,7 +93,7 @@ sinks:
 
 @pytest.mark.kafka
 def test_spark_client_puts_the_connector_jars_after_the_users_jars() -> None:
-    from streamer.connectors.kafka import session_conf
+    from streamer.connectors.kafka.kafka_source import session_conf
 
     spec = load_pipeline_text(SPARK_CLIENT.replace("CLIENT", "spark"), env={})
     jars = session_conf(spec, {"spark.jars": "/my/udfs.jar"})["spark.jars"].split(",")

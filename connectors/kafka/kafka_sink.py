@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from streamer.connectors.base import ConnectorContext
 from streamer.connectors.exceptions import ConnectorError
 from streamer.connectors.formats import column, timestamps_as_iso
-from streamer.connectors.kafka import client_config, quiet_logger
+from streamer.connectors.kafka.kafka_source import client_config, quiet_logger
 from streamer.connectors.staged_sink import StagedTableSink
 from streamer.worker import prepare_task
 
