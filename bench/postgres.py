@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 def make_sink(spark: Any, dsn: str, table: str, storage: str, *, exactly_once: bool,
               upsert: bool) -> Any:
     from streamer.connectors.base import ConnectorContext
-    from streamer.connectors.postgres_sink import PostgresSink
+    from streamer.connectors.postgres.postgres_sink import PostgresSink
     from streamer.pipeline.validate import load_pipeline_text
 
     options: dict[str, Any] = {"mode": "upsert", "key": ["user", "window_start"]} if upsert \

@@ -14,7 +14,7 @@ from streamer.connectors.files.files_sink import FilesSink
 from streamer.connectors.files.files_source import FilesSource
 from streamer.connectors.kafka.kafka_sink import KafkaSink
 from streamer.connectors.kafka.kafka_source import KafkaSource
-from streamer.connectors.postgres_sink import PostgresSink
+from streamer.connectors.postgres.postgres_sink import PostgresSink
 
 if TYPE_CHECKING:
     from streamer.pipeline.spec import PipelineSpec, SinkSpec, SourceSpec

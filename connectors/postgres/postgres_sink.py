@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamer.connectors.base import ConnectorContext
 from streamer.connectors.exceptions import ConnectorError
-from streamer.connectors.postgres import Settings, Tables, connect, pg_type, unwritable
+from streamer.connectors.postgres.database import Settings, Tables, connect, pg_type, unwritable
 from streamer.connectors.staged_sink import StagedTableSink
 
 if TYPE_CHECKING:
