@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 
 from streamer.connectors.base import ConnectorContext
-from streamer.connectors.delta_sink import DeltaSink
+from streamer.connectors.delta.delta_sink import DeltaSink
 from streamer.pipeline.validate import load_pipeline_text
 
 

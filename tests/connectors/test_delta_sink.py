@@ -17,7 +17,7 @@ import pytest
 from deltalake import DeltaTable
 
 from streamer.connectors.base import ConnectorContext
-from streamer.connectors.delta_sink import DeltaSink
+from streamer.connectors.delta.delta_sink import DeltaSink
 from streamer.connectors.exceptions import ConnectorError
 from streamer.pipeline.exceptions import PipelineError
 from streamer.pipeline.validate import load_pipeline_text
