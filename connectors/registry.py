@@ -6,8 +6,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from streamer.connectors.base import ConnectorContext, Sink, Source
-from streamer.connectors.console import ConsoleSink
-from streamer.connectors.datagen import DatagenSource
+from streamer.connectors.builtin.console import ConsoleSink
+from streamer.connectors.builtin.datagen import DatagenSource
 from streamer.connectors.delta.delta_sink import DeltaSink
 from streamer.connectors.exceptions import ConnectorError
 from streamer.connectors.files.files_sink import FilesSink

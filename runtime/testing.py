@@ -128,7 +128,7 @@ def compare_rows(expected: list[dict[str, Any]], actual: list[dict[str, Any]]
 
 def run_case(spec: PipelineSpec, case: TestCase, spark: SparkSession) -> CaseResult:
     """Run one test case bounded with inline inputs and in-memory sinks; compare."""
-    from streamer.connectors.memory_sink import MemorySink
+    from streamer.connectors.builtin.memory_sink import MemorySink
     from streamer.connectors.registry import make_source
 
     memory: dict[str, MemorySink] = {}

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from streamer.connectors.base import ConnectorContext
-from streamer.connectors.memory_sink import MemorySink
+from streamer.connectors.builtin.memory_sink import MemorySink
 from streamer.pipeline.validate import load_pipeline_text
 from streamer.runtime.job.coordinator import JobRunner, RunOptions
 

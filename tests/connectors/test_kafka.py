@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from streamer.connectors.base import ConnectorContext
+from streamer.connectors.builtin.memory_sink import MemorySink
 from streamer.connectors.kafka.kafka_sink import KafkaSink
 from streamer.connectors.kafka.kafka_source import KafkaSource
-from streamer.connectors.memory_sink import MemorySink
 from streamer.connectors.registry import make_sink
 from streamer.pipeline.validate import load_pipeline_text
 from streamer.runtime.job.coordinator import JobRunner, RunOptions

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from oracle import Agg
 
 from streamer.connectors.base import ConnectorContext, Sink, Source, SourceRead, SourceSlice
-from streamer.connectors.memory_sink import MemorySink
+from streamer.connectors.builtin.memory_sink import MemorySink
 from streamer.pipeline.validate import load_pipeline_text
 from streamer.runtime.job.coordinator import JobRunner, RunOptions
 from streamer.runtime.testing import compare_rows

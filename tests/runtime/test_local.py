@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from streamer.connectors.memory_sink import MemorySink
+from streamer.connectors.builtin.memory_sink import MemorySink
 from streamer.exceptions import StreamerError
 from streamer.pipeline.validate import load_pipeline_text
 from streamer.runtime.job.coordinator import JobRunner, RunOptions
