@@ -70,9 +70,9 @@ def open_backend(kind: str, root_dir: str, job: str, uid: str, subtask: int,
 
         return MemoryBackend(location, key_groups, options, states)
     if kind == "rocksdb":
-        from streamer.state.rocksdb import RocksDBBackend, _unpark
+        from streamer.state.rocksdb import RocksDBBackend, unpark
 
-        parked = _unpark(location.path, key_groups)
+        parked = unpark(location.path, key_groups)
         if parked is not None:  # still open from this process's previous task of the subtask
             for descriptor in states:
                 parked.declare(descriptor)

@@ -92,7 +92,7 @@ from streamer.state.rocksdb_parking import (
 )
 
 
-def _unpark(path: Path, key_groups: range) -> RocksDBBackend | None:
+def unpark(path: Path, key_groups: range) -> RocksDBBackend | None:
     """The backend parked by this process for `path` if it can serve the next task."""
     backend = _take_parked(path)
     if backend is None:

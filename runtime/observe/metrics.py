@@ -252,7 +252,7 @@ def _num(n: float) -> str:
     return f"{n:,.0f}"
 
 
-def _time(ms: int | None) -> str:
+def watermark_time(ms: int | None) -> str:
     """A watermark for people: ISO UTC, or -/+inf at the ends."""
     import datetime as dt
 
@@ -352,7 +352,7 @@ class LiveReporter:
             table.add_row(str(m.epoch), _num(m.total_in),
                           *(_num(m.sink_rows.get(s, {}).get("out", 0)) for s in sinks),
                           *(_num(getattr(m, attr)) for _, attr in self.COUNTS),
-                          _num(m.rate), _num(m.duration_ms), lag, _time(m.watermark))
+                          _num(m.rate), _num(m.duration_ms), lag, watermark_time(m.watermark))
         return table
 
     def footer(self, now: float) -> Text:
