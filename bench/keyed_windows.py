@@ -362,7 +362,7 @@ def measure_state(kind: str, copies: Path, job: str, uid: str, keys: int) -> dic
 
     from streamer.state import key_group_range, open_backend
     from streamer.state.base import SubtaskLocation
-    from streamer.state.memory import drop_process_cache
+    from streamer.state.memory_files import drop_process_cache
 
     last = sorted(copies.iterdir())[-1]
     sizes = {"keys": keys, "disk": dir_bytes(last), "state": 0, "heap": 0}

@@ -223,7 +223,7 @@ def drop_worker_caches(spark: Any) -> list[tuple[int, int]]:
 
         import pyarrow as pa
 
-        from streamer.state import memory
+        from streamer.state import memory_files as memory
 
         for _ in batches:
             pass

@@ -101,7 +101,7 @@ def release_process_state(root_dir: str) -> None:
     for path in parked:
         sys.modules["streamer.state.rocksdb_parking"].release_parked(path)
     for path in cached:
-        sys.modules["streamer.state.memory"].drop_process_cache(path)
+        sys.modules["streamer.state.memory_files"].drop_process_cache(path)
 
 
 def _held(prefix: str) -> tuple[list[str], list[str]]:
@@ -114,7 +114,7 @@ def _held(prefix: str) -> tuple[list[str], list[str]]:
     if parking is not None:
         with parking._PARKED_LOCK:
             parked = [path for path in parking._PARKED if path.startswith(prefix)]
-    memory = sys.modules.get("streamer.state.memory")
+    memory = sys.modules.get("streamer.state.memory_files")
     if memory is not None:
         cached = [path for path in memory._PROCESS_CACHE if path.startswith(prefix)]
     return parked, cached

@@ -1,5 +1,5 @@
 """`MemoryBackend`: the memory state backend's class. Its committed data, change sets, files
-and process cache are in `state/memory.py`, whose docstring describes the design.
+and process cache are in `state/memory_files.py`, whose docstring describes the design.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from streamer.state.base import (
 )
 from streamer.state.codec import PICKLE_PROTOCOL
 from streamer.state.exceptions import KeyEncodingError, StateError
-from streamer.state.memory import (
+from streamer.state.memory_files import (
     _EXPIRED,
     _FORMAT,
     _FORMAT_VERSION,

@@ -20,7 +20,7 @@ from streamer.operators.process import (
     run_process,
 )
 from streamer.state import key_group_range, open_backend
-from streamer.state.memory import drop_process_cache
+from streamer.state.memory_files import drop_process_cache
 
 
 class Log(KeyedProcessFunction):

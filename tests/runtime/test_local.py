@@ -270,9 +270,9 @@ def test_a_local_keyed_epoch_runs_in_the_driver_or_one_plain_job_and_equals_the_
             assert stages == ([1] * len(result.metrics) if mode == "rdd" else [])
             assert all(m.keyed_ms is not None for m in result.metrics)
         # The driver keeps nothing of the run open or cached once it ends.
-        from streamer.state import memory, rocksdb_parking
+        from streamer.state import memory_files, rocksdb_parking
 
-        held = [*rocksdb_parking._PARKED, *memory._PROCESS_CACHE]
+        held = [*rocksdb_parking._PARKED, *memory_files._PROCESS_CACHE]
         assert not [path for path in held if path.startswith(str(tmp_path))]
     assert found["rdd"] == found["spark"]
     assert found["driver"] == found["spark"]
