@@ -124,7 +124,7 @@ def join_state(state: Path) -> tuple[int, int]:
 
     from streamer.operators.join_interval import CHUNKS
     from streamer.state.codec import decode_value
-    from streamer.state.rocksdb_format import _unframe
+    from streamer.state.rocksdb_format import unframe
 
     size = records = 0
     for path in sorted(p for p in state.rglob("subtask-*") if (p / "CURRENT").exists()):
@@ -138,7 +138,7 @@ def join_state(state: Path) -> tuple[int, int]:
                 for key, value in db.get_column_family(name).items():
                     assert isinstance(key, bytes) and isinstance(value, bytes)
                     size += len(key) + len(value)
-                    payload = _unframe(value, None) if name != "_timers" else None
+                    payload = unframe(value, None) if name != "_timers" else None
                     if name == f"state:{CHUNKS}" and payload:  # (a chunk of records)
                         records += pa.ipc.open_stream(decode_value(payload)).read_all().num_rows
                     elif payload:  # (a key's list of records, or a table's row)

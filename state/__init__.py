@@ -112,9 +112,8 @@ def _held(prefix: str) -> tuple[list[str], list[str]]:
     cached: list[str] = []
     parking = sys.modules.get("streamer.state.rocksdb_parking")
     if parking is not None:
-        with parking._PARKED_LOCK:
-            parked = [path for path in parking._PARKED if path.startswith(prefix)]
+        parked = [path for path in parking.parked_paths() if path.startswith(prefix)]
     memory = sys.modules.get("streamer.state.memory_files")
     if memory is not None:
-        cached = [path for path in memory._PROCESS_CACHE if path.startswith(prefix)]
+        cached = [path for path in memory.cached_paths() if path.startswith(prefix)]
     return parked, cached

@@ -28,7 +28,7 @@ two attempts of one subtask never interleave commits; a second opener waits up t
 
 This module holds the committed data, change sets, their files and the process cache; the
 backend class is `memory_backend.MemoryBackend`. The classes pickled into the files
-(`_Expiring`, `_MapChange`, `_Changes`, `_TOMBSTONE`) are found by this module's name when a
+(`_Expiring`, `MapChange`, `Changes`, `TOMBSTONE`) are found by this module's name when a
 file is read, so they stay here.
 """
 
@@ -43,95 +43,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streamer.state.base import (
-    StateKey,
-    StateKind,
-)
+from streamer.state.base import StateKind
 from streamer.state.codec import PICKLE_PROTOCOL
 from streamer.state.exceptions import CorruptStateError
+from streamer.state.memory_values import TOMBSTONE, Changes, MapChange, Timers, Values
 
-_FORMAT = "streamer-memory-state"
-_FORMAT_VERSION = 1
+FORMAT = "streamer-memory-state"
+FORMAT_VERSION = 1
 _SNAPSHOT = re.compile(r"^snapshot-(\d{20})\.pkl$")
 _DELTA = re.compile(r"^delta-(\d{20})\.pkl$")
-_MATERIALIZE_SLACK_BYTES = 64 << 10
-_MATERIALIZE_MAX_DELTAS = 100
-
-
-class _Tombstone:
-    """Marks a deleted entry in a change set (pickled by reference, so it stays a singleton)."""
-
-    __slots__ = ()
-
-    def __reduce__(self) -> str:
-        return "_TOMBSTONE"
-
-    def __repr__(self) -> str:
-        return "<deleted>"
-
-
-_TOMBSTONE = _Tombstone()
-_EXPIRED = object()
-
-
-class _Expiring:
-    """A stored value with an expiry time; values without TTL are stored bare."""
-
-    __slots__ = ("expires_at_ms", "value")
-
-    def __init__(self, value: Any, expires_at_ms: int) -> None:
-        self.value = value
-        self.expires_at_ms = expires_at_ms
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_Expiring, (self.value, self.expires_at_ms))
-
-
-class _MapChange:
-    """The buffered changes of one map: cleared first or not, then per user key a stored value
-    or a tombstone.
-    """
-
-    __slots__ = ("cleared", "entries")
-
-    def __init__(self, cleared: bool = False, entries: dict[bytes, Any] | None = None) -> None:
-        self.cleared = cleared
-        self.entries: dict[bytes, Any] = {} if entries is None else entries
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_MapChange, (self.cleared, self.entries))
-
-
-def _wrap(value: Any, expires_at_ms: int | None) -> Any:
-    return value if expires_at_ms is None else _Expiring(value, expires_at_ms)
-
-
-def _read(stored: Any, now_ms: int | None) -> Any:
-    """The value of a stored entry, or `_EXPIRED`."""
-    if type(stored) is _Expiring:
-        if now_ms is not None and stored.expires_at_ms <= now_ms:
-            return _EXPIRED
-        return stored.value
-    return stored
-
-
-def _expiry(stored: Any) -> int | None:
-    return stored.expires_at_ms if type(stored) is _Expiring else None
-
-
-def _unwrap(stored: Any) -> Any:
-    return stored.value if type(stored) is _Expiring else stored
-
-
-# state -> key group -> (key, namespace) -> stored value (a dict of stored values for maps)
-Values = dict[str, dict[int, dict[tuple[bytes, bytes], Any]]]
-# domain -> key group -> time -> {(key, namespace)}
-Timers = dict[str, dict[int, dict[int, set[tuple[bytes, bytes]]]]]
-TimerChangeKey = tuple[str, int, int, bytes, bytes]
+#: A full snapshot is written once the deltas since the last one outweigh it by this much...
+MATERIALIZE_SLACK_BYTES = 64 << 10
+#: ... or there are this many of them.
+MATERIALIZE_MAX_DELTAS = 100
 
 
 @dataclass
-class _Committed:
+class Committed:
     """The committed state of a subtask, as cached per process."""
 
     version: int | None = None
@@ -142,29 +70,17 @@ class _Committed:
     snapshot_bytes: int = 0
     delta_bytes: int = 0
     delta_count: int = 0
-    #: The token in the LOCK file of the directory this copy came from (see `_lock_token`).
+    #: The token in the LOCK file of the directory this copy came from (see `lock_token`).
     token: str = ""
 
 
-@dataclass
-class _Changes:
-    """The buffered writes of one epoch; also the payload of a delta file."""
-
-    states: dict[str, StateKind] = field(default_factory=dict)
-    values: dict[str, dict[StateKey, Any]] = field(default_factory=dict)
-    timers: dict[TimerChangeKey, bool] = field(default_factory=dict)
-
-    def is_empty(self) -> bool:
-        return not (self.states or self.values or self.timers)
-
-
-_PROCESS_CACHE: dict[str, _Committed] = {}
+_PROCESS_CACHE: dict[str, Committed] = {}
 #: Subtask copies a process keeps at most; the least recently closed go first. A Python
 #: worker outlives the runs whose subtasks it ran, and only the driver is told when one ends.
 MAX_CACHED = 64
 
 
-def cache_committed(path: str, data: _Committed) -> None:
+def cache_committed(path: str, data: Committed) -> None:
     """Keep `data`, the committed state of the subtask directory `path`, for the next task of
     that subtask in this process. Copies of directories that are gone (their run ended and
     removed its working state) are freed, and the least recently used beyond `MAX_CACHED`:
@@ -177,6 +93,18 @@ def cache_committed(path: str, data: _Committed) -> None:
         del _PROCESS_CACHE[next(iter(_PROCESS_CACHE))]
 
 
+def take_cached(path: str) -> Committed | None:
+    """The copy of the subtask directory `path` this process cached, taken out of the cache
+    (an open backend owns it until it closes and caches it again), or None."""
+    return _PROCESS_CACHE.pop(path, None)
+
+
+def cached_paths() -> list[str]:
+    """The subtask directories whose committed state this process caches, least recently
+    used first."""
+    return list(_PROCESS_CACHE)
+
+
 def drop_process_cache(path: str | os.PathLike[str] | None = None) -> None:
     """Forget the cached copy of the subtask directory `path`, or of every subtask (the files
     stay; the next open reloads).
@@ -187,7 +115,7 @@ def drop_process_cache(path: str | os.PathLike[str] | None = None) -> None:
         _PROCESS_CACHE.pop(os.path.abspath(path), None)
 
 
-def _lock_token(fd: int) -> str:
+def lock_token(fd: int) -> str:
     """A random token stored in the LOCK file when the directory is first opened. A directory
     that was deleted and created anew (a restore from a checkpoint, in any process) has a new
     token, so a process-cached copy of the old one is never mistaken for it, even at the same
@@ -202,17 +130,21 @@ def _lock_token(fd: int) -> str:
 
 # ------------------------------------------------------------------------------ files
 @dataclass
-class _Listing:
+class Listing:
+    """The versions of a subtask directory's files, each with its size in bytes."""
+
     snapshots: dict[int, int]  # version -> size in bytes
     deltas: dict[int, int]
 
     @property
     def latest(self) -> int | None:
+        """The newest version on disk, or None in an empty directory."""
         return max([*self.snapshots, *self.deltas], default=None)
 
 
-def _list_dir(path: Path) -> _Listing:
-    listing = _Listing({}, {})
+def list_dir(path: Path) -> Listing:
+    """The snapshot and delta files of a subtask directory, by version."""
+    listing = Listing({}, {})
     with os.scandir(path) as entries:
         for entry in entries:
             if match := _SNAPSHOT.match(entry.name):
@@ -222,15 +154,18 @@ def _list_dir(path: Path) -> _Listing:
     return listing
 
 
-def _snapshot_path(path: Path, version: int) -> Path:
+def snapshot_path(path: Path, version: int) -> Path:
+    """The snapshot file of `version` in a subtask directory."""
     return path / f"snapshot-{version:020d}.pkl"
 
 
-def _delta_path(path: Path, version: int) -> Path:
+def delta_path(path: Path, version: int) -> Path:
+    """The delta file of `version` in a subtask directory."""
     return path / f"delta-{version:020d}.pkl"
 
 
-def _write_atomic(target: Path, payload: bytes, sync: bool) -> None:
+def write_atomic(target: Path, payload: bytes, sync: bool) -> None:
+    """Write `payload` to `target` through a temp file and `os.replace` (fsynced when `sync`)."""
     tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
     try:
         with open(tmp, "wb") as fh:
@@ -258,18 +193,18 @@ def _read_record(file: Path, kind: str) -> dict[str, Any]:
         msg = (f"cannot read memory state file {str(file)!r}: {exc}; delete the subtask "
                "directory and restore from a checkpoint")
         raise CorruptStateError(msg) from exc
-    if (not isinstance(record, dict) or record.get("format") != _FORMAT
+    if (not isinstance(record, dict) or record.get("format") != FORMAT
             or record.get("kind") != kind):
         msg = f"{str(file)!r} is not a streamer memory-state {kind} file"
         raise CorruptStateError(msg)
-    if record.get("format_version") != _FORMAT_VERSION:
+    if record.get("format_version") != FORMAT_VERSION:
         msg = (f"{str(file)!r} has memory-state format version {record.get('format_version')!r}; "
-               f"this streamer reads version {_FORMAT_VERSION}")
+               f"this streamer reads version {FORMAT_VERSION}")
         raise CorruptStateError(msg)
     return record
 
 
-def _apply(data: _Committed, changes: _Changes) -> None:
+def _apply(data: Committed, changes: Changes) -> None:
     """Merge a change set into committed state (at commit, and when replaying a delta)."""
     data.states.update(changes.states)
     for state, writes in changes.values.items():
@@ -278,10 +213,10 @@ def _apply(data: _Committed, changes: _Changes) -> None:
         for (kg, key, ns), stored in writes.items():
             group = per_kg.setdefault(kg, {})
             if is_map:
-                assert isinstance(stored, _MapChange)
+                assert isinstance(stored, MapChange)
                 current = {} if stored.cleared else group.get((key, ns), {})
                 for user_key, value in stored.entries.items():
-                    if value is _TOMBSTONE:
+                    if value is TOMBSTONE:
                         current.pop(user_key, None)
                     else:
                         current[user_key] = value
@@ -289,7 +224,7 @@ def _apply(data: _Committed, changes: _Changes) -> None:
                     group[(key, ns)] = current
                 else:
                     group.pop((key, ns), None)
-            elif stored is _TOMBSTONE:
+            elif stored is TOMBSTONE:
                 group.pop((key, ns), None)
             else:
                 group[(key, ns)] = stored
@@ -307,7 +242,9 @@ def _apply(data: _Committed, changes: _Changes) -> None:
             del data.timers[domain][kg]
 
 
-def _apply_delta(data: _Committed, record: dict[str, Any], keep_outputs: int) -> None:
+def apply_delta(data: Committed, record: dict[str, Any], keep_outputs: int) -> None:
+    """Apply a delta record to `data`: its changes, its version, and its outputs (the last
+    `keep_outputs` kept)."""
     _apply(data, record["changes"])
     data.version = record["version"]
     if record["outputs"] is not None:
@@ -316,11 +253,11 @@ def _apply_delta(data: _Committed, record: dict[str, Any], keep_outputs: int) ->
         del data.outputs[old]
 
 
-def _load(path: Path, cached: _Committed | None, keep_outputs: int) -> _Committed:
+def load(path: Path, cached: Committed | None, keep_outputs: int) -> Committed:
     """The committed state at the latest version on disk, reusing `cached` where it can: as is
     when it is at that version, or by applying just the newer deltas when they extend it.
     """
-    listing = _list_dir(path)
+    listing = list_dir(path)
     latest = listing.latest
     if cached is not None and cached.version == latest:
         return cached
@@ -328,40 +265,75 @@ def _load(path: Path, cached: _Committed | None, keep_outputs: int) -> _Committe
             and cached.version < latest:
         newer = sorted(v for v in listing.deltas if v > cached.version)
         if newer:
-            first = _read_record(_delta_path(path, newer[0]), "delta")
+            first = _read_record(delta_path(path, newer[0]), "delta")
             if first["prev"] == cached.version:
                 return _replay(path, cached, listing, newer, keep_outputs, first)
-    data = _Committed()
+    data = Committed()
     base = max(listing.snapshots, default=None)
     if base is not None:
-        record = _read_record(_snapshot_path(path, base), "snapshot")
-        data = _Committed(version=record["version"], states=record["states"],
+        record = _read_record(snapshot_path(path, base), "snapshot")
+        data = Committed(version=record["version"], states=record["states"],
                           values=record["values"], timers=record["timers"],
                           outputs=record["outputs"], snapshot_bytes=listing.snapshots[base])
     newer = sorted(v for v in listing.deltas if base is None or v > base)
     return _replay(path, data, listing, newer, keep_outputs, None)
 
 
-def _replay(path: Path, data: _Committed, listing: _Listing, versions: list[int],
-            keep_outputs: int, first: dict[str, Any] | None) -> _Committed:
+def _replay(path: Path, data: Committed, listing: Listing, versions: list[int],
+            keep_outputs: int, first: dict[str, Any] | None) -> Committed:
     """Apply the delta files of `versions` in order; each must extend the previous version."""
     for version in versions:
         record = first if first is not None and first["version"] == version \
-            else _read_record(_delta_path(path, version), "delta")
+            else _read_record(delta_path(path, version), "delta")
         if record["prev"] != data.version:
             msg = (f"delta {version} in {str(path)!r} does not follow version {data.version} "
                    "(files are missing); delete the subtask directory and restore from a "
                    "checkpoint")
             raise CorruptStateError(msg)
-        _apply_delta(data, record, keep_outputs)
+        apply_delta(data, record, keep_outputs)
         data.delta_bytes += listing.deltas[version]
         data.delta_count += 1
     return data
 
 
-def _snapshot_payload(data: _Committed) -> bytes:
+def snapshot_payload(data: Committed) -> bytes:
     """The bytes of a `snapshot-<version>.pkl` file holding all of `data`."""
-    record = {"format": _FORMAT, "format_version": _FORMAT_VERSION, "kind": "snapshot",
+    record = {"format": FORMAT, "format_version": FORMAT_VERSION, "kind": "snapshot",
               "version": data.version, "states": data.states, "values": data.values,
               "timers": data.timers, "outputs": data.outputs}
     return pickle.dumps(record, protocol=PICKLE_PROTOCOL)
+
+
+def write_delta(path: Path, prev: int | None, version: int, changes: Changes,
+                outputs: bytes | None, sync: bool) -> tuple[dict[str, Any], int]:
+    """Write the change set of `version` (following `prev`) as its delta file: the atomic
+    rename is the commit point. The record written, and its size in bytes."""
+    record = {"format": FORMAT, "format_version": FORMAT_VERSION, "kind": "delta",
+              "prev": prev, "version": version, "changes": changes, "outputs": outputs}
+    payload = pickle.dumps(record, protocol=PICKLE_PROTOCOL)
+    write_atomic(delta_path(path, version), payload, sync)
+    return record, len(payload)
+
+
+def needs_snapshot(data: Committed) -> bool:
+    """Whether the deltas since the last snapshot outweigh it (a full snapshot is due)."""
+    return (data.delta_bytes > data.snapshot_bytes + MATERIALIZE_SLACK_BYTES
+            or data.delta_count >= MATERIALIZE_MAX_DELTAS)
+
+
+def materialize(path: Path, data: Committed, sync: bool) -> None:
+    """Write a full snapshot of `data` in the subtask directory `path` and drop the files it
+    replaces (and temp files of a writer that crashed: the caller holds the lock)."""
+    assert data.version is not None
+    payload = snapshot_payload(data)
+    write_atomic(snapshot_path(path, data.version), payload, sync)
+    data.snapshot_bytes, data.delta_bytes, data.delta_count = len(payload), 0, 0
+    listing = list_dir(path)
+    for old in listing.snapshots:
+        if old < data.version:
+            snapshot_path(path, old).unlink(missing_ok=True)
+    for old in listing.deltas:
+        if old <= data.version:
+            delta_path(path, old).unlink(missing_ok=True)
+    for leftover in path.glob(".*.tmp"):
+        leftover.unlink(missing_ok=True)

@@ -272,7 +272,7 @@ def test_a_local_keyed_epoch_runs_in_the_driver_or_one_plain_job_and_equals_the_
         # The driver keeps nothing of the run open or cached once it ends.
         from streamer.state import memory_files, rocksdb_parking
 
-        held = [*rocksdb_parking._PARKED, *memory_files._PROCESS_CACHE]
+        held = [*rocksdb_parking.parked_paths(), *memory_files.cached_paths()]
         assert not [path for path in held if path.startswith(str(tmp_path))]
     assert found["rdd"] == found["spark"]
     assert found["driver"] == found["spark"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,6 @@ import pytest
 from streamer.state import (
     BackendOptions,
     StateDescriptor,
-    memory_backend,
     memory_files,
     open_backend,
 )
@@ -133,7 +133,7 @@ def test_a_failed_commit_leaves_the_last_version(open_memory: Any,
     def disk_full(*_: Any) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(memory_backend, "_write_atomic", disk_full)
+    monkeypatch.setattr(memory_files, "write_atomic", disk_full)
     with pytest.raises(StateError, match="No space left"):
         backend.commit(2)
     with pytest.raises(StateError, match="failed after an error"):
@@ -183,3 +183,36 @@ def test_the_process_cache_frees_subtasks_of_ended_runs(tmp_path: Path) -> None:
         assert paths[-1] in memory_files._PROCESS_CACHE
     finally:
         memory_files.drop_process_cache()
+
+
+def test_files_written_before_the_split_by_concept_still_load(tmp_path: Path) -> None:
+    """A subtask directory written by commit 0038b52, whose pickles name
+    `streamer.state.memory._Changes`, `_MapChange`, `_Expiring` and `_TOMBSTONE`, opens with
+    every value, expiry, deletion and output it committed, and takes the next epoch."""
+    fixture = Path(__file__).parent / "fixtures" / "memory-0038b52" / "subtask-0"
+    target = tmp_path / "job" / "op" / "subtask-0"
+    shutil.copytree(fixture, target)
+    for name in os.listdir(target):
+        assert b"streamer.state.memory\x94" in (target / name).read_bytes()  # the old names
+    states = [StateDescriptor("acc", "value"), StateDescriptor("seen", "map"),
+              StateDescriptor("log", "list")]
+    later = 4_000_000_000_000
+
+    def key(n: int) -> bytes:
+        return encode_key((f"k{n}",))
+
+    memory_files.drop_process_cache()
+    with open_backend("memory", str(tmp_path), "job", "op", 0, range(4), states=states) as b:
+        assert b.version() == 3 and b.outputs(3) == b"out-3"
+        assert b.get_many("acc", [(0, key(1), b""), (1, key(2), b""), (3, key(3), b""),
+                                  (2, key(4), b"")], now_ms=0) == [10, None, 3, 4]
+        assert b.map_items("seen", 0, key(1), now_ms=0) == [(b"a", 1), (b"c", 3)]
+        assert b.get("log", 0, key(1)) == ["x", "y"]
+        expiries = {e.key: e.expires_at_ms for e in b.entries_of_key_group(0) if e.state == "acc"}
+        assert expiries == {key(1): later}
+        b.put_many("acc", [(3, key(3), b"", 30)])
+        b.commit(4, b"out-4")
+    memory_files.drop_process_cache()
+    with open_backend("memory", str(tmp_path), "job", "op", 0, range(4), states=states) as b:
+        assert b.version() == 4 and b.get("acc", 3, key(3)) == 30 and b.get("acc", 0, key(1)) == 10
+    assert b"streamer.state.memory_values" in (target / f"delta-{4:020d}.pkl").read_bytes()
