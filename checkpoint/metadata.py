@@ -1,6 +1,7 @@
 """Completed checkpoints on the job's storage: `_metadata`, listing, validation, pruning.
 
-Layout under `<storage>/<job>/checkpoints/` (ARCHITECTURE.md §5, in the spirit of Flink's):
+Layout under `<storage>/<job>/checkpoints/` (docs/concepts/checkpoints.md, in the spirit of
+Flink's):
 
     chk-<n>/_metadata                     the checkpoint exists iff this file does (written last,
                                           atomically; JSON with a sha256 of its own body)

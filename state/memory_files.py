@@ -4,18 +4,18 @@ State lives in nested dicts (state -> key group -> (key, namespace) -> value; ti
 domain -> key group -> time -> {(key, namespace)}) holding the caller's objects, so reads and
 writes cost a dict lookup. Writes of an epoch are buffered as a *change set*.
 
-**Durability.** PySpark's Python workers are not pinned to partitions (ARCHITECTURE.md §4): the
-next epoch of a subtask may run in another worker process, so every commit must reach the local
-directory `<root>/<job>/<uid>/subtask-<n>/`. A commit writes the epoch's change set as
-`delta-<version>.pkl` (pickle protocol 5, temp file + `os.replace`: the rename is the atomic
-commit point). Once the deltas since the last snapshot outweigh it (bytes > snapshot bytes +
-64 KiB, or 100 deltas) the commit also writes a full `snapshot-<version>.pkl` and drops older
-files. So a commit costs in proportion to what the epoch changed, and loading costs at most about
-twice a full snapshot. Measured on 2 cores with 1 M small accumulators (bench/state_backends.py):
-committing an epoch of 100 k changes (one delta file) ~65 ms, a full snapshot ~0.9 s, loading
-in a process without a copy ~260 ms, reopening from the process cache ~0.3 ms. Writing the whole
-state at every commit, the simplest reading of "snapshot per commit", would cost the ~0.9 s on
-every epoch.
+**Durability.** PySpark's Python workers are not pinned to partitions (docs/architecture.md,
+"Spark's workers and streamer's state"): the next epoch of a subtask may run in another worker
+process, so every commit must reach the local directory `<root>/<job>/<uid>/subtask-<n>/`. A commit
+writes the epoch's change set as `delta-<version>.pkl` (pickle protocol 5, temp file + `os.replace`:
+the rename is the atomic commit point). Once the deltas since the last snapshot outweigh it (bytes >
+snapshot bytes + 64 KiB, or 100 deltas) the commit also writes a full `snapshot-<version>.pkl` and
+drops older files. So a commit costs in proportion to what the epoch changed, and loading costs at
+most about twice a full snapshot. Measured on 2 cores with 1 M small accumulators
+(bench/state_backends.py): committing an epoch of 100 k changes (one delta file) ~65 ms, a full
+snapshot ~0.9 s, loading in a process without a copy ~260 ms, reopening from the process cache ~0.3
+ms. Writing the whole state at every commit, the simplest reading of "snapshot per commit", would
+cost the ~0.9 s on every epoch.
 
 **Process cache.** Committed dicts stay in a module-level cache keyed by the subtask directory,
 with their version. A task that lands in a process whose copy is at the latest version on disk

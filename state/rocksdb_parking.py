@@ -1,7 +1,7 @@
 """**Parked between tasks, released on request.** PySpark's Python workers are not pinned to
 partitions, so the next epoch of a subtask may run in another worker process; an Rdict simply
 cached open in a worker holds RocksDB's LOCK and the other process fails (the measured trap in
-ARCHITECTURE.md §4: 82 of 160 tasks). Opening and closing the DB in every task avoided that but
+docs/architecture.md: 82 of 160 tasks). Opening and closing the DB in every task avoided that but
 cost 20-55 ms per task (flush, close, open), most of a near-empty keyed epoch. So a task of a
 small epoch (`KeyedConfig.park`) that ends well *parks* the backend (`park`): it stays open in
 this process, idle, and the next task of the same subtask here takes it back without opening

@@ -36,7 +36,8 @@ DEFAULT_CONF: dict[str, str] = {
     "spark.driver.bindAddress": "127.0.0.1",
     # No "kill" links in the UI: whoever reaches it could otherwise cancel the job's stages.
     "spark.ui.killEnabled": "false",
-    # Size shuffles to the job, not to Spark's batch default of 200 (ARCHITECTURE.md §10).
+    # Size shuffles to the job, not to Spark's batch default of 200 (docs/architecture.md,
+    # "Spark's workers and streamer's state").
     "spark.sql.shuffle.partitions": "4",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.adaptive.enabled": "true",

@@ -1,5 +1,5 @@
 """`streamer run FILE --submit --master spark://...`: launch the same runtime as the Spark
-driver through `spark-submit` (ARCHITECTURE.md §8).
+driver through `spark-submit` (docs/operations/clusters.md).
 
 What is packaged:
 - streamer itself: a zip of the installed package's Python modules (`--py-files`), so

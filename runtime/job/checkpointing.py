@@ -1,5 +1,5 @@
-"""The checkpoint coordinator (ARCHITECTURE.md §5), apart from the epoch loop as Flink keeps
-its CheckpointCoordinator apart from scheduling.
+"""The checkpoint coordinator (docs/concepts/checkpoints.md), apart from the epoch loop as Flink
+keeps its CheckpointCoordinator apart from scheduling.
 
 A checkpoint is an epoch boundary: the coordinator gives it an id before the epoch runs
 (`begin`), hands the keyed subtasks what they need to snapshot and restore

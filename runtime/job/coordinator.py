@@ -1,4 +1,4 @@
-"""The job coordinator (ARCHITECTURE.md §2), which only sequences.
+"""The job coordinator (docs/architecture.md, "How an epoch runs"), which only sequences.
 
 Per epoch:
 

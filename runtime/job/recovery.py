@@ -1,6 +1,6 @@
 """Recovery and restore: how a run attempt starts (the sources' beginning, the latest or a
 chosen checkpoint, or a savepoint), and whether a failed epoch restarts the job from its
-latest checkpoint (ARCHITECTURE.md §5-6)."""
+latest checkpoint (docs/operations/recovery.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Writing a savepoint (ARCHITECTURE.md §6): after the savepoint epoch's checkpoint, the
+"""Writing a savepoint (docs/concepts/savepoints.md): after the savepoint epoch's checkpoint, the
 subtasks have written their key groups in the canonical format; this writes the savepoint's
 `_metadata` and answers whoever asked (restoring from one is `runtime.job.recovery`)."""
 
