@@ -1,4 +1,4 @@
-"""The physical planner (ARCHITECTURE.md §2b): the logical dataflow becomes a list of
+"""The physical planner (docs/architecture.md): the logical dataflow becomes a list of
 stages, each with its strategy and the reason for it, once at the start of a run (and again
 after a restore or rescale, which start a new run attempt); and `decide` is the one point
 where what varies per epoch is chosen.
