@@ -53,7 +53,7 @@ def run_job(spec: object, *, quiet: bool = False, json_lines: bool = False,
                "one of them")
         raise ConfigError(msg)
     from streamer.runtime.exceptions import JobFinishedError
-    from streamer.runtime.preflight import PreflightOptions, preflight
+    from streamer.runtime.job.preflight import PreflightOptions, preflight
 
     try:
         preflight(spec, PreflightOptions(  # type: ignore[arg-type]

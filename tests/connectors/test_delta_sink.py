@@ -21,7 +21,7 @@ from streamer.connectors.delta.delta_sink import DeltaSink
 from streamer.connectors.exceptions import ConnectorError
 from streamer.pipeline.exceptions import PipelineError
 from streamer.pipeline.validate import load_pipeline_text
-from streamer.runtime.checks import analyze_spec
+from streamer.runtime.job.checks import analyze_spec
 from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
 BASE_MS = 1767225600000

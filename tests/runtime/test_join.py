@@ -15,7 +15,7 @@ from test_savepoints import JOB_HEAD
 
 from streamer.pipeline.exceptions import PipelineError
 from streamer.pipeline.validate import load_pipeline_text
-from streamer.runtime.checks import analyze_spec
+from streamer.runtime.job.checks import analyze_spec
 from streamer.runtime.job.control import ControlChannel
 from streamer.runtime.job.coordinator import JobRunner, RunOptions
 from streamer.runtime.observe.metrics import JsonReporter
