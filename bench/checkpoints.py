@@ -430,7 +430,7 @@ class StateCase:
 
 def state_case(spark: Any, root: Path, keys: int, backend: str, touch: int,
                epoch_rows: int, console: Console, storage_url: str | None = None) -> StateCase:
-    from streamer.checkpoint.metadata import CheckpointStore
+    from streamer.checkpoint.checkpoint_metadata import CheckpointStore
     from streamer.storage import Storage
 
     case = StateCase(keys, backend)

@@ -338,9 +338,9 @@ def subtask_handles(local_dir: Path, url: str) -> list[dict[str, Any]]:
 
 def save(spark: Any, case: Case, base: Path, time_limit: float, console: Console) -> None:
     """The savepoint run of `case` (see the module docstring, 1)."""
-    from streamer.checkpoint.metadata import CheckpointStore
+    from streamer.checkpoint.checkpoint_metadata import CheckpointStore
     from streamer.runtime.job.control import ControlChannel
-    from streamer.savepoint.metadata import read_metadata
+    from streamer.savepoint.savepoint_metadata import read_metadata
 
     name = f"sp-{case.keys}-{case.backend}"
     storage, local_dir = str(base / "storage"), base / "local"
@@ -400,7 +400,7 @@ def save(spark: Any, case: Case, base: Path, time_limit: float, console: Console
 def restore(spark: Any, case: Case, item: Restore, base: Path, time_limit: float,
             console: Console) -> None:
     """Restore the case's savepoint into a new run (see the module docstring, 2)."""
-    from streamer.checkpoint.metadata import CheckpointStore
+    from streamer.checkpoint.checkpoint_metadata import CheckpointStore
 
     assert case.savepoint is not None
     name = f"sp-{case.keys}-{case.backend}"

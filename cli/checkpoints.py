@@ -14,7 +14,7 @@ from streamer.cli.errors import boundary
 from streamer.cli.output import human_size, stdout_console, utc_time
 
 if TYPE_CHECKING:
-    from streamer.checkpoint.metadata import CheckpointMetadata, CheckpointStore, Listed
+    from streamer.checkpoint.checkpoint_metadata import CheckpointMetadata, CheckpointStore, Listed
 
 checkpoint_app = typer.Typer(help="List and inspect a job's checkpoints.", no_args_is_help=True,
                              rich_markup_mode=None)
@@ -34,7 +34,7 @@ def default_storage(storage: str | None) -> str:
 
 def open_store(job: str, storage: str | None) -> CheckpointStore:
     """The job's checkpoint store; a clear error if the storage holds no such job."""
-    from streamer.checkpoint.metadata import CheckpointError, CheckpointStore
+    from streamer.checkpoint.checkpoint_metadata import CheckpointError, CheckpointStore
     from streamer.storage import Storage
 
     url = default_storage(storage)

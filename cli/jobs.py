@@ -195,7 +195,7 @@ def register_job_commands(app: typer.Typer) -> None:
 
 
 def _dry_run(savepoint: str, spec: Any, allow: bool, *, as_json: bool) -> None:
-    from streamer.savepoint.metadata import SavepointError, plan_restore, read_metadata
+    from streamer.savepoint.savepoint_metadata import SavepointError, plan_restore, read_metadata
 
     meta = read_metadata(savepoint)
     decisions = plan_restore(meta, spec, allow_non_restored=allow)

@@ -81,7 +81,7 @@ def status(request: Annotated[str, typer.Argument(help="The request id from --de
 @boundary
 def list_cmd(job: JobArg, storage: StorageOpt = None, as_json: JsonOpt = False) -> None:
     """The job's savepoints under `<storage>/<job>/savepoints`, newest first."""
-    from streamer.savepoint.metadata import list_savepoints
+    from streamer.savepoint.savepoint_metadata import list_savepoints
 
     found = list_savepoints(default_storage(storage), job)
     if as_json:
@@ -110,7 +110,7 @@ def list_cmd(job: JobArg, storage: StorageOpt = None, as_json: JsonOpt = False) 
 def inspect(path: PathArg, as_json: JsonOpt = False) -> None:
     """A savepoint: job, epoch, offsets, watermark, and per operator its definition, state
     names and kinds, key counts and sizes."""
-    from streamer.savepoint.metadata import read_metadata
+    from streamer.savepoint.savepoint_metadata import read_metadata
 
     meta = read_metadata(path)
     if as_json:
@@ -150,7 +150,7 @@ def inspect(path: PathArg, as_json: JsonOpt = False) -> None:
 @boundary
 def dispose_cmd(path: PathArg) -> None:
     """Delete a savepoint (savepoints never expire on their own)."""
-    from streamer.savepoint.metadata import dispose
+    from streamer.savepoint.savepoint_metadata import dispose
 
     dispose(path)
     stdout_console().print(f"disposed of {path}")
@@ -167,7 +167,7 @@ def export(path: PathArg, operator: Annotated[str, typer.Option(
     (and timer), keys and values decoded, for inspection and migration."""
     from streamer.exceptions import ConfigError
     from streamer.savepoint.export import export_operator
-    from streamer.savepoint.metadata import SavepointError, read_metadata
+    from streamer.savepoint.savepoint_metadata import SavepointError, read_metadata
 
     if fmt not in ("parquet", "jsonl"):
         msg = f"--format {fmt!r}: use parquet or jsonl"

@@ -23,7 +23,11 @@ from streamer.runtime.cluster.workdirs import local_recovery_root
 from streamer.runtime.job.job_state import JobState
 
 if TYPE_CHECKING:
-    from streamer.checkpoint.metadata import CheckpointMetadata, CheckpointStore, OperatorState
+    from streamer.checkpoint.checkpoint_metadata import (
+        CheckpointMetadata,
+        CheckpointStore,
+        OperatorState,
+    )
 
 
 #: Runs a sink commit for an epoch, turning its failure into a JobFailedError.
@@ -186,7 +190,7 @@ class CheckpointCoordinator:
                          ) -> tuple[dict[str, OperatorState], float, list[str]]:
         """Per operator uid its subtasks' snapshot handles; the slowest snapshot (ms); what
         is missing."""
-        from streamer.checkpoint.metadata import OperatorState
+        from streamer.checkpoint.checkpoint_metadata import OperatorState
 
         errors: list[str] = []
         operators: dict[str, OperatorState] = {}
@@ -208,7 +212,7 @@ class CheckpointCoordinator:
 
     def _metadata(self, checkpoint_id: int, epoch: int, operators: dict[str, OperatorState],
                   elapsed_ms: float) -> CheckpointMetadata:
-        from streamer.checkpoint.metadata import CheckpointMetadata, now
+        from streamer.checkpoint.checkpoint_metadata import CheckpointMetadata, now
 
         job, spec = self.job, self.job.spec
         uid_of = {s.id: s.uid for s in spec.sources}

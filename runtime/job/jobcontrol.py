@@ -241,7 +241,7 @@ class JobControl:
 
     def _savepoint_request(self, req: dict[str, Any]) -> None:
         """Accept a savepoint request: it is owed until an epoch writes it."""
-        from streamer.savepoint.metadata import new_savepoint_url
+        from streamer.savepoint.savepoint_metadata import new_savepoint_url
 
         url = new_savepoint_url(self.job.storage_url, self.job.spec.name, req.get("target"))
         self.waiters[url] = [req["id"]]
@@ -249,7 +249,7 @@ class JobControl:
         self.job.reporter.message(f"savepoint requested: writing {url}")
 
     def _stop_request(self, req: dict[str, Any]) -> None:
-        from streamer.savepoint.metadata import new_savepoint_url
+        from streamer.savepoint.savepoint_metadata import new_savepoint_url
 
         rid = req["id"]
         self.stop.set()

@@ -41,7 +41,7 @@ def preflight(spec: PipelineSpec, options: PreflightOptions,
     for what is odd but may be meant (a watched path with no files yet)."""
     problems: list[str] = []
     if options.from_savepoint:
-        from streamer.savepoint.metadata import read_metadata
+        from streamer.savepoint.savepoint_metadata import read_metadata
 
         try:
             read_metadata(options.from_savepoint)
@@ -138,7 +138,7 @@ def _files(source: SourceSpec, warn: Callable[[str], None]) -> str | None:
 def _finished(spec: PipelineSpec, options: PreflightOptions) -> None:
     """Raise `JobFinishedError` when the job's last run finished and a new one would read
     nothing: every source is bounded and no files arrived since the last checkpoint."""
-    from streamer.checkpoint.metadata import CheckpointStore
+    from streamer.checkpoint.checkpoint_metadata import CheckpointStore
     from streamer.runtime.job.control import JobRegistry
 
     storage = options.storage or spec.storage

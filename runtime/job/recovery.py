@@ -16,7 +16,7 @@ from streamer.runtime.job.job_state import JobState, new_run_id
 if TYPE_CHECKING:
     import threading
 
-    from streamer.checkpoint.metadata import CheckpointMetadata
+    from streamer.checkpoint.checkpoint_metadata import CheckpointMetadata
 
 
 class Recovery:
@@ -52,7 +52,7 @@ class Recovery:
         self.checkpoints.reset()
         if not options.checkpoints:
             return
-        from streamer.checkpoint.metadata import CheckpointStore
+        from streamer.checkpoint.checkpoint_metadata import CheckpointStore
 
         store = self.checkpoints.store = CheckpointStore(job.storage_url, job.spec.name)
         if first:
@@ -88,7 +88,7 @@ class Recovery:
                     f"{meta.checkpoint_id}: sinks already hold their output, which this run "
                     "produces again")
             return meta
-        from streamer.checkpoint.metadata import Listed
+        from streamer.checkpoint.checkpoint_metadata import Listed
 
         skipped: list[Listed] = []
         latest = store.latest(skipped=skipped, exclude=chk.bad | set(
@@ -106,7 +106,11 @@ class Recovery:
     def restore_savepoint(self, url: str, *, first: bool) -> None:
         """Start from a savepoint: per operator uid restore, start empty, drop or refuse;
         sources at its offsets (new ones at their start), its watermark and epoch."""
-        from streamer.savepoint.metadata import SavepointError, plan_restore, read_metadata
+        from streamer.savepoint.savepoint_metadata import (
+            SavepointError,
+            plan_restore,
+            read_metadata,
+        )
         from streamer.storage import Storage
 
         job, chk = self.job, self.checkpoints
@@ -142,7 +146,7 @@ class Recovery:
         """Resume at checkpoint `meta`: refuse a pipeline it cannot resume, then offsets,
         watermark, epoch, timers, subtask handles, and its sink commits done again."""
         from streamer import failpoints
-        from streamer.checkpoint.metadata import CheckpointError
+        from streamer.checkpoint.checkpoint_metadata import CheckpointError
 
         failpoints.reached("recovering", meta.checkpoint_id)
         job, chk = self.job, self.checkpoints

@@ -17,7 +17,7 @@ def complete_savepoint(job: JobState, control: JobControl, url: str, epoch: int,
     written (a failure is reported and answered, and a failed stop-with-savepoint leaves
     the job running)."""
     from streamer import __version__
-    from streamer.savepoint.metadata import (
+    from streamer.savepoint.savepoint_metadata import (
         SavepointMetadata,
         pipeline_fingerprint,
         write_metadata,
@@ -54,7 +54,7 @@ def complete_savepoint(job: JobState, control: JobControl, url: str, epoch: int,
 def _operators(job: JobState, keyed_metas: dict[str, Any],
                errors: list[str]) -> dict[str, dict[str, Any]]:
     """Per operator uid: its definition, states, key-group files, keys and size."""
-    from streamer.savepoint.metadata import operator_definition
+    from streamer.savepoint.savepoint_metadata import operator_definition
 
     operators: dict[str, dict[str, Any]] = {}
     for node_id, metas in keyed_metas.items():

@@ -11,7 +11,11 @@ from typing import Any
 
 import pytest
 
-from streamer.checkpoint.metadata import CheckpointError, CheckpointMetadata, CheckpointStore
+from streamer.checkpoint.checkpoint_metadata import (
+    CheckpointError,
+    CheckpointMetadata,
+    CheckpointStore,
+)
 from streamer.runtime.job.control import ControlChannel, JobAlreadyRunningError, JobRegistry
 from streamer.storage import CorruptFileError, MissingFileError, Storage
 

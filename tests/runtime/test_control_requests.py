@@ -26,7 +26,7 @@ from streamer.pipeline.validate import load_pipeline_text
 from streamer.runtime.job.control import ControlChannel, JobControlError, JobRegistry
 from streamer.runtime.job.coordinator import JobResult, JobRunner, RunOptions
 from streamer.runtime.observe.metrics import JsonReporter
-from streamer.savepoint.metadata import list_savepoints, read_metadata
+from streamer.savepoint.savepoint_metadata import list_savepoints, read_metadata
 
 pytestmark = pytest.mark.spark
 

@@ -19,7 +19,7 @@ from streamer.runtime.job.checks import analyze_spec
 from streamer.runtime.job.control import ControlChannel
 from streamer.runtime.job.coordinator import JobRunner, RunOptions
 from streamer.runtime.observe.metrics import JsonReporter
-from streamer.savepoint.metadata import SavepointError, plan_restore, read_metadata
+from streamer.savepoint.savepoint_metadata import SavepointError, plan_restore, read_metadata
 
 pytestmark = pytest.mark.spark
 
