@@ -156,6 +156,24 @@ def test_a_cited_file_that_does_not_exist_is_found(tmp_path: Path) -> None:
         "docs/guide/page.md: ../no-such-page.md"]
 
 
+
+#: A docs page or a project document cited by the code: `docs/concepts/epochs.md`, `README.md`.
+CITED_DOC = re.compile(r"(?<![\w/.-])((?:docs/[\w/.-]+|[A-Z][A-Z0-9_]*)\.md)\b")
+
+
+def test_the_code_cites_only_docs_that_exist() -> None:
+    """Twelve modules cited `ARCHITECTURE.md §5` and the like, a file that is not in the
+    repository; a module of the package, or pyproject.toml, that names a page names one that
+    exists."""
+    sources = [p for p in sorted(REPO.rglob("*.py"))
+               if not any(part.startswith(".") or part in ("build", "site", "tests", "bench",
+                                                            "scripts")
+                          for part in p.relative_to(REPO).parts)]
+    missing = [f"{p.relative_to(REPO)}: {name}"
+               for p in [*sources, REPO / "pyproject.toml"]
+               for name in CITED_DOC.findall(p.read_text()) if not (REPO / name).is_file()]
+    assert missing == []
+
 # ------------------------------------------------------------------ in a browser
 
 #: The pages, what each must show (a diagram: an <img> of docs/img/; or the reference), and
