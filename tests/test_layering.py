@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import re
+import tomllib
 from collections import defaultdict
 from pathlib import Path
 
@@ -365,6 +366,15 @@ def test_no_two_modules_share_a_file_name() -> None:
               and paths != SHARED_NAMES_LEFT.get(name)}
     assert not shared, "modules that share a file name: " + "; ".join(
         f"{name} ({', '.join(sorted(paths))})" for name, paths in sorted(shared.items()))
+
+
+def test_every_package_is_installed() -> None:
+    """pyproject.toml lists the packages a wheel holds; a subpackage missing there works in
+    the editable install and is absent from a built one."""
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"])
+    packages = {m for m, path in MODULES.items() if path.name == "__init__.py"}
+    assert sorted(packages - listed) == [] and sorted(listed - packages) == []
 
 
 def test_the_walk_sees_the_graph() -> None:
