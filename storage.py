@@ -1,6 +1,6 @@
 """Storage: the files of checkpoints, savepoints, state snapshots and job control under one
 fsspec URL. It sits at the bottom of the package graph (next to `streamer.exceptions`) because
-`state.snapshot`, `checkpoint`, `savepoint` and `runtime.control` all write through it.
+`state.snapshot`, `checkpoint`, `savepoint` and `runtime.job.control` all write through it.
 
 `Storage(url)` works on any URL fsspec knows (`file://`, a plain local path, `memory://`, `s3://`,
 `hdfs://`, ... and `faulty://` from `streamer.storage_faults` in tests). It is cheap to build,

@@ -158,7 +158,7 @@ class Outcome:
 def run_job(spark: Any, text: str, *, checkpoints: bool, storage: str | None = None,
             from_checkpoint: str | None = None, max_epochs: int | None = None) -> Outcome:
     from streamer.pipeline.validate import load_pipeline_text
-    from streamer.runtime.coordinator import JobRunner, RunOptions
+    from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
     spec = load_pipeline_text(text)
     rec = Recorder()
@@ -430,7 +430,7 @@ class StateCase:
 
 def state_case(spark: Any, root: Path, keys: int, backend: str, touch: int,
                epoch_rows: int, console: Console, storage_url: str | None = None) -> StateCase:
-    from streamer.checkpoint.metadata import CheckpointStore
+    from streamer.checkpoint.checkpoint_metadata import CheckpointStore
     from streamer.storage import Storage
 
     case = StateCase(keys, backend)
@@ -520,7 +520,7 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-checkpoints-"))
     os.environ.setdefault("STREAMER_LOG_DIR", str(tmp / "logs"))
-    from streamer.runtime.spark import create_session
+    from streamer.runtime.cluster.spark import create_session
 
     spark = create_session("bench-checkpoints", "local[2]",
                            {"spark.sql.shuffle.partitions": SESSION_SHUFFLE_PARTITIONS},

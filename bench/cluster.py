@@ -45,7 +45,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.keyed_windows import write_events
-from streamer.runtime.standalone import StandaloneCluster
+from streamer.runtime.cluster.standalone import StandaloneCluster
 
 STREAMER = Path(sys.executable).with_name("streamer")
 EXECUTOR_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
@@ -178,7 +178,7 @@ def main() -> None:
     args = parser.parse_args()
     console = Console(width=180)
     load_before = os.getloadavg()
-    from streamer.runtime.spark import DEFAULT_CONF
+    from streamer.runtime.cluster.spark import DEFAULT_CONF
 
     executor_opts = f"{DEFAULT_CONF['spark.executor.extraJavaOptions']} {EXECUTOR_JVM}"
     with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:

@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 
 from streamer.connectors.base import ConnectorContext
-from streamer.connectors.delta_sink import DeltaSink
+from streamer.connectors.delta.delta_sink import DeltaSink
 from streamer.pipeline.validate import load_pipeline_text
 
 
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def spark_collect(n: int) -> None:
-    from streamer.runtime.spark import create_session
+    from streamer.runtime.cluster.spark import create_session
 
     spark: Any = create_session("bench-delta", master="local[2]", ui=False,
                                 conf={"spark.sql.shuffle.partitions": "2"})

@@ -104,7 +104,7 @@ def run_streamer(spark: Any, root: Path, pipeline: str, max_epochs: int | None =
                  ) -> tuple[float, int]:
     """(seconds, rows out) of one streamer run of `pipeline` from scratch."""
     from streamer.pipeline.validate import load_pipeline_text
-    from streamer.runtime.coordinator import JobRunner, RunOptions
+    from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
     for name in ("storage", "state", "out-streamer"):
         shutil.rmtree(root / name, ignore_errors=True)
@@ -124,7 +124,7 @@ def join_state(state: Path) -> tuple[int, int]:
 
     from streamer.operators.join_interval import CHUNKS
     from streamer.state.codec import decode_value
-    from streamer.state.rocksdb_format import _unframe
+    from streamer.state.rocksdb_format import unframe
 
     size = records = 0
     for path in sorted(p for p in state.rglob("subtask-*") if (p / "CURRENT").exists()):
@@ -138,7 +138,7 @@ def join_state(state: Path) -> tuple[int, int]:
                 for key, value in db.get_column_family(name).items():
                     assert isinstance(key, bytes) and isinstance(value, bytes)
                     size += len(key) + len(value)
-                    payload = _unframe(value, None) if name != "_timers" else None
+                    payload = unframe(value, None) if name != "_timers" else None
                     if name == f"state:{CHUNKS}" and payload:  # (a chunk of records)
                         records += pa.ipc.open_stream(decode_value(payload)).read_all().num_rows
                     elif payload:  # (a key's list of records, or a table's row)
@@ -255,7 +255,7 @@ def main() -> None:
     args = parser.parse_args()
     from rich.console import Console
 
-    from streamer.runtime.spark import create_session
+    from streamer.runtime.cluster.spark import create_session
 
     # A 4 GB driver heap (the default is 1 GB): Spark SS's HDFS state store keeps the state of
     # finished queries in the JVM until its maintenance unloads them, and its third

@@ -88,7 +88,7 @@ def source_read(spark: Any, broker: KafkaBroker, topic: str, client: str) -> tup
     from pyspark.sql import functions as F
 
     from streamer.connectors.base import ConnectorContext
-    from streamer.connectors.kafka import KafkaSource
+    from streamer.connectors.kafka.kafka_source import KafkaSource
     from streamer.pipeline.validate import load_pipeline_text
 
     doc = {"name": "bench", "sources": [{
@@ -160,7 +160,7 @@ def streamer_job(spark: Any, broker: KafkaBroker, topic: str, client: str, mode:
                  per_epoch: int, scratch: Path) -> tuple[float, int, int]:
     """(seconds, epochs, output records read back) of one streamer run."""
     from streamer.pipeline.validate import load_pipeline_text
-    from streamer.runtime.coordinator import JobRunner, RunOptions
+    from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
     sink = broker.create_topic(f"bench-out-{uuid.uuid4().hex[:8]}", 2)
     tag = uuid.uuid4().hex[:6]
@@ -217,7 +217,7 @@ def main() -> None:
     args = parser.parse_args()
     console = Console(width=150)
     from streamer.connectors.maven import spark_kafka_jars
-    from streamer.runtime.spark import create_session
+    from streamer.runtime.cluster.spark import create_session
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-kafka-"))
     broker = KafkaBroker(scratch / "broker").start()

@@ -235,7 +235,7 @@ def wrapped_run_task(*, profile_dir: Path | None = None, copy_dir: Path | None =
 def run_streamer(spark: Any, name: str, yaml_text: str, out: Path,
                  driver_profile: cProfile.Profile | None = None) -> Run:
     from streamer.pipeline.validate import load_pipeline_text
-    from streamer.runtime.coordinator import JobRunner, RunOptions
+    from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
     spec = load_pipeline_text(yaml_text)
     started = time.perf_counter()
@@ -362,7 +362,7 @@ def measure_state(kind: str, copies: Path, job: str, uid: str, keys: int) -> dic
 
     from streamer.state import key_group_range, open_backend
     from streamer.state.base import SubtaskLocation
-    from streamer.state.memory import drop_process_cache
+    from streamer.state.memory_files import drop_process_cache
 
     last = sorted(copies.iterdir())[-1]
     sizes = {"keys": keys, "disk": dir_bytes(last), "state": 0, "heap": 0}
@@ -573,7 +573,7 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-keyed-windows-"))
     os.environ.setdefault("STREAMER_LOG_DIR", str(tmp / "logs"))
-    from streamer.runtime.spark import create_session
+    from streamer.runtime.cluster.spark import create_session
 
     spark = create_session("bench-keyed-windows", "local[2]",
                            {"spark.sql.shuffle.partitions": SESSION_SHUFFLE_PARTITIONS},

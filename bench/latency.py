@@ -160,7 +160,7 @@ def run_pipeline(spark: Any, text: str, make_sink: Any, seconds: float,
     `ArrivalSink`) for `seconds`, then stop it (with its final checkpoint); the latencies
     of rows created after `warmup` seconds."""
     from streamer.pipeline.validate import load_pipeline_text
-    from streamer.runtime.coordinator import JobRunner, RunOptions
+    from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
     sinks: list[ArrivalSink] = []
 
@@ -265,7 +265,7 @@ def main() -> None:
     if args.quick:
         args.seconds, args.warmup = 8.0, 2.0
 
-    from streamer.runtime.spark import create_session
+    from streamer.runtime.cluster.spark import create_session
 
     spark = create_session("bench-latency", "local[2]", {"spark.sql.shuffle.partitions": "2"},
                            ui=False)

@@ -163,7 +163,7 @@ def main() -> None:
     args = parser.parse_args()
     console = Console(width=150)
     from streamer.connectors.maven import spark_kafka_jars
-    from streamer.runtime.spark import create_session
+    from streamer.runtime.cluster.spark import create_session
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-kafka-latency-"))
     broker = KafkaBroker(scratch / "broker").start()

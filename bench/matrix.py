@@ -258,7 +258,7 @@ sinks:
 
 def run_streamer(spark: Any, c: Cell, data: Data, scratch: Path, backend: str) -> Run:
     from streamer.pipeline.validate import load_pipeline_text
-    from streamer.runtime.coordinator import JobRunner, RunOptions
+    from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
     out = (data.broker.create_topic(f"matrix-out-{uuid.uuid4().hex[:8]}", PARTITIONS)
            if c.sink == "kafka" else str(scratch / f"out-{uuid.uuid4().hex[:8]}"))
@@ -473,7 +473,7 @@ def main() -> None:
 
             conf["spark.jars"] = ",".join(spark_kafka_jars())
             broker = broker_module().KafkaBroker(scratch / "broker").start()
-        from streamer.runtime.spark import create_session
+        from streamer.runtime.cluster.spark import create_session
 
         spark = create_session("bench-matrix", "local[2]", conf, ui=False)
         data = Data(scratch / "data", args.rows, args.files, args.files_per_epoch, broker)

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 def make_sink(spark: Any, dsn: str, table: str, storage: str, *, exactly_once: bool,
               upsert: bool) -> Any:
     from streamer.connectors.base import ConnectorContext
-    from streamer.connectors.postgres_sink import PostgresSink
+    from streamer.connectors.postgres.postgres_sink import PostgresSink
     from streamer.pipeline.validate import load_pipeline_text
 
     options: dict[str, Any] = {"mode": "upsert", "key": ["user", "window_start"]} if upsert \
@@ -92,7 +92,7 @@ def main() -> None:
     args = parser.parse_args()
     from postgres_server import PostgresServer
 
-    from streamer.runtime.spark import create_session
+    from streamer.runtime.cluster.spark import create_session
 
     spark = create_session("bench-postgres", master="local[2]", ui=False,
                            conf={"spark.sql.shuffle.partitions": "2"})

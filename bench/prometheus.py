@@ -14,8 +14,8 @@ import socket
 import time
 import urllib.request
 
-from streamer.runtime.metrics import EpochMetrics
-from streamer.runtime.prometheus import PrometheusExporter
+from streamer.runtime.observe.metrics import EpochMetrics
+from streamer.runtime.observe.prometheus import PrometheusExporter
 
 
 def main() -> None:

@@ -165,7 +165,7 @@ class TimeLimit:
         timer.start()
 
     def _cancel(self) -> None:
-        from streamer.runtime.control import ControlChannel
+        from streamer.runtime.job.control import ControlChannel
 
         self.fired_at = time.perf_counter()
         self.runner.request_stop()
@@ -223,7 +223,7 @@ def drop_worker_caches(spark: Any) -> list[tuple[int, int]]:
 
         import pyarrow as pa
 
-        from streamer.state import memory
+        from streamer.state import memory_files as memory
 
         for _ in batches:
             pass
@@ -259,7 +259,7 @@ def run_job(spark: Any, text: str, storage: str, time_limit: float, *,
             from_savepoint: str | None = None, keep_state: bool = False,
             on_epoch: Callable[[Any], None] | None = None) -> Outcome:
     from streamer.pipeline.validate import load_pipeline_text
-    from streamer.runtime.coordinator import JobRunner, RunOptions
+    from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
     spec = load_pipeline_text(text)
     rec = Recorder(on_epoch)
@@ -338,9 +338,9 @@ def subtask_handles(local_dir: Path, url: str) -> list[dict[str, Any]]:
 
 def save(spark: Any, case: Case, base: Path, time_limit: float, console: Console) -> None:
     """The savepoint run of `case` (see the module docstring, 1)."""
-    from streamer.checkpoint.metadata import CheckpointStore
-    from streamer.runtime.control import ControlChannel
-    from streamer.savepoint.metadata import read_metadata
+    from streamer.checkpoint.checkpoint_metadata import CheckpointStore
+    from streamer.runtime.job.control import ControlChannel
+    from streamer.savepoint.savepoint_metadata import read_metadata
 
     name = f"sp-{case.keys}-{case.backend}"
     storage, local_dir = str(base / "storage"), base / "local"
@@ -400,7 +400,7 @@ def save(spark: Any, case: Case, base: Path, time_limit: float, console: Console
 def restore(spark: Any, case: Case, item: Restore, base: Path, time_limit: float,
             console: Console) -> None:
     """Restore the case's savepoint into a new run (see the module docstring, 2)."""
-    from streamer.checkpoint.metadata import CheckpointStore
+    from streamer.checkpoint.checkpoint_metadata import CheckpointStore
 
     assert case.savepoint is not None
     name = f"sp-{case.keys}-{case.backend}"
@@ -557,7 +557,7 @@ def load() -> str:
 @contextlib.contextmanager
 def session(tmp: Path) -> Iterator[Any]:
     os.environ.setdefault("STREAMER_LOG_DIR", str(tmp / "logs"))
-    from streamer.runtime.spark import create_session
+    from streamer.runtime.cluster.spark import create_session
 
     spark = create_session("bench-savepoints", "local[2]",
                            {"spark.sql.shuffle.partitions": SESSION_SHUFFLE_PARTITIONS},

@@ -27,7 +27,7 @@ from rich.table import Table
 
 from streamer.state import BackendOptions, KeyedStateBackend, StateDescriptor, open_backend
 from streamer.state.codec import encode_key, encode_window
-from streamer.state.memory import drop_process_cache
+from streamer.state.memory_files import drop_process_cache
 
 MAX_PARALLELISM = 128
 STATES = [StateDescriptor("acc", "aggregating")]

@@ -62,7 +62,7 @@ sinks:
 def run_streamer(spark, rows: int, splits: int, out: str,
                  per_epoch: int | None) -> tuple[float, int]:
     from streamer.pipeline.validate import load_pipeline_text
-    from streamer.runtime.coordinator import JobRunner, RunOptions
+    from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
     spec = load_pipeline_text(pipeline_yaml(rows, splits, out, per_epoch))
     t = time.perf_counter()
@@ -90,7 +90,7 @@ def main() -> None:
     parser.add_argument("--splits", type=int, default=2)
     args = parser.parse_args()
 
-    from streamer.runtime.spark import create_session
+    from streamer.runtime.cluster.spark import create_session
 
     spark = create_session("bench-stateless", "local[2]", {"spark.sql.shuffle.partitions": "2"},
                            ui=False)

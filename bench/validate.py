@@ -42,7 +42,7 @@ def main() -> None:
     if args.spark:
         modes["analyzer"] = ["validate"]
     from streamer.pipeline.validate import load_pipeline
-    from streamer.runtime.checks import check_user_code
+    from streamer.runtime.job.checks import check_user_code
 
     print(f"{'example':<32}" + "".join(f"{m:>14}" for m in modes) + f"{'checks':>10}  exit")
     for path in examples:

@@ -5,7 +5,7 @@ Per task, around the epoch's work:
    landed where its state is not) restores it from the latest completed checkpoint: from the
    local recovery copy when it is intact, else from checkpoint storage (checksums verified).
    So does one whose state is `outdated`: older than the checkpoint, left by an earlier
-   epoch on an executor the subtask has since moved away from (runtime/placement.py).
+   epoch on an executor the subtask has since moved away from (runtime/cluster/placement.py).
 2. `check_version`: the working state must be exactly at the previous epoch. If it is behind
    (its state was lost after the last checkpoint), the task fails with `STATE_BEHIND`, and the
    driver restarts the job from that checkpoint: sources rewind, every subtask restores.

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import sys
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from streamer.cli.errors import boundary
+from streamer.cli.output import human_size, stdout_console, utc_time
 
 if TYPE_CHECKING:
-    from streamer.checkpoint.metadata import CheckpointMetadata, CheckpointStore, Listed
+    from streamer.checkpoint.checkpoint_metadata import CheckpointMetadata, CheckpointStore, Listed
 
 checkpoint_app = typer.Typer(help="List and inspect a job's checkpoints.", no_args_is_help=True,
                              rich_markup_mode=None)
@@ -35,7 +34,7 @@ def default_storage(storage: str | None) -> str:
 
 def open_store(job: str, storage: str | None) -> CheckpointStore:
     """The job's checkpoint store; a clear error if the storage holds no such job."""
-    from streamer.checkpoint.metadata import CheckpointError, CheckpointStore
+    from streamer.checkpoint.checkpoint_metadata import CheckpointError, CheckpointStore
     from streamer.storage import Storage
 
     url = default_storage(storage)
@@ -51,27 +50,8 @@ def open_store(job: str, storage: str | None) -> CheckpointStore:
     return store
 
 
-def _console() -> Console:
-    """stdout; wide when not a terminal, so piped tables keep every column."""
-    return Console(highlight=False, soft_wrap=True,
-                   width=None if sys.stdout.isatty() else 220)
-
-
-def _when(seconds: float) -> str:
-    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
-
-
 def _offsets(meta: CheckpointMetadata) -> str:
-    from streamer.runtime.recovery import offsets_summary as _offsets_summary
+    from streamer.runtime.job.recovery import offsets_summary as _offsets_summary
 
     return _offsets_summary(meta)
 
@@ -84,7 +64,7 @@ def _listed_json(item: Listed) -> dict[str, Any]:
                                    "incomplete") else "corrupt"),
                            "problem": item.problem}
     if meta is not None:
-        out.update(time=_when(meta.created_at), created_at=meta.created_at, epoch=meta.epoch,
+        out.update(time=utc_time(meta.created_at), created_at=meta.created_at, epoch=meta.epoch,
                    state_size=meta.state_size, incremental_size=meta.uploaded_bytes,
                    duration_ms=meta.duration_ms, mode=meta.mode, offsets=meta.offsets,
                    run_id=meta.run_id)
@@ -112,10 +92,10 @@ def list_cmd(job: JobArg, storage: StorageOpt = None, as_json: JsonOpt = False) 
         if meta is None:
             table.add_row(str(item.checkpoint_id), "-", "-", "-", "-", "-", "-", status)
             continue
-        table.add_row(str(item.checkpoint_id), _when(meta.created_at), str(meta.epoch),
-                      _size(meta.state_size), _size(meta.uploaded_bytes),
+        table.add_row(str(item.checkpoint_id), utc_time(meta.created_at), str(meta.epoch),
+                      human_size(meta.state_size), human_size(meta.uploaded_bytes),
                       f"{meta.duration_ms:,.0f} ms", _offsets(meta), status)
-    console = _console()
+    console = stdout_console()
     console.print(f"job [bold]{job}[/bold]  {store.url}")
     console.print(table)
 
@@ -137,16 +117,16 @@ def inspect_cmd(job: JobArg, checkpoint: Annotated[str, typer.Argument(
                     path=store.storage.path(store.dir_of(meta.checkpoint_id)))
         sys.stdout.write(json.dumps(body, indent=2, default=str) + "\n")
         return
-    from streamer.runtime.metrics import _time
+    from streamer.runtime.observe.metrics import watermark_time
 
-    console = _console()
+    console = stdout_console()
     console.print(f"checkpoint [bold]{meta.checkpoint_id}[/bold] of job [bold]{job}[/bold]  "
                   f"{store.storage.path(store.dir_of(meta.checkpoint_id))}")
-    console.print(f"  taken {_when(meta.created_at)} UTC by run {meta.run_id}, epoch "
+    console.print(f"  taken {utc_time(meta.created_at)} UTC by run {meta.run_id}, epoch "
                   f"{meta.epoch}, mode {meta.mode}, {meta.duration_ms:,.0f} ms")
-    console.print(f"  watermark {_time(meta.watermark.get('current'))}  ·  state "
-                  f"{_size(meta.state_size)}, {_size(meta.uploaded_bytes)} uploaded by this "
-                  "checkpoint")
+    console.print(f"  watermark {watermark_time(meta.watermark.get('current'))}  ·  state "
+                  f"{human_size(meta.state_size)}, {human_size(meta.uploaded_bytes)} uploaded "
+                  "by this checkpoint")
     if problem:
         console.print(f"  [red]not usable: {problem}[/red]")
     console.print("[bold]sources[/bold]")
@@ -168,8 +148,8 @@ def inspect_cmd(job: JobArg, checkpoint: Annotated[str, typer.Argument(
             keys = ", ".join(f"{k}={v:,}" for k, v in sorted(h.get("keys", {}).items()))
             table.add_row(str(h.get("subtask")), f"{lo}-{hi - 1}", str(h.get("version")),
                           str(len(files)), str(sum(1 for f in files if f.get("shared"))),
-                          _size(int(h.get("state_size", 0))),
-                          _size(int(h.get("uploaded_bytes", 0))), keys or "-")
+                          human_size(int(h.get("state_size", 0))),
+                          human_size(int(h.get("uploaded_bytes", 0))), keys or "-")
         console.print(table)
     if meta.sinks:
         console.print("[bold]sink output committed by this checkpoint[/bold]")

@@ -6,7 +6,6 @@ wherever the job runs as long as the storage is shared.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import sys
 import time
@@ -16,8 +15,9 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from streamer.cli.checkpoints import JsonOpt, StorageOpt, _console, default_storage
+from streamer.cli.checkpoints import JsonOpt, StorageOpt, default_storage
 from streamer.cli.errors import boundary
+from streamer.cli.output import stdout_console, utc_time
 
 JobArg = Annotated[str, typer.Argument(help="The job name (the pipeline's name:).",
                                        show_default=False)]
@@ -25,15 +25,9 @@ TimeoutOpt = Annotated[float, typer.Option(
     "--timeout", help="Seconds to wait for the job to answer.", min=0.0)]
 
 
-def _when(seconds: float | None) -> str:
-    if not seconds:
-        return "-"
-    return dt.datetime.fromtimestamp(float(seconds), dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _running_job(job: str, storage: str | None) -> tuple[str, dict[str, Any]]:
+def running_job(job: str, storage: str | None) -> tuple[str, dict[str, Any]]:
     """The storage URL and record of a job that is running now (clear errors otherwise)."""
-    from streamer.runtime.control import JobControlError, JobRegistry, state_of
+    from streamer.runtime.job.control import JobControlError, JobRegistry, state_of
 
     url = default_storage(storage)
     record = JobRegistry(url, job).read()
@@ -48,19 +42,19 @@ def _running_job(job: str, storage: str | None) -> tuple[str, dict[str, Any]]:
     return url, record
 
 
-def _request(url: str, job: str, record: dict[str, Any], kind: str, **params: Any) -> str:
+def file_request(url: str, job: str, record: dict[str, Any], kind: str, **params: Any) -> str:
     """File a request to the run in `record` (a later run of the job refuses it, saying
     why, rather than acting on a request meant for an earlier one); its id."""
-    from streamer.runtime.control import ControlChannel
+    from streamer.runtime.job.control import ControlChannel
 
     return ControlChannel(url, job).request(kind, generation=record.get("generation"),
                                             run_id=record.get("run_id"), **params)
 
 
-def _await(url: str, job: str, rid: str, timeout: float, what: str) -> dict[str, Any]:
+def await_answer(url: str, job: str, rid: str, timeout: float, what: str) -> dict[str, Any]:
     """Wait for the job's answer, saying on stderr what the job is doing meanwhile."""
     from streamer.cli.errors import err_console
-    from streamer.runtime.control import ControlChannel, JobControlError
+    from streamer.runtime.job.control import ControlChannel, JobControlError
 
     console = err_console()
 
@@ -86,7 +80,7 @@ def register_job_commands(app: typer.Typer) -> None:
     def list_cmd(storage: StorageOpt = None, as_json: JsonOpt = False) -> None:
         """The jobs under the storage: running, finished, stopped, failed, cancelled, or dead
         (its heartbeat stopped), with key figures."""
-        from streamer.runtime.control import list_jobs
+        from streamer.runtime.job.control import list_jobs
 
         jobs = sorted(list_jobs(default_storage(storage)),
                       key=lambda j: -float(j.get("started_at", 0)))
@@ -101,11 +95,11 @@ def register_job_commands(app: typer.Typer) -> None:
         for j in jobs:
             beat = now - float(j.get("heartbeat_at", now))
             table.add_row(str(j.get("job")), str(j.get("state")), str(j.get("run_id")),
-                          _when(j.get("started_at")), f"{beat:,.0f} s ago",
+                          utc_time(j.get("started_at")), f"{beat:,.0f} s ago",
                           str(j.get("epoch", "-")), str(j.get("last_checkpoint", "-")),
                           f"{int(j.get('records_in') or 0):,}",
                           f"{j.get('host')}/{j.get('pid')}")
-        console = _console()
+        console = stdout_console()
         if not jobs:
             console.print(f"no jobs under {default_storage(storage)}")
             return
@@ -129,14 +123,14 @@ def register_job_commands(app: typer.Typer) -> None:
         if drain and not savepoint:
             msg = "--drain goes with --savepoint"
             raise ConfigError(msg)
-        url, record = _running_job(job, storage)
-        rid = _request(url, job, record, "stop", savepoint=savepoint, drain=drain,
+        url, record = running_job(job, storage)
+        rid = file_request(url, job, record, "stop", savepoint=savepoint, drain=drain,
                        target=target)
         if not savepoint:
-            _await(url, job, rid, timeout, "stop request")
-            _console().print(f"job {job} is stopping at its next epoch boundary")
+            await_answer(url, job, rid, timeout, "stop request")
+            stdout_console().print(f"job {job} is stopping at its next epoch boundary")
             return
-        answer = _await(url, job, rid, timeout, "stop with savepoint")
+        answer = await_answer(url, job, rid, timeout, "stop with savepoint")
         sys.stdout.write(f"{answer['path']}\n")
 
     @app.command("cancel")
@@ -145,10 +139,10 @@ def register_job_commands(app: typer.Typer) -> None:
                    timeout: TimeoutOpt = 600.0) -> None:
         """Cancel a running job at its next epoch boundary, without a final checkpoint (the
         next run resumes from its last checkpoint)."""
-        url, record = _running_job(job, storage)
-        rid = _request(url, job, record, "cancel")
-        _await(url, job, rid, timeout, "cancel request")
-        _console().print(f"job {job} is cancelled")
+        url, record = running_job(job, storage)
+        rid = file_request(url, job, record, "cancel")
+        await_answer(url, job, rid, timeout, "cancel request")
+        stdout_console().print(f"job {job} is cancelled")
 
     @app.command("restore")
     @boundary
@@ -201,7 +195,7 @@ def register_job_commands(app: typer.Typer) -> None:
 
 
 def _dry_run(savepoint: str, spec: Any, allow: bool, *, as_json: bool) -> None:
-    from streamer.savepoint.metadata import SavepointError, plan_restore, read_metadata
+    from streamer.savepoint.savepoint_metadata import SavepointError, plan_restore, read_metadata
 
     meta = read_metadata(savepoint)
     decisions = plan_restore(meta, spec, allow_non_restored=allow)
@@ -216,7 +210,7 @@ def _dry_run(savepoint: str, spec: Any, allow: bool, *, as_json: bool) -> None:
         style = {"restore": "green", "start-empty": "cyan", "drop": "yellow", "refuse": "red"}
         for d in decisions:
             table.add_row(d.operator, d.uid, f"[{style[d.action]}]{d.action}[/]", d.reason)
-        console = _console()
+        console = stdout_console()
         console.print(f"savepoint {savepoint} (epoch {meta.epoch}) into {spec.file}:")
         console.print(table if decisions else "  no keyed state on either side")
     if refused:

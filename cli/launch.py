@@ -15,7 +15,7 @@ from rich.console import Console
 from streamer.cli.errors import err_console
 
 if TYPE_CHECKING:
-    from streamer.runtime.metrics import LiveReporter
+    from streamer.runtime.observe.metrics import LiveReporter
 
 
 def parse_conf(conf: list[str] | None) -> dict[str, str]:
@@ -43,7 +43,7 @@ def run_job(spec: object, *, quiet: bool = False, json_lines: bool = False,
     """Run a loaded pipeline with the CLI's reporters (shared by `run` and `restore`). The
     live display is up before pyspark is imported, so it shows Spark starting from the first
     second (a cold start takes a minute on a loaded machine)."""
-    from streamer.runtime.metrics import JsonReporter, LiveReporter, QuietReporter, Reporter
+    from streamer.runtime.observe.metrics import JsonReporter, LiveReporter, QuietReporter, Reporter
 
     extra = parse_conf(conf)
     if sum(map(bool, (fresh, from_checkpoint, from_savepoint))) > 1:
@@ -53,7 +53,7 @@ def run_job(spec: object, *, quiet: bool = False, json_lines: bool = False,
                "one of them")
         raise ConfigError(msg)
     from streamer.runtime.exceptions import JobFinishedError
-    from streamer.runtime.preflight import PreflightOptions, preflight
+    from streamer.runtime.job.preflight import PreflightOptions, preflight
 
     try:
         preflight(spec, PreflightOptions(  # type: ignore[arg-type]
@@ -79,7 +79,7 @@ def run_job(spec: object, *, quiet: bool = False, json_lines: bool = False,
         shared = sys.stdout.isatty() and reporter.console.is_terminal
         sinks_console = reporter.console if shared else Console(stderr=False, highlight=False)
     with display:
-        from streamer.runtime.coordinator import JobRunner, RunOptions
+        from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
         options = RunOptions(
             master=master, spark_conf=extra, ui=not no_ui, max_epochs=max_epochs,

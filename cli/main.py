@@ -77,7 +77,7 @@ def validate(
     failed = 0
     # First what needs no Spark, for every file (its errors print at once); then Spark's
     # analyzer, once, for the expressions of the files that passed.
-    from streamer.runtime.checks import check_user_code
+    from streamer.runtime.job.checks import check_user_code
 
     loaded = []
     for file in files:
@@ -96,7 +96,7 @@ def validate(
                             f"file{'s' if len(loaded) != 1 else ''}; --no-spark skips this)")
     for file, spec in loaded:
         if not no_spark:
-            from streamer.runtime.checks import analyze_spec
+            from streamer.runtime.job.checks import analyze_spec
 
             try:
                 analyze_spec(spec)
@@ -138,7 +138,7 @@ def plan(
             err_console().print(f"[red]error[/red] --physical prints tree or json, not "
                                 f"{format.value}")
             raise typer.Exit(2)
-        from streamer.runtime.checks import physical_plan
+        from streamer.runtime.job.checks import physical_plan
         from streamer.runtime.plan import render
 
         found = physical_plan(spec)
@@ -246,7 +246,7 @@ def run(
         raise ConfigError(msg)
     spec = load_pipeline(str(file))
     if submit:
-        from streamer.runtime.submit import SubmitOptions, submit_job
+        from streamer.runtime.cluster.submit import SubmitOptions, submit_job
 
         args = _run_args(quiet=quiet, json_lines=json_lines, conf=conf, max_epochs=max_epochs,
                          no_ui=no_ui, from_checkpoint=from_checkpoint, fresh=fresh,
@@ -306,9 +306,9 @@ def test_cmd(
     """
     from streamer.cli.render import print_case_result
     from streamer.pipeline.validate import load_pipeline
-    from streamer.runtime.checks import shared_session
     from streamer.runtime.exceptions import PipelineTestFailedError
-    from streamer.runtime.testing import run_case
+    from streamer.runtime.job.checks import shared_session
+    from streamer.runtime.job.testing import run_case
 
     spec = load_pipeline(str(file))
     cases = [c for c in spec.tests if not case or c.name in case]
@@ -322,7 +322,7 @@ def test_cmd(
         )
         raise ConfigError(msg)
     from streamer.cli.launch import warn
-    from streamer.runtime.preflight import PreflightOptions, preflight
+    from streamer.runtime.job.preflight import PreflightOptions, preflight
 
     replaced = frozenset.intersection(*(frozenset(c.inputs) for c in cases))
     preflight(spec, PreflightOptions(checkpoints=False, replaced=replaced, sinks=False), warn)

@@ -9,7 +9,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from streamer.pipeline.graph import Dataflow, Node
-from streamer.runtime.testing import CaseResult
+from streamer.runtime.job.testing import CaseResult
 
 _STYLE = {"source": "cyan", "operator": "yellow", "sink": "green"}
 

@@ -9,8 +9,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from streamer.cli.checkpoints import JsonOpt, StorageOpt, _console, _size, default_storage
+from streamer.cli.checkpoints import JsonOpt, StorageOpt, default_storage
 from streamer.cli.errors import boundary
+from streamer.cli.output import human_size, stdout_console, utc_time
 
 savepoint_app = typer.Typer(help="Trigger, list, inspect, export and dispose of savepoints.",
                             no_args_is_help=True, rich_markup_mode=None)
@@ -33,14 +34,14 @@ def trigger(job: JobArg, target: Annotated[str | None, typer.Option(
                            ] = 600.0) -> None:
     """Ask a running (or starting) job for a savepoint at its next epoch boundary; wait,
     saying what the job is doing, and print its path. The job keeps running."""
-    from streamer.cli.jobs import _await, _request, _running_job
+    from streamer.cli.jobs import await_answer, file_request, running_job
 
-    url, record = _running_job(job, storage)
-    rid = _request(url, job, record, "savepoint", target=target)
+    url, record = running_job(job, storage)
+    rid = file_request(url, job, record, "savepoint", target=target)
     if detach:
         sys.stdout.write(f"{rid}\n")
         return
-    answer = _await(url, job, rid, timeout, "savepoint")
+    answer = await_answer(url, job, rid, timeout, "savepoint")
     sys.stdout.write(f"{answer['path']}\n")
 
 
@@ -53,7 +54,7 @@ def status(request: Annotated[str, typer.Argument(help="The request id from --de
            storage: StorageOpt = None, as_json: JsonOpt = False) -> None:
     """The state of a savepoint request: pending, accepted (being written), completed (with
     its path) or failed (with why)."""
-    from streamer.runtime.control import ControlChannel, JobControlError
+    from streamer.runtime.job.control import ControlChannel, JobControlError
     from streamer.storage import Storage
 
     url = default_storage(storage)
@@ -70,7 +71,7 @@ def status(request: Annotated[str, typer.Argument(help="The request id from --de
             extra = answer.get("path") or ""
             if answer.get("reason"):
                 extra = f"{extra} {answer['reason']}".strip()
-            _console().print(f"{request} ({name}): {answer['status']} {extra}".rstrip())
+            stdout_console().print(f"{request} ({name}): {answer['status']} {extra}".rstrip())
         return
     msg = f"no savepoint request {request!r} under {url}"
     raise JobControlError(msg)
@@ -80,7 +81,7 @@ def status(request: Annotated[str, typer.Argument(help="The request id from --de
 @boundary
 def list_cmd(job: JobArg, storage: StorageOpt = None, as_json: JsonOpt = False) -> None:
     """The job's savepoints under `<storage>/<job>/savepoints`, newest first."""
-    from streamer.savepoint.metadata import list_savepoints
+    from streamer.savepoint.savepoint_metadata import list_savepoints
 
     found = list_savepoints(default_storage(storage), job)
     if as_json:
@@ -90,7 +91,6 @@ def list_cmd(job: JobArg, storage: StorageOpt = None, as_json: JsonOpt = False) 
                  "operators": sorted(meta.operators)} if meta else {})}
             for url, meta, problem in found], indent=2) + "\n")
         return
-    from streamer.cli.jobs import _when
 
     table = Table(box=None, header_style="bold")
     for col in ("path", "created (UTC)", "epoch", "size", "operators"):
@@ -99,9 +99,9 @@ def list_cmd(job: JobArg, storage: StorageOpt = None, as_json: JsonOpt = False) 
         if meta is None:
             table.add_row(url, "-", "-", "-", f"[red]{problem}[/red]")
         else:
-            table.add_row(url, _when(meta.created_at), str(meta.epoch), _size(meta.size),
+            table.add_row(url, utc_time(meta.created_at), str(meta.epoch), human_size(meta.size),
                           ", ".join(sorted(meta.operators)) or "-")
-    console = _console()
+    console = stdout_console()
     console.print(table if found else f"no savepoints of job {job!r}")
 
 
@@ -110,7 +110,7 @@ def list_cmd(job: JobArg, storage: StorageOpt = None, as_json: JsonOpt = False) 
 def inspect(path: PathArg, as_json: JsonOpt = False) -> None:
     """A savepoint: job, epoch, offsets, watermark, and per operator its definition, state
     names and kinds, key counts and sizes."""
-    from streamer.savepoint.metadata import read_metadata
+    from streamer.savepoint.savepoint_metadata import read_metadata
 
     meta = read_metadata(path)
     if as_json:
@@ -120,16 +120,15 @@ def inspect(path: PathArg, as_json: JsonOpt = False) -> None:
             op.pop("files", None)
         sys.stdout.write(json.dumps(body, indent=2, default=str) + "\n")
         return
-    from streamer.cli.jobs import _when
-    from streamer.runtime.metrics import _time
+    from streamer.runtime.observe.metrics import watermark_time
 
-    console = _console()
+    console = stdout_console()
     console.print(f"savepoint of job [bold]{meta.job}[/bold] at epoch {meta.epoch}, "
-                  f"{_when(meta.created_at)} UTC, streamer {meta.streamer_version}, "
+                  f"{utc_time(meta.created_at)} UTC, streamer {meta.streamer_version}, "
                   f"{meta.max_parallelism} key groups"
                   + (", drained" if meta.drained else ""))
-    console.print(f"  watermark {_time(meta.watermark.get('current'))}, pipeline "
-                  f"{meta.pipeline_fingerprint[:12]}, {_size(meta.size)}")
+    console.print(f"  watermark {watermark_time(meta.watermark.get('current'))}, pipeline "
+                  f"{meta.pipeline_fingerprint[:12]}, {human_size(meta.size)}")
     for uid, offsets in sorted(meta.offsets.items()):
         console.print(f"  source {uid}: {json.dumps(offsets)[:160]}")
     table = Table(box=None, header_style="bold")
@@ -142,7 +141,7 @@ def inspect(path: PathArg, as_json: JsonOpt = False) -> None:
         keys = ", ".join(f"{k}={v:,}" for k, v in sorted(op.get("keys", {}).items()))
         table.add_row(str(op.get("node")), uid, str(definition.get("kind")), states or "-",
                       keys or "0", str(len(op.get("files", []))),
-                      _size(int(op.get("bytes", 0))),
+                      human_size(int(op.get("bytes", 0))),
                       f"{op.get('parallelism')}/{op.get('backend')}")
     console.print(table)
 
@@ -151,10 +150,10 @@ def inspect(path: PathArg, as_json: JsonOpt = False) -> None:
 @boundary
 def dispose_cmd(path: PathArg) -> None:
     """Delete a savepoint (savepoints never expire on their own)."""
-    from streamer.savepoint.metadata import dispose
+    from streamer.savepoint.savepoint_metadata import dispose
 
     dispose(path)
-    _console().print(f"disposed of {path}")
+    stdout_console().print(f"disposed of {path}")
 
 
 @savepoint_app.command("export")
@@ -168,7 +167,7 @@ def export(path: PathArg, operator: Annotated[str, typer.Option(
     (and timer), keys and values decoded, for inspection and migration."""
     from streamer.exceptions import ConfigError
     from streamer.savepoint.export import export_operator
-    from streamer.savepoint.metadata import SavepointError, read_metadata
+    from streamer.savepoint.savepoint_metadata import SavepointError, read_metadata
 
     if fmt not in ("parquet", "jsonl"):
         msg = f"--format {fmt!r}: use parquet or jsonl"
@@ -181,4 +180,4 @@ def export(path: PathArg, operator: Annotated[str, typer.Option(
     from streamer.storage import Storage
 
     export_operator(Storage(path).url, meta.operators[operator].get("files", []), output, fmt)
-    _console().print(f"wrote {output}")
+    stdout_console().print(f"wrote {output}")

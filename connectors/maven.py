@@ -1,6 +1,6 @@
 """Jars from Maven Central, resolved with Maven's dependency plugin into a cache directory
 (`~/.cache/streamer`, or `$STREAMER_CACHE`): Spark's own Kafka connector for `client: spark`,
-Spark's S3A connector (`connectors/s3a.py`), and the Kafka broker that the tests and the docs
+Spark's S3A connector (`connectors/files/s3a.py`), and the Kafka broker that the tests and the docs
 example (docs/operations/kafka.md) run.
 """
 

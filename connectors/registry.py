@@ -6,15 +6,15 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from streamer.connectors.base import ConnectorContext, Sink, Source
-from streamer.connectors.console import ConsoleSink
-from streamer.connectors.datagen import DatagenSource
-from streamer.connectors.delta_sink import DeltaSink
+from streamer.connectors.builtin.console import ConsoleSink
+from streamer.connectors.builtin.datagen import DatagenSource
+from streamer.connectors.delta.delta_sink import DeltaSink
 from streamer.connectors.exceptions import ConnectorError
-from streamer.connectors.files import FilesSource
-from streamer.connectors.files_sink import FilesSink
-from streamer.connectors.kafka import KafkaSource
-from streamer.connectors.kafka_sink import KafkaSink
-from streamer.connectors.postgres_sink import PostgresSink
+from streamer.connectors.files.files_sink import FilesSink
+from streamer.connectors.files.files_source import FilesSource
+from streamer.connectors.kafka.kafka_sink import KafkaSink
+from streamer.connectors.kafka.kafka_source import KafkaSource
+from streamer.connectors.postgres.postgres_sink import PostgresSink
 
 if TYPE_CHECKING:
     from streamer.pipeline.spec import PipelineSpec, SinkSpec, SourceSpec
@@ -31,7 +31,8 @@ def session_conf(spec: PipelineSpec, conf: Mapping[str, Any]) -> dict[str, str]:
     """The Spark settings the pipeline's connectors add to `conf` at the session's start:
     Spark's Kafka connector jars (a `client: spark` source) and S3A's jars and `fs.s3a.*`
     settings (files on s3://), each connector's jars after those before it on `spark.jars`."""
-    from streamer.connectors import kafka, s3a
+    from streamer.connectors.files import s3a
+    from streamer.connectors.kafka import kafka_source as kafka
 
     out: dict[str, str] = {}
     for connector in (kafka, s3a):

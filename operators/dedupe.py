@@ -1,7 +1,7 @@
 """Dedupe, a column at a time (`operators.keyed.run_task` hands it its epochs).
 
-**Semantics** (PIPELINE_SPEC.md, `dedupe: {within: d}`): the first record of a key (by event
-time, then arrival, within an epoch) is forwarded, and the key is remembered until the
+**Semantics** (docs/guide/pipeline-file.md, `dedupe: {within: d}`): the first record of a key (by
+event time, then arrival, within an epoch) is forwarded, and the key is remembered until the
 watermark passes that record's time + d; a record of a remembered key is dropped. With a
 processing-time job the clock takes the watermark's place.
 

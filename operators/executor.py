@@ -1,4 +1,4 @@
-"""The task side of keyed subtask placement (`runtime/placement.py` has the design and the
+"""The task side of keyed subtask placement (`runtime/cluster/placement.py` has the design and the
 driver side): which Spark executor runs this task, and the state directories it keeps there.
 
 Each executor keeps its own working state and local recovery copies (`executor-<id>`

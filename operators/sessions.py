@@ -1,13 +1,13 @@
 """Session windows, a column at a time (`operators.keyed.run_task` hands it its epochs).
 
-**Semantics** (PIPELINE_SPEC.md, `window: {session: {gap: d}}`): a key's records less than or
-exactly `gap` apart share a session [first record, last record + gap); two sessions that
-touch or overlap merge, as in Spark's `session_window` and Flink's merging windows. A
-session fires (is emitted and forgotten) once the watermark (or, in processing time, the
-clock) reaches its end - 1 + allowed lateness; with `emit: updates` every session an epoch
-changes is emitted too. The epoch's input are its partial sessions per key, with their
-partial aggregates (Spark's `session_window` aggregation, or `operators.direct` where the
-subtasks read their input); due sessions fire before the epoch's partials are merged in.
+**Semantics** (docs/guide/pipeline-file.md, `window: {session: {gap: d}}`): a key's records less
+than or exactly `gap` apart share a session [first record, last record + gap); two sessions that
+touch or overlap merge, as in Spark's `session_window` and Flink's merging windows. A session
+fires (is emitted and forgotten) once the watermark (or, in processing time, the clock) reaches
+its end - 1 + allowed lateness; with `emit: updates` every session an epoch changes is emitted
+too. The epoch's input are its partial sessions per key, with their partial aggregates (Spark's
+`session_window` aggregation, or `operators.direct` where the subtasks read their input); due
+sessions fire before the epoch's partials are merged in.
 
 **State layout.** Per key group one chunk in the value state `session.open` under
 (key group, b"", b""): an Arrow table of the key group's open sessions (the key columns,

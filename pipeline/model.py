@@ -46,7 +46,8 @@ def did_you_mean(word: str, choices: Sequence[str], *, listing: str = "valid key
     return f"; {listing}: {', '.join(sorted(choices))}" if choices else ""
 
 
-def _type_name(value: Any) -> str:
+def type_name(value: Any) -> str:
+    """What a YAML value is, in words for a message: `a list`, `true (a boolean)`."""
     if value is None:
         return "nothing (null)"
     if isinstance(value, bool):
@@ -103,7 +104,7 @@ class Str(Node):
     def check(self, value: Any, path: Path, ck: Checker) -> None:
         if self.enum:
             if value not in self.enum:
-                shown = value if isinstance(value, str) else _type_name(value)
+                shown = value if isinstance(value, str) else type_name(value)
                 hint = nearest(str(value), self.enum) if isinstance(value, str) else None
                 extra = f" (did you mean {hint!r}?)" if hint else ""
                 ck.report(path, f"{label(path)} must be one of {', '.join(self.enum)}; got "
@@ -111,7 +112,7 @@ class Str(Node):
                           f"{label(path)} must be one of {', '.join(self.enum)}; got {shown}")
             return
         if not isinstance(value, str):
-            ck.report(path, f"{label(path)} must be a string, got {_type_name(value)}")
+            ck.report(path, f"{label(path)} must be a string, got {type_name(value)}")
             return
         if self.non_empty and not value.strip():
             ck.report(path, f"{label(path)} must not be empty")
@@ -144,7 +145,7 @@ class Int(Node):
     def check(self, value: Any, path: Path, ck: Checker) -> None:
         fix = f"; {self.hint}" if self.hint else ""
         if isinstance(value, bool) or not isinstance(value, int):
-            ck.report(path, f"{label(path)} must be a whole number, got {_type_name(value)}"
+            ck.report(path, f"{label(path)} must be a whole number, got {type_name(value)}"
                       f"{fix}")
         elif self.minimum is not None and value < self.minimum:
             ck.report(path, f"{label(path)} must be at least {self.minimum}, got {value}{fix}")
@@ -168,7 +169,7 @@ class Number(Node):
 
     def check(self, value: Any, path: Path, ck: Checker) -> None:
         if isinstance(value, bool) or not isinstance(value, int | float):
-            ck.report(path, f"{label(path)} must be a number, got {_type_name(value)}")
+            ck.report(path, f"{label(path)} must be a number, got {type_name(value)}")
         elif value <= 0:
             ck.report(path, f"{label(path)} must be greater than 0, got {value}")
 
@@ -184,7 +185,7 @@ class Bool(Node):
 
     def check(self, value: Any, path: Path, ck: Checker) -> None:
         if not isinstance(value, bool):
-            ck.report(path, f"{label(path)} must be true or false, got {_type_name(value)}")
+            ck.report(path, f"{label(path)} must be true or false, got {type_name(value)}")
 
     def schema(self) -> dict[str, Any]:
         return self._with_doc({"type": "boolean"})
@@ -201,9 +202,9 @@ class Duration(Node):
         ms = parse_duration_ms(value)
         if ms is None and parse_duration_ms(value, whole=False) is not None:
             ck.report(path, f"{label(path)} must be a whole number of milliseconds, got "
-                      f"{_type_name(value)}")
+                      f"{type_name(value)}")
         elif ms is None:
-            ck.report(path, f"{label(path)} must be {DURATION_HINT}, got {_type_name(value)}")
+            ck.report(path, f"{label(path)} must be {DURATION_HINT}, got {type_name(value)}")
         elif ms == 0 and not self.allow_zero:
             ck.report(path, f"{label(path)} must be longer than 0")
 
@@ -221,7 +222,7 @@ class SignedDuration(Node):
     def check(self, value: Any, path: Path, ck: Checker) -> None:
         if parse_signed_duration_ms(value) is None:
             ck.report(path, f"{label(path)} must be {DURATION_HINT}, optionally with a "
-                      f"leading '-', got {_type_name(value)}")
+                      f"leading '-', got {type_name(value)}")
 
     def schema(self) -> dict[str, Any]:
         return self._with_doc({"type": "string",
@@ -236,7 +237,7 @@ class Size(Node):
 
     def check(self, value: Any, path: Path, ck: Checker) -> None:
         if parse_size_bytes(value) is None:
-            ck.report(path, f"{label(path)} must be {SIZE_HINT}, got {_type_name(value)}")
+            ck.report(path, f"{label(path)} must be {SIZE_HINT}, got {type_name(value)}")
 
     def schema(self) -> dict[str, Any]:
         return self._with_doc({"type": ["string", "integer"]})
@@ -251,7 +252,7 @@ class Scalar(Node):
     def check(self, value: Any, path: Path, ck: Checker) -> None:
         if isinstance(value, dict | list) or value is None:
             ck.report(path, f"{label(path)} must be a string, number or boolean, got "
-                      f"{_type_name(value)}")
+                      f"{type_name(value)}")
 
     def schema(self) -> dict[str, Any]:
         return self._with_doc({"type": ["string", "number", "boolean"]})
@@ -280,7 +281,7 @@ class ListOf(Node):
 
     def check(self, value: Any, path: Path, ck: Checker) -> None:
         if not isinstance(value, list):
-            ck.report(path, f"{label(path)} must be a list, got {_type_name(value)}")
+            ck.report(path, f"{label(path)} must be a list, got {type_name(value)}")
             return
         if len(value) < self.min_items:
             ck.report(path, f"{label(path)} needs at least {self.min_items} "
@@ -333,7 +334,7 @@ class MapOf(Node):
     def check(self, value: Any, path: Path, ck: Checker) -> None:
         if not isinstance(value, dict):
             ck.report(path, f"{label(path)} must be a mapping of name: value, got "
-                      f"{_type_name(value)}")
+                      f"{type_name(value)}")
             return
         if len(value) < self.min_items:
             ck.report(path, f"{label(path)} needs at least {self.min_items} entr"
@@ -383,7 +384,7 @@ class Obj(Node):
 
     def check(self, value: Any, path: Path, ck: Checker) -> None:
         if not isinstance(value, dict):
-            ck.report(path, f"{label(path)} must be a mapping, got {_type_name(value)}")
+            ck.report(path, f"{label(path)} must be a mapping, got {type_name(value)}")
             return
         valid = list(self.fields) + list(self.extra_keys)
         for key in value:
@@ -419,12 +420,12 @@ class Tagged(Node):
 
     def check(self, value: Any, path: Path, ck: Checker) -> None:
         if not isinstance(value, dict):
-            ck.report(path, f"{label(path)} must be a mapping, got {_type_name(value)}")
+            ck.report(path, f"{label(path)} must be a mapping, got {type_name(value)}")
             return
         kind = value.get(self.tag)
         if kind is not None and not isinstance(kind, str):
             ck.report((*path, self.tag), f"{self.tag!r} of {self.what(value, path)} must be one "
-                      f"of {', '.join(self.variants)}, got {_type_name(kind)}")
+                      f"of {', '.join(self.variants)}, got {type_name(kind)}")
             return
         if kind is None:
             ck.report(path, f"{self.what(value, path)} is missing required key {self.tag!r} "

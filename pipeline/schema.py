@@ -35,8 +35,8 @@ from streamer.pipeline.schema_base import (
     ID_PATTERN,
     REF,
     SPARK_TYPE,
-    _exactly_one,
-    _named,
+    exactly_one,
+    named,
 )
 from streamer.pipeline.schema_joins import join_schema
 from streamer.pipeline.schema_sinks import SINK
@@ -72,13 +72,13 @@ SOURCE_COMMON: dict[str, Field] = {
 
 
 def _source(fields: dict[str, Field], doc: str, rules: list[Any] | None = None) -> Obj:
-    return Obj({**SOURCE_COMMON, **fields}, description=doc, what=_named("source", "sources"),
+    return Obj({**SOURCE_COMMON, **fields}, description=doc, what=named("source", "sources"),
                extra_keys=("type",), rules=rules or [])
 
 
 def _watermark_needs_event_time(value: dict[str, Any], path: Path, ck: Checker) -> None:
     if "watermark" in value and "event_time" not in value:
-        ck.report((*path, "watermark"), f"{_named('source', 'sources')(value, path)} has a "
+        ck.report((*path, "watermark"), f"{named('source', 'sources')(value, path)} has a "
                   "watermark but no event_time; add event_time: <timestamp column>", at_key=True)
 
 
@@ -174,7 +174,7 @@ KAFKA_SOURCE = _source(
                          pattern_hint=COLUMN_HINT)),
     },
     "Kafka topic partitions; offsets are the source's state.",
-    [_watermark_needs_event_time, _exactly_one(("topic", "topics"), "a kafka source")],
+    [_watermark_needs_event_time, exactly_one(("topic", "topics"), "a kafka source")],
 )
 
 
@@ -198,7 +198,7 @@ def _kafka_source_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
 KAFKA_SOURCE.rules.append(_kafka_source_rules)
 
 SOURCE = Tagged({"datagen": DATAGEN, "files": FILES_SOURCE, "kafka": KAFKA_SOURCE},
-                what=_named("source", "sources"), description="A source of records.")
+                what=named("source", "sources"), description="A source of records.")
 
 # -------------------------------------------------------------------------------- operators
 WINDOW = Obj(
@@ -224,7 +224,7 @@ WINDOW = Obj(
                           "which it changed (default final).", enum=("final", "updates"))),
     },
     "A keyed window; exactly one of tumbling, sliding, session, count.",
-    rules=[_exactly_one(("tumbling", "sliding", "session", "count"), "window")],
+    rules=[exactly_one(("tumbling", "sliding", "session", "count"), "window")],
 )
 
 
@@ -278,8 +278,8 @@ KEYED_KINDS = ("window", "aggregate", "dedupe", "process", "top_n")
 
 
 def _operator_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
-    what = _named("operator", "operators")(value, path)
-    _exactly_one(OPERATOR_KINDS, f"{what}")(value, path, ck)
+    what = named("operator", "operators")(value, path)
+    exactly_one(OPERATOR_KINDS, f"{what}")(value, path, ck)
     for key in ("side_outputs", "broadcast"):
         if key in value and "process" not in value and "join" not in value:
             ck.report((*path, key), f"{key!r} applies only to process operators; remove it "
@@ -372,7 +372,7 @@ OPERATOR = Obj(
                              pattern_hint="'module:Class', e.g. 'fraud:LargeAfterSmall'")),
     },
     "One transformation; exactly one of filter, select, with_columns, key_by, join.",
-    what=_named("operator", "operators"),
+    what=named("operator", "operators"),
     rules=[_operator_rules],
 )
 

@@ -15,7 +15,8 @@ COLUMN_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*"
 COLUMN_HINT = "a column name (letters, digits and underscores, not starting with a digit)"
 
 
-def _named(kind: str, plural: str) -> Any:
+def named(kind: str, plural: str) -> Any:
+    """A namer for messages about a list item: `source 'orders'` by its id, else `sources[2]`."""
     def what(value: Any, path: Path) -> str:
         if isinstance(value, dict) and isinstance(value.get("id"), str):
             return f"{kind} {value['id']!r}"
@@ -24,7 +25,8 @@ def _named(kind: str, plural: str) -> Any:
     return what
 
 
-def _exactly_one(keys: tuple[str, ...], noun: str) -> Any:
+def exactly_one(keys: tuple[str, ...], noun: str) -> Any:
+    """A rule that a mapping has exactly one of `keys`, reported at the second one present."""
     def rule(value: dict[str, Any], path: Path, ck: Checker) -> None:
         present = [k for k in keys if k in value]
         if len(present) == 1:

@@ -14,10 +14,10 @@ from streamer.pipeline.model import (
     OneOrList,
     SignedDuration,
     Str,
-    _type_name,
     label,
+    type_name,
 )
-from streamer.pipeline.schema_base import COLUMN_HINT, COLUMN_PATTERN, _exactly_one
+from streamer.pipeline.schema_base import COLUMN_HINT, COLUMN_PATTERN, exactly_one
 from streamer.pipeline.units import parse_signed_duration_ms
 from streamer.pipeline.yaml_loader import Path
 
@@ -46,7 +46,7 @@ def _join_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
         if n_left != n_right:
             ck.report((*path, "right_key"), f"right_key has {n_right} column(s) but left_key "
                       f"has {n_left}; give one right column per left key column")
-    _exactly_one(JOIN_MODES, "a join")(value, path, ck)
+    exactly_one(JOIN_MODES, "a join")(value, path, ck)
     if "table" in value and value.get("type") in ("right", "full"):
         ck.report((*path, "type"), f"a table join is inner or left, not {value['type']}: a "
                   "table has no unmatched rows to emit (its rows are upserts of the current "
@@ -83,7 +83,7 @@ class TableMode(Node):
         elif value is not True:
             ck.report(path, f"{label(path)} must be true (enrich each left record with the "
                       "table's current row) or {as_of: event_time} (a temporal join), got "
-                      f"{_type_name(value) if not isinstance(value, bool) else 'false'}")
+                      f"{type_name(value) if not isinstance(value, bool) else 'false'}")
 
     def schema(self) -> dict[str, Any]:
         """true, or the temporal mapping."""
@@ -96,7 +96,7 @@ def _join_window(window: Obj, sliding_rule: Any) -> Obj:
         {key: window.fields[key] for key in ("tumbling", "sliding")},
         "The window of a window join: records of both sides in the same window and key join "
         "when the window closes; exactly one of tumbling, sliding.",
-        rules=[_exactly_one(("tumbling", "sliding"), "a join's window"), sliding_rule],
+        rules=[exactly_one(("tumbling", "sliding"), "a join's window"), sliding_rule],
     )
 
 

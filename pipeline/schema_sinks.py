@@ -17,7 +17,7 @@ from streamer.pipeline.model import (
     Str,
     Tagged,
 )
-from streamer.pipeline.schema_base import COLUMN_HINT, COLUMN_PATTERN, ID, REF, _named
+from streamer.pipeline.schema_base import COLUMN_HINT, COLUMN_PATTERN, ID, REF, named
 from streamer.pipeline.yaml_loader import Path
 
 SINK_COMMON: dict[str, Field] = {
@@ -28,7 +28,7 @@ SINK_COMMON: dict[str, Field] = {
 
 
 def _sink(fields: dict[str, Field], doc: str) -> Obj:
-    return Obj({**SINK_COMMON, **fields}, description=doc, what=_named("sink", "sinks"),
+    return Obj({**SINK_COMMON, **fields}, description=doc, what=named("sink", "sinks"),
                extra_keys=("type",))
 
 
@@ -102,10 +102,10 @@ POSTGRES_SINK = _sink(
 def _postgres_sink_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
     upsert = value.get("mode") == "upsert"
     if upsert and "key" not in value:
-        ck.report((*path, "mode"), f"{_named('sink', 'sinks')(value, path)} has mode: upsert "
+        ck.report((*path, "mode"), f"{named('sink', 'sinks')(value, path)} has mode: upsert "
                   "but no key; add key: [columns that identify a row]", at_key=True)
     if "key" in value and not upsert:
-        ck.report((*path, "key"), f"{_named('sink', 'sinks')(value, path)} has a key, which "
+        ck.report((*path, "key"), f"{named('sink', 'sinks')(value, path)} has a key, which "
                   "only mode: upsert uses; add mode: upsert, or remove key", at_key=True)
 
 
@@ -133,6 +133,6 @@ SINK = Tagged(
                        "A Kafka topic; transactional in exactly_once mode."),
         "postgres": POSTGRES_SINK,
     },
-    what=_named("sink", "sinks"), description="Where results go.",
+    what=named("sink", "sinks"), description="Where results go.",
 )
 

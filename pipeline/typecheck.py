@@ -23,7 +23,8 @@ from streamer.pipeline.yaml_loader import Path
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: Bare words that are literals, not columns.
 _LITERALS = {"true", "false", "null"}
-#: The columns of a Kafka record read with `format: raw` (connectors/kafka.py `RAW_DDL`).
+#: The columns of a Kafka record read with `format: raw`
+#: (connectors/kafka/kafka_source.py `RAW_DDL`).
 _KAFKA_RAW = {"key": "binary", "value": "binary", "topic": "string", "partition": "int",
               "offset": "bigint", "timestamp": "timestamp"}
 #: A word an expression cannot end with: Spark's parser reads it as a column alias, so

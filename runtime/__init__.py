@@ -1,1 +1,3 @@
-"""The job manager: Spark session, epoch loop, metrics display, and the tests-block runner."""
+"""The epoch runtime on Spark: the planner and its stages, the keyed stage's Spark plan, and
+the packages `job` (the job lifecycle), `cluster` (where a job runs) and `observe` (what it
+reports)."""

@@ -320,7 +320,7 @@ class Analyzer:
 
     def _postgres_sink(self, k: SinkSpec, schema: Any) -> None:
         """The key columns are input columns; every column has a PostgreSQL type."""
-        from streamer.connectors.postgres import unwritable
+        from streamer.connectors.postgres.database import unwritable
 
         key = k.option("key") or []
         for i, name in enumerate([key] if isinstance(key, str) else key):

@@ -1,11 +1,11 @@
 """A keyed stage's JSON input decoded, filtered and derived in Python tasks with Arrow
 (`job.execution.arrow_input`), where that is certainly what Spark would compute.
 
-The staged-input strategy (`runtime.stages.keyed.StagedRun`) has Spark decode a source's
+The staged-input strategy (`runtime.stages.keyed_stage.StagedRun`) has Spark decode a source's
 text, apply the stateless operators before the keyed stage and write the result as local
 parquet files for the subtasks. For a local JSON-lines `files` source, or a Kafka source of
 JSON values read by confluent-kafka, whose columns, event time and operators Arrow computes
-as Spark does (`connectors.arrow_json`, `operators.arrow_sql`), one Spark job of Python
+as Spark does (`connectors.arrow.arrow_json`, `operators.arrow_sql`), one Spark job of Python
 tasks does that instead, a task per file or per partition range: read, decode, event time,
 operators, and the stage's columns written as a parquet file. A local parquet source with
 operators before the keyed stage (without them its subtasks read the files themselves)
@@ -26,7 +26,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from streamer.columns import EVENT_TIME
-from streamer.connectors.arrow_json import TYPES
+from streamer.connectors.arrow.arrow_json import TYPES
 from streamer.connectors.formats import not_utc
 from streamer.exceptions import ArrowRefused
 from streamer.operators.arrow_sql import Program, arrow_type, compile_ops
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from streamer.connectors.base import SourceSlice
-    from streamer.connectors.files_sink import TaskTarget
+    from streamer.connectors.files.files_sink import TaskTarget
     from streamer.pipeline.graph import Dataflow
 
 #: A bigger file is left to Spark, which reads it in splits: a task reads a file whole.
@@ -131,7 +131,7 @@ def plan_arrow_input(spark: SparkSession, flow: Dataflow, node_id: str,
         return program
     conf = source.reader_conf() if kind == "kafka" else None
     if kind == "csv":
-        from streamer.connectors.arrow_csv import refusal
+        from streamer.connectors.arrow.arrow_csv import refusal
 
         why = refusal(source.delimiter)
         if why is not None:
@@ -215,9 +215,9 @@ def _decode_one(plan: ArrowInput, target: str | TaskTarget,
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from streamer.connectors.arrow_csv import decode as decode_csv
-    from streamer.connectors.arrow_json import decode
-    from streamer.connectors.files import SPLIT
+    from streamer.connectors.arrow.arrow_csv import decode as decode_csv
+    from streamer.connectors.arrow.arrow_json import decode
+    from streamer.connectors.files.files_source import SPLIT
     from streamer.worker import prepare_task
 
     prepare_task()
@@ -251,7 +251,7 @@ def _decode_one(plan: ArrowInput, target: str | TaskTarget,
     done = {"unit": unit, "split": split, "rows_in": rows_in, "max_ts": max_ts,
             "filters": {k: list(v) for k, v in filters.items()}}
     if not isinstance(target, str):  # the sink's rows, in its staging directory
-        from streamer.connectors.files_sink import TaskFile
+        from streamer.connectors.files.files_sink import TaskFile
 
         file = TaskFile(target, index)
         try:
@@ -307,14 +307,14 @@ def _read(plan: ArrowInput, unit: Any) -> tuple[bytes, int | None, str]:
     """(The unit's JSON or CSV text, its number of records when each is one value (Kafka), its
     split's name); `ArrowRefused` for a unit the tasks cannot read as Spark would."""
     if plan.kind in ("files", "csv"):
-        from streamer.connectors.files import SPLIT  # (one split: the files)
+        from streamer.connectors.files.files_source import SPLIT  # (one split: the files)
 
         if os.path.getsize(unit) > MAX_FILE_BYTES:
             msg = f"the file is over {MAX_FILE_BYTES >> 20} MiB, more than a task holds"
             raise ArrowRefused(msg)
         with open(unit, "rb") as f:
             return f.read(), None, SPLIT
-    from streamer.connectors.kafka import read_range, split_name
+    from streamer.connectors.kafka.kafka_source import read_range, split_name
 
     topic, partition, start, end = unit
     assert plan.conf is not None

@@ -1,4 +1,4 @@
-"""The physical planner (ARCHITECTURE.md §2b): the logical dataflow becomes a list of
+"""The physical planner (docs/architecture.md): the logical dataflow becomes a list of
 stages, each with its strategy and the reason for it, once at the start of a run (and again
 after a restore or rescale, which start a new run attempt); and `decide` is the one point
 where what varies per epoch is chosen.
@@ -15,12 +15,12 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from streamer.columns import CHANGE, EVENT_TIME, HIDDEN_PREFIX
-from streamer.connectors.arrow_json import TYPES
+from streamer.connectors.arrow.arrow_json import TYPES
 from streamer.pipeline.spec import ExecutionSpec
 from streamer.runtime.arrow_input import ArrowInput, plan_arrow_input
 from streamer.runtime.keyed import DirectShape, KeyedStage
 from streamer.runtime.stages.base import EpochDecision, Stage
-from streamer.runtime.stages.keyed import (
+from streamer.runtime.stages.keyed_stage import (
     KeyedOperatorStage,
     LocalRun,
     StagedRun,
@@ -37,7 +37,7 @@ from streamer.runtime.stages.sources import (
     ToKeyedStage,
     ToSink,
 )
-from streamer.runtime.stages.stateless import StatelessChain
+from streamer.runtime.stages.stateless_stage import StatelessChain
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -451,7 +451,7 @@ def decide(plan: PhysicalPlan, sources: Mapping[str, Source],
 
 def _small(settings: ExecutionSpec, slices: Mapping[str, SourceSlice],
            last_input: int | None) -> bool:
-    """Whether the epoch runs in the small-epoch mode (`runtime.spark.SMALL_EPOCH_CONF`):
+    """Whether the epoch runs in the small-epoch mode (`runtime.cluster.spark.SMALL_EPOCH_CONF`):
     its input is known to be at most `small_epoch_rows` rows (a timer-only epoch has none),
     or, where a source cannot tell up front, the previous epoch's was."""
     limit = settings.small_epoch_rows
@@ -470,7 +470,7 @@ def _direct_reads(plan: PhysicalPlan, sources: Mapping[str, Source],
     for this epoch's slices that keyed stages read themselves; a slice whose files do not
     allow it is read by Spark instead. A stage whose source has no slice this epoch gets an
     empty read (and None for the id)."""
-    from streamer.connectors.files import FilesSource
+    from streamer.connectors.files.files_source import FilesSource
 
     out: dict[str, tuple[str | None, Any, Any]] = {}
     for stage in plan.stages:
@@ -501,7 +501,7 @@ def _join_reads(shape: DirectShape, sources: Mapping[str, Source],
     """`_direct_reads` of a join reading both its sources: one read of both sides' files,
     under each source's id; none at all when either slice's files need Spark (a key or
     event time the footers do not rule out being null: a bad record, which Spark reports)."""
-    from streamer.connectors.files import FilesSource
+    from streamer.connectors.files.files_source import FilesSource
 
     files: list[tuple[str, ...]] = []
     found: dict[str, tuple[bool, Any]] = {}

@@ -83,7 +83,7 @@ def subtask_batches(cfg: KeyedConfig, batches: Iterator[Any], subtask: int, writ
     each metadata row's JSON to `report` and yields the batches with output rows (with
     `write_to`, a files sink's `TaskTarget`, the output rows go to the subtask's staging
     file instead)."""
-    from streamer.connectors.files_sink import TaskFile
+    from streamer.connectors.files.files_sink import TaskFile
 
     out = None if write_to is None else TaskFile(write_to, subtask, C.ROW_KIND, OUT)
     try:

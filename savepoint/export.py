@@ -13,7 +13,7 @@ from typing import Any
 
 from streamer.columns import EVENT_TIME_MS, PARTIAL_PREFIX, WINDOW_END, WINDOW_START
 from streamer.savepoint.exceptions import SavepointError
-from streamer.savepoint.format import TIMER, _files_by_key_group, _read_table, _storage
+from streamer.savepoint.format import TIMER, files_by_key_group, open_storage, read_table
 from streamer.savepoint.values import decode_value
 from streamer.state.codec import decode_key
 from streamer.state.exceptions import StateError
@@ -210,10 +210,10 @@ def _export_schema() -> Any:
 
 def _export_groups(savepoint_url: str, operator_files: Sequence[Mapping[str, Any]],
                    verify: bool) -> Iterator[tuple[int, Any]]:
-    storage = _storage(savepoint_url)
-    by_group = _files_by_key_group(savepoint_url, operator_files)
+    storage = open_storage(savepoint_url)
+    by_group = files_by_key_group(savepoint_url, operator_files)
     for key_group in sorted(by_group):
-        yield key_group, _read_table(storage, savepoint_url, by_group[key_group], verify)
+        yield key_group, read_table(storage, savepoint_url, by_group[key_group], verify)
 
 
 def export_operator(savepoint_url: str, operator_files: Sequence[Mapping[str, Any]],

@@ -90,7 +90,7 @@ from streamer.savepoint.exceptions import (
     IncompatibleSavepointError,
     SavepointError,
 )
-from streamer.savepoint.values import VALUE_ENCODING, _is_pickled, decode_values, encode_value
+from streamer.savepoint.values import VALUE_ENCODING, decode_values, encode_value, is_pickled
 from streamer.state.base import (
     BROADCAST_STATE_PREFIX,
     KeyedStateBackend,
@@ -144,7 +144,8 @@ def _check_uid(uid: str) -> None:
         raise SavepointError(msg)
 
 
-def _storage(savepoint_url: str) -> Storage:
+def open_storage(savepoint_url: str) -> Storage:
+    """The storage of a savepoint URL; a `SavepointError` saying which when it cannot be used."""
     try:
         return Storage(savepoint_url)
     except StorageError as exc:
@@ -204,7 +205,7 @@ def _key_group_table(backend: KeyedStateBackend, key_group: int, uid: str,
     none_t: list[Any] = [None] * nt
     states = [e.state for e in entries]
     values = [encode_value(e.value) for e in entries]
-    pickled = sum(1 for v in values if _is_pickled(v))
+    pickled = sum(1 for v in values if is_pickled(v))
     table = pa.table({
         "state": pa.array(states + none_t, pa.string()),
         "kind": pa.array([kinds[s] for s in states] + [TIMER] * nt, pa.string()),
@@ -244,7 +245,7 @@ def write_key_groups(backend: KeyedStateBackend, savepoint_url: str, uid: str,
     """
     started = time.monotonic()
     _check_uid(uid)
-    storage = _storage(savepoint_url)
+    storage = open_storage(savepoint_url)
     kinds = state_schema(backend)
     files: list[dict[str, Any]] = []
     keys: Counter[str] = Counter()
@@ -335,7 +336,7 @@ def _uid_of(entry: Mapping[str, Any]) -> str:
     return posixpath.dirname(str(entry.get("path", ""))) or "?"
 
 
-def _files_by_key_group(savepoint_url: str, operator_files: Sequence[Mapping[str, Any]],
+def files_by_key_group(savepoint_url: str, operator_files: Sequence[Mapping[str, Any]],
                         ) -> dict[int, Mapping[str, Any]]:
     """The operator's file entries by key group, after checking their shape."""
     by_group: dict[int, Mapping[str, Any]] = {}
@@ -353,7 +354,7 @@ def _files_by_key_group(savepoint_url: str, operator_files: Sequence[Mapping[str
     return by_group
 
 
-def _read_table(storage: Storage, savepoint_url: str, entry: Mapping[str, Any],
+def read_table(storage: Storage, savepoint_url: str, entry: Mapping[str, Any],
                 verify: bool) -> Any:
     """The Arrow table of one state file, its size, sha256 and format checked."""
     import pyarrow as pa
@@ -502,7 +503,7 @@ def restore_key_groups(savepoint_url: str, operator_files: Sequence[Mapping[str,
     Returns {"files", "entries", "timers", "bytes", "duration_ms"}.
     """
     started = time.monotonic()
-    by_group = _files_by_key_group(savepoint_url, operator_files)
+    by_group = files_by_key_group(savepoint_url, operator_files)
     uid = next((_uid_of(e) for e in by_group.values()), backend.location.uid)
     outside = [kg for kg in key_groups if kg not in backend.key_groups]
     if outside:
@@ -512,14 +513,14 @@ def restore_key_groups(savepoint_url: str, operator_files: Sequence[Mapping[str,
         raise SavepointError(msg)
     if states:
         _declare(backend, states, _where(savepoint_url, uid))
-    storage = _storage(savepoint_url)
+    storage = open_storage(savepoint_url)
     files = entries = timers = size = 0
     for key_group in key_groups:
         entry = by_group.get(key_group)
         if entry is None:
             continue
         where = _where(savepoint_url, _uid_of(entry), key_group)
-        table = _read_table(storage, savepoint_url, entry, verify)
+        table = read_table(storage, savepoint_url, entry, verify)
         with _gc_paused():
             try:
                 groups, group_timers, n_timers = _groups(table, key_group)
@@ -551,7 +552,7 @@ def _restore_broadcast(storage: Storage, savepoint_url: str, entry: Mapping[str,
     import pyarrow.compute as pc
 
     where = _where(savepoint_url, _uid_of(entry), 0)
-    table = _read_table(storage, savepoint_url, entry, verify)
+    table = read_table(storage, savepoint_url, entry, verify)
     table = table.filter(pc.fill_null(pc.starts_with(table.column("state"),
                                                      BROADCAST_STATE_PREFIX), False))
     if not table.num_rows:

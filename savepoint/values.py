@@ -180,5 +180,6 @@ def decode_values(values: Sequence[bytes]) -> list[Any]:
     return list(decoded)
 
 
-def _is_pickled(data: bytes) -> bool:
+def is_pickled(data: bytes) -> bool:
+    """Whether an encoded value fell back to pickle (Python-only; counted in `pickled_values`)."""
     return b'{"$pickle":' in data

@@ -70,9 +70,9 @@ def open_backend(kind: str, root_dir: str, job: str, uid: str, subtask: int,
 
         return MemoryBackend(location, key_groups, options, states)
     if kind == "rocksdb":
-        from streamer.state.rocksdb import RocksDBBackend, _unpark
+        from streamer.state.rocksdb import RocksDBBackend, unpark
 
-        parked = _unpark(location.path, key_groups)
+        parked = unpark(location.path, key_groups)
         if parked is not None:  # still open from this process's previous task of the subtask
             for descriptor in states:
                 parked.declare(descriptor)
@@ -101,7 +101,7 @@ def release_process_state(root_dir: str) -> None:
     for path in parked:
         sys.modules["streamer.state.rocksdb_parking"].release_parked(path)
     for path in cached:
-        sys.modules["streamer.state.memory"].drop_process_cache(path)
+        sys.modules["streamer.state.memory_files"].drop_process_cache(path)
 
 
 def _held(prefix: str) -> tuple[list[str], list[str]]:
@@ -112,9 +112,8 @@ def _held(prefix: str) -> tuple[list[str], list[str]]:
     cached: list[str] = []
     parking = sys.modules.get("streamer.state.rocksdb_parking")
     if parking is not None:
-        with parking._PARKED_LOCK:
-            parked = [path for path in parking._PARKED if path.startswith(prefix)]
-    memory = sys.modules.get("streamer.state.memory")
+        parked = [path for path in parking.parked_paths() if path.startswith(prefix)]
+    memory = sys.modules.get("streamer.state.memory_files")
     if memory is not None:
-        cached = [path for path in memory._PROCESS_CACHE if path.startswith(prefix)]
+        cached = [path for path in memory.cached_paths() if path.startswith(prefix)]
     return parked, cached

@@ -1,12 +1,12 @@
-"""`MemoryBackend`: the memory state backend's class. Its committed data, change sets, files
-and process cache are in `state/memory.py`, whose docstring describes the design.
+"""`MemoryBackend`: the memory state backend's class. What it stores is in
+`state/memory_values.py`; its committed data, files and process cache are in
+`state/memory_files.py`, whose docstring describes the design.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
-import pickle
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -35,32 +35,30 @@ from streamer.state.base import (
     expiries,
     wait_for_lock,
 )
-from streamer.state.codec import PICKLE_PROTOCOL
 from streamer.state.exceptions import KeyEncodingError, StateError
-from streamer.state.memory import (
-    _EXPIRED,
-    _FORMAT,
-    _FORMAT_VERSION,
-    _MATERIALIZE_MAX_DELTAS,
-    _MATERIALIZE_SLACK_BYTES,
-    _PROCESS_CACHE,
-    _TOMBSTONE,
-    _apply_delta,
-    _Changes,
-    _Committed,
-    _delta_path,
-    _expiry,
-    _list_dir,
-    _load,
-    _lock_token,
-    _MapChange,
-    _read,
-    _snapshot_path,
-    _snapshot_payload,
-    _unwrap,
-    _wrap,
-    _write_atomic,
+from streamer.state.memory_files import (
+    Committed,
+    apply_delta,
     cache_committed,
+    load,
+    lock_token,
+    materialize,
+    needs_snapshot,
+    snapshot_path,
+    snapshot_payload,
+    take_cached,
+    write_atomic,
+    write_delta,
+)
+from streamer.state.memory_values import (
+    EXPIRED,
+    TOMBSTONE,
+    Changes,
+    MapChange,
+    expiry_of,
+    live_value,
+    unwrap,
+    wrap,
 )
 
 
@@ -83,16 +81,16 @@ class MemoryBackend(KeyedStateBackend):
         self._release = weakref.finalize(self, os.close, self._lock_fd)
         self._cache_key = os.path.abspath(path)
         try:
-            token = _lock_token(self._lock_fd)
-            cached = _PROCESS_CACHE.pop(self._cache_key, None)
+            token = lock_token(self._lock_fd)
+            cached = take_cached(self._cache_key)
             if cached is not None and cached.token != token:
                 cached = None  # a copy of a directory that has since been replaced
-            self._data = _load(path, cached, self.options.keep_outputs)
+            self._data = load(path, cached, self.options.keep_outputs)
             self._data.token = token
         except BaseException:
             self._release()
             raise
-        self._changes = _Changes()
+        self._changes = Changes()
         self._declared: dict[str, StateKind] = {}
         for descriptor in states:
             self.declare(descriptor)
@@ -129,7 +127,7 @@ class MemoryBackend(KeyedStateBackend):
         if changes is not None:
             stored = changes.get((kg, key, ns), None)
             if stored is not None:
-                return None if stored is _TOMBSTONE else stored
+                return None if stored is TOMBSTONE else stored
         group = self._data.values.get(state, {}).get(kg)
         return None if group is None else group.get((key, ns))
 
@@ -139,11 +137,11 @@ class MemoryBackend(KeyedStateBackend):
             writes = self._changes.values[state] = {}
         return writes
 
-    def _map_change(self, state: str, kg: int, key: bytes, ns: bytes) -> _MapChange:
+    def _map_change(self, state: str, kg: int, key: bytes, ns: bytes) -> MapChange:
         writes = self._writes(state)
         change = writes.get((kg, key, ns))
         if change is None:
-            change = writes[(kg, key, ns)] = _MapChange()
+            change = writes[(kg, key, ns)] = MapChange()
         return change
 
     def _map_stored(self, state: str, kg: int, key: bytes, ns: bytes) -> dict[bytes, Any]:
@@ -156,7 +154,7 @@ class MemoryBackend(KeyedStateBackend):
             return dict(base)
         merged = dict(base)
         for user_key, stored in change.entries.items():
-            if stored is _TOMBSTONE:
+            if stored is TOMBSTONE:
                 merged.pop(user_key, None)
             else:
                 merged[user_key] = stored
@@ -196,14 +194,14 @@ class MemoryBackend(KeyedStateBackend):
             if stored is None:
                 group = committed.get(kg)
                 stored = None if group is None else group.get((key, ns))
-            elif stored is _TOMBSTONE:
+            elif stored is TOMBSTONE:
                 stored = None
             if stored is None:
                 out.append(None)
                 continue
-            value = _read(stored, now_ms)
-            if value is _EXPIRED:
-                self._writes(state)[(kg, key, ns)] = _TOMBSTONE
+            value = live_value(stored, now_ms)
+            if value is EXPIRED:
+                self._writes(state)[(kg, key, ns)] = TOMBSTONE
                 out.append(None)
             else:
                 out.append(list(value) if is_list else value)
@@ -221,18 +219,18 @@ class MemoryBackend(KeyedStateBackend):
                                                 strict=True):
             self._check_write(kg, key, ns)
             if value is None:
-                writes[(kg, key, ns)] = _MapChange(True) if kind is StateKind.MAP else _TOMBSTONE
+                writes[(kg, key, ns)] = MapChange(True) if kind is StateKind.MAP else TOMBSTONE
             elif kind is StateKind.MAP:
                 if not isinstance(value, Mapping):
                     msg = f"map state {state!r} takes dict values, got {type(value).__name__}"
                     raise StateError(msg)
-                writes[(kg, key, ns)] = _MapChange(
-                    True, {uk: _wrap(v, expiry) for uk, v in value.items() if v is not None})
+                writes[(kg, key, ns)] = MapChange(
+                    True, {uk: wrap(v, expiry) for uk, v in value.items() if v is not None})
             elif kind is StateKind.LIST:
                 values = list(value)
-                writes[(kg, key, ns)] = _wrap(values, expiry) if values else _TOMBSTONE
+                writes[(kg, key, ns)] = wrap(values, expiry) if values else TOMBSTONE
             else:
-                writes[(kg, key, ns)] = _wrap(value, expiry)
+                writes[(kg, key, ns)] = wrap(value, expiry)
 
     def delete_many(self, state: str, keys: Sequence[StateKey]) -> None:
         """Remove each (key group, key, namespace) entirely (a whole list or map included)."""
@@ -241,7 +239,7 @@ class MemoryBackend(KeyedStateBackend):
         writes = self._writes(state)
         for kg, key, ns in keys:
             self._check_key_group(kg)
-            writes[(kg, key, ns)] = _MapChange(True) if is_map else _TOMBSTONE
+            writes[(kg, key, ns)] = MapChange(True) if is_map else TOMBSTONE
 
     def append_many(self, state: str, entries: Sequence[AppendEntry], *,
                     expires_at_ms: Expiry = None, now_ms: int | None = None) -> None:
@@ -255,10 +253,10 @@ class MemoryBackend(KeyedStateBackend):
             if not values:
                 continue
             stored = self._stored(state, kg, key, ns)
-            current = [] if stored is None else _read(stored, now_ms)
-            if current is _EXPIRED:
+            current = [] if stored is None else live_value(stored, now_ms)
+            if current is EXPIRED:
                 current = []
-            writes[(kg, key, ns)] = _wrap([*current, *values], expiry)
+            writes[(kg, key, ns)] = wrap([*current, *values], expiry)
 
     def map_get_many(self, state: str, keys: Sequence[MapKey], *,
                      now_ms: int | None = None) -> list[Any]:
@@ -274,14 +272,14 @@ class MemoryBackend(KeyedStateBackend):
             stored: Any = None
             if change is not None and user_key in change.entries:
                 stored = change.entries[user_key]
-                stored = None if stored is _TOMBSTONE else stored
+                stored = None if stored is TOMBSTONE else stored
             elif change is None or not change.cleared:
                 group = committed.get(kg)
                 entries = None if group is None else group.get((key, ns))
                 stored = None if entries is None else entries.get(user_key)
-            value = None if stored is None else _read(stored, now_ms)
-            if value is _EXPIRED:
-                self._map_change(state, kg, key, ns).entries[user_key] = _TOMBSTONE
+            value = None if stored is None else live_value(stored, now_ms)
+            if value is EXPIRED:
+                self._map_change(state, kg, key, ns).entries[user_key] = TOMBSTONE
                 value = None
             out.append(value)
         return out
@@ -295,7 +293,7 @@ class MemoryBackend(KeyedStateBackend):
                 entries, expiries(expires_at_ms, len(entries)), strict=True):
             self._check_write(kg, key, ns, user_key)
             self._map_change(state, kg, key, ns).entries[user_key] = \
-                _TOMBSTONE if value is None else _wrap(value, expiry)
+                TOMBSTONE if value is None else wrap(value, expiry)
 
     def map_delete_many(self, state: str, keys: Sequence[MapKey]) -> None:
         """Remove map entries."""
@@ -303,7 +301,7 @@ class MemoryBackend(KeyedStateBackend):
         self._kind_of(state, StateKind.MAP)
         for kg, key, ns, user_key in keys:
             self._check_key_group(kg)
-            self._map_change(state, kg, key, ns).entries[user_key] = _TOMBSTONE
+            self._map_change(state, kg, key, ns).entries[user_key] = TOMBSTONE
 
     def map_items(self, state: str, key_group: int, key: bytes, namespace: bytes = b"", *,
                   now_ms: int | None = None) -> list[tuple[bytes, Any]]:
@@ -313,9 +311,9 @@ class MemoryBackend(KeyedStateBackend):
         self._check_key_group(key_group)
         out: list[tuple[bytes, Any]] = []
         for user_key, stored in sorted(self._map_stored(state, key_group, key, namespace).items()):
-            value = _read(stored, now_ms)
-            if value is _EXPIRED:
-                self._map_change(state, key_group, key, namespace).entries[user_key] = _TOMBSTONE
+            value = live_value(stored, now_ms)
+            if value is EXPIRED:
+                self._map_change(state, key_group, key, namespace).entries[user_key] = TOMBSTONE
             else:
                 out.append((user_key, value))
         return out
@@ -346,16 +344,16 @@ class MemoryBackend(KeyedStateBackend):
                 if descriptor.kind is StateKind.MAP:
                     for user_key, stored in sorted(
                             self._map_stored(state, key_group, key, ns).items()):
-                        if _read(stored, now_ms) is not _EXPIRED:
-                            yield StateEntry(state, key, ns, _unwrap(stored), user_key,
-                                             _expiry(stored))
+                        if live_value(stored, now_ms) is not EXPIRED:
+                            yield StateEntry(state, key, ns, unwrap(stored), user_key,
+                                             expiry_of(stored))
                     continue
                 stored = self._stored(state, key_group, key, ns)
-                if stored is not None and _read(stored, now_ms) is not _EXPIRED:
-                    value = _unwrap(stored)
+                if stored is not None and live_value(stored, now_ms) is not EXPIRED:
+                    value = unwrap(stored)
                     yield StateEntry(state, key, ns,
                                      list(value) if descriptor.kind is StateKind.LIST else value,
-                                     None, _expiry(stored))
+                                     None, expiry_of(stored))
         for domain in TimeDomain:
             yield from self._timers_in(domain, key_group, None)
 
@@ -368,14 +366,14 @@ class MemoryBackend(KeyedStateBackend):
                 for key, ns in self._keys_in_group(state, kg):
                     if descriptor.kind is StateKind.MAP:
                         for user_key, stored in self._map_stored(state, kg, key, ns).items():
-                            if _read(stored, now_ms) is _EXPIRED:
+                            if live_value(stored, now_ms) is EXPIRED:
                                 self._map_change(state, kg, key, ns).entries[user_key] = \
-                                    _TOMBSTONE
+                                    TOMBSTONE
                                 count += 1
                     else:
                         stored = self._stored(state, kg, key, ns)
-                        if stored is not None and _read(stored, now_ms) is _EXPIRED:
-                            self._writes(state)[(kg, key, ns)] = _TOMBSTONE
+                        if stored is not None and live_value(stored, now_ms) is EXPIRED:
+                            self._writes(state)[(kg, key, ns)] = TOMBSTONE
                             count += 1
         return count
 
@@ -460,8 +458,8 @@ class MemoryBackend(KeyedStateBackend):
             raise StateError(msg)
         try:
             directory.mkdir(parents=True)
-            target = _snapshot_path(directory, data.version)
-            _write_atomic(target, _snapshot_payload(data), self.options.sync)
+            target = snapshot_path(directory, data.version)
+            write_atomic(target, snapshot_payload(data), self.options.sync)
         except OSError as exc:
             msg = f"cannot write a snapshot of {str(self.path)!r} to {str(directory)!r}: {exc}"
             raise StateError(msg) from exc
@@ -501,26 +499,22 @@ class MemoryBackend(KeyedStateBackend):
         changes.states.update(self._declared)
         try:
             # 2. Write the delta file: its atomic rename is the commit point.
-            record = {"format": _FORMAT, "format_version": _FORMAT_VERSION, "kind": "delta",
-                      "prev": data.version, "version": version, "changes": changes,
-                      "outputs": outputs}
-            payload = pickle.dumps(record, protocol=PICKLE_PROTOCOL)
-            _write_atomic(_delta_path(self.path, version), payload, self.options.sync)
+            record, size = write_delta(self.path, data.version, version, changes, outputs,
+                                       self.options.sync)
         except Exception as exc:
             self.status = BackendStatus.FAILED
             msg = f"cannot commit version {version} to {str(self.path)!r}: {exc}"
             raise StateError(msg) from exc
         try:
             # 3. Apply the change set to the committed dicts (the process-cached copy).
-            _apply_delta(data, record, self.options.keep_outputs)
-            data.delta_bytes += len(payload)
+            apply_delta(data, record, self.options.keep_outputs)
+            data.delta_bytes += size
             data.delta_count += 1
-            self._changes = _Changes()
+            self._changes = Changes()
             self._declared.clear()
             # 4. Materialize a full snapshot once the deltas outweigh the last one.
-            if data.delta_bytes > data.snapshot_bytes + _MATERIALIZE_SLACK_BYTES \
-                    or data.delta_count >= _MATERIALIZE_MAX_DELTAS:
-                self._materialize()
+            if needs_snapshot(data):
+                materialize(self.path, data, self.options.sync)
         except Exception as exc:
             self.status = BackendStatus.FAILED
             msg = (f"version {version} of {str(self.path)!r} is committed, but updating the "
@@ -528,26 +522,10 @@ class MemoryBackend(KeyedStateBackend):
             raise StateError(msg) from exc
         self.status = BackendStatus.OPEN
 
-    def _materialize(self) -> None:
-        data = self._data
-        assert data.version is not None
-        payload = _snapshot_payload(data)
-        _write_atomic(_snapshot_path(self.path, data.version), payload, self.options.sync)
-        data.snapshot_bytes, data.delta_bytes, data.delta_count = len(payload), 0, 0
-        listing = _list_dir(self.path)
-        for old in listing.snapshots:
-            if old < data.version:
-                _snapshot_path(self.path, old).unlink(missing_ok=True)
-        for old in listing.deltas:
-            if old <= data.version:
-                _delta_path(self.path, old).unlink(missing_ok=True)
-        for leftover in self.path.glob(".*.tmp"):  # from a writer that crashed; we hold the lock
-            leftover.unlink(missing_ok=True)
-
     def abort(self) -> None:
         """Drop every buffered write; the backend stays open at the last committed version."""
         self._check_open()
-        self._changes = _Changes()
+        self._changes = Changes()
 
     def close(self) -> None:
         """Drop buffered writes, hand the committed dicts to the process cache, release the
@@ -557,8 +535,8 @@ class MemoryBackend(KeyedStateBackend):
             return
         healthy = self.status is BackendStatus.OPEN
         self.status = BackendStatus.CLOSED
-        self._changes = _Changes()
+        self._changes = Changes()
         if healthy and self.options.process_cache:
             cache_committed(self._cache_key, self._data)
-        self._data = _Committed(version=self._data.version)  # do not pin a stale copy
+        self._data = Committed(version=self._data.version)  # do not pin a stale copy
         self._release()

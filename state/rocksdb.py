@@ -67,38 +67,38 @@ from streamer.state.codec import (
 from streamer.state.exceptions import CorruptStateError, StateError
 from streamer.state.rocksdb_buffered import BufferedRocksDB
 from streamer.state.rocksdb_format import (
-    _FORMAT,
-    _FORMAT_KEY,
-    _KIND_PREFIX,
-    _META,
-    _MISSING,
-    _OUTPUTS_PREFIX,
-    _Q,
-    _STATE_PREFIX,
-    _TIMERS,
-    _VERSION_KEY,
-    _cf_options,
-    _decode_list,
-    _encode_list,
-    _expiry_of,
-    _frame,
-    _unframe,
+    FORMAT,
+    FORMAT_KEY,
+    KIND_PREFIX,
+    META,
+    MISSING,
+    OUTPUTS_PREFIX,
+    STATE_PREFIX,
+    TIMERS,
+    UINT64,
+    VERSION_KEY,
+    cf_options,
+    decode_list,
+    encode_list,
+    expiry_of,
+    frame,
+    unframe,
 )
 from streamer.state.rocksdb_parking import (
-    _dir_id,
-    _open_db,
-    _park,
-    _take_parked,
+    dir_identity,
+    open_db,
+    park_backend,
+    take_parked,
 )
 
 
-def _unpark(path: Path, key_groups: range) -> RocksDBBackend | None:
+def unpark(path: Path, key_groups: range) -> RocksDBBackend | None:
     """The backend parked by this process for `path` if it can serve the next task."""
-    backend = _take_parked(path)
+    backend = take_parked(path)
     if backend is None:
         return None
     if (isinstance(backend, RocksDBBackend) and backend.status is BackendStatus.OPEN
-            and backend.key_groups == key_groups and _dir_id(path) == backend.dir_id):
+            and backend.key_groups == key_groups and dir_identity(path) == backend.dir_id):
         return backend
     with contextlib.suppress(Exception):
         backend.close()
@@ -120,9 +120,9 @@ class RocksDBBackend(BufferedRocksDB):
             msg = f"cannot create the state directory {str(self.path)!r}: {exc}"
             raise StateError(msg) from exc
         self._db: Rdict | None
-        self._db, families = _open_db(self.path, self.options.lock_timeout_s)
+        self._db, families = open_db(self.path, self.options.lock_timeout_s)
         #: The directory opened (a restore replaces it), and when the backend was last parked.
-        self.dir_id = _dir_id(self.path)
+        self.dir_id = dir_identity(self.path)
         self.parked_at = 0.0
         self._cfs: dict[str, Rdict] = {}
         self._handles: dict[str, Any] = {}
@@ -147,34 +147,34 @@ class RocksDBBackend(BufferedRocksDB):
         self._handles[cf_name] = self._db.get_column_family_handle(cf_name)
 
     def _read_meta(self) -> None:
-        meta = self._cfs[_META]
-        fmt = meta.get(_FORMAT_KEY)
-        if fmt is not None and fmt != _FORMAT:
+        meta = self._cfs[META]
+        fmt = meta.get(FORMAT_KEY)
+        if fmt is not None and fmt != FORMAT:
             msg = (f"{str(self.path)!r} holds state format {fmt!r}; this streamer reads "
-                   f"{_FORMAT!r}")
+                   f"{FORMAT!r}")
             raise CorruptStateError(msg)
-        raw = meta.get(_VERSION_KEY)
-        self._version: int | None = None if raw is None else int(_Q.unpack(raw)[0])
-        self._output_versions = [int(_Q.unpack(k[len(_OUTPUTS_PREFIX):])[0]) for k, _ in
-                                 self._read_db(_META, _OUTPUTS_PREFIX,
-                                               prefix_end(_OUTPUTS_PREFIX), None)]
-        for key, value in self._read_db(_META, _KIND_PREFIX, prefix_end(_KIND_PREFIX), None):
-            self._kinds[key[len(_KIND_PREFIX):].decode()] = StateKind(value.decode())
+        raw = meta.get(VERSION_KEY)
+        self._version: int | None = None if raw is None else int(UINT64.unpack(raw)[0])
+        self._output_versions = [int(UINT64.unpack(k[len(OUTPUTS_PREFIX):])[0]) for k, _ in
+                                 self._read_db(META, OUTPUTS_PREFIX,
+                                               prefix_end(OUTPUTS_PREFIX), None)]
+        for key, value in self._read_db(META, KIND_PREFIX, prefix_end(KIND_PREFIX), None):
+            self._kinds[key[len(KIND_PREFIX):].decode()] = StateKind(value.decode())
 
     def _state_cf(self, state: str, *allowed: StateKind) -> tuple[str, StateKind]:
         self._check_open()
         kind = self._kind_of(state, *allowed)
-        return _STATE_PREFIX + state, kind
+        return STATE_PREFIX + state, kind
 
     # ------------------------------------------------------------------ declaration
     def declare(self, descriptor: StateDescriptor) -> None:
         """Declare a state (idempotent); a name keeps its kind for the life of the state."""
         if not self._check_declare(descriptor):
             return
-        cf_name = _STATE_PREFIX + descriptor.name
+        cf_name = STATE_PREFIX + descriptor.name
         if cf_name not in self._cfs:
             assert self._db is not None
-            self._db.create_column_family(cf_name, _cf_options())
+            self._db.create_column_family(cf_name, cf_options())
             self._attach(cf_name)
         self._declared[descriptor.name] = descriptor.kind
 
@@ -208,20 +208,20 @@ class RocksDBBackend(BufferedRocksDB):
                 items = self.map_items(state, kg, key, ns, now_ms=now_ms)
                 out.append(dict(items) if items else None)
             return out
-        decode = _decode_list if kind is StateKind.LIST else (shared or decode_value)
+        decode = decode_list if kind is StateKind.LIST else (shared or decode_value)
         buffer = self._pending.get(cf_name) or {}
         get = self._cfs[cf_name].get
         out = []
         for kg, key, ns in keys:
             check(kg)
             stored_key = state_key(kg, key, ns)
-            raw = buffer.get(stored_key, _MISSING)
-            if raw is _MISSING:
+            raw = buffer.get(stored_key, MISSING)
+            if raw is MISSING:
                 raw = get(stored_key)
             if raw is None:
                 out.append(None)
                 continue
-            payload = _unframe(raw, now_ms)
+            payload = unframe(raw, now_ms)
             if payload is None:
                 self._buffer(cf_name)[stored_key] = None
                 out.append(None)
@@ -256,10 +256,10 @@ class RocksDBBackend(BufferedRocksDB):
             if value is None:
                 buffer[stored_key] = None
             elif is_list:
-                payload = _encode_list(value)
-                buffer[stored_key] = _frame(payload, expiry) if payload else None
+                payload = encode_list(value)
+                buffer[stored_key] = frame(payload, expiry) if payload else None
             else:
-                buffer[stored_key] = _frame(encode_value(value), expiry)
+                buffer[stored_key] = frame(encode_value(value), expiry)
 
     def _clear_map(self, cf_name: str, kg: int, key: bytes, ns: bytes) -> None:
         prefix = state_key(kg, key, ns)
@@ -292,8 +292,8 @@ class RocksDBBackend(BufferedRocksDB):
                 continue
             stored_key = state_key(kg, key, ns)
             raw = self._lookup(cf_name, stored_key)
-            current = b"" if raw is None else _unframe(raw, now_ms) or b""
-            self._buffer(cf_name)[stored_key] = _frame(current + _encode_list(values), expiry)
+            current = b"" if raw is None else unframe(raw, now_ms) or b""
+            self._buffer(cf_name)[stored_key] = frame(current + encode_list(values), expiry)
 
     def map_get_many(self, state: str, keys: Sequence[MapKey], *,
                      now_ms: int | None = None) -> list[Any]:
@@ -304,7 +304,7 @@ class RocksDBBackend(BufferedRocksDB):
             self._check_key_group(kg)
             stored_key = state_key(kg, key, ns) + user_key
             raw = self._lookup(cf_name, stored_key)
-            payload = None if raw is None else _unframe(raw, now_ms)
+            payload = None if raw is None else unframe(raw, now_ms)
             if raw is not None and payload is None:
                 self._buffer(cf_name)[stored_key] = None
             out.append(None if payload is None else decode_value(payload))
@@ -319,7 +319,7 @@ class RocksDBBackend(BufferedRocksDB):
                 entries, expiries(expires_at_ms, len(entries)), strict=True):
             self._check_write(kg, key, ns, user_key)
             buffer[state_key(kg, key, ns) + user_key] = \
-                None if value is None else _frame(encode_value(value), expiry)
+                None if value is None else frame(encode_value(value), expiry)
 
     def map_delete_many(self, state: str, keys: Sequence[MapKey]) -> None:
         """Remove map entries."""
@@ -338,7 +338,7 @@ class RocksDBBackend(BufferedRocksDB):
         out: list[tuple[bytes, Any]] = []
         expired: list[bytes] = []
         for stored_key, raw in self._scan(cf_name, prefix, prefix_end(prefix)):
-            payload = _unframe(raw, now_ms)
+            payload = unframe(raw, now_ms)
             if payload is None:
                 expired.append(stored_key)
             else:
@@ -360,9 +360,9 @@ class RocksDBBackend(BufferedRocksDB):
         prefix = key_group_prefix(key_group)
         current: tuple[bytes, bytes] | None = None
         entries: dict[bytes, Any] = {}
-        decode = _decode_list if kind is StateKind.LIST else decode_value
+        decode = decode_list if kind is StateKind.LIST else decode_value
         for stored_key, raw in self._scan(cf_name, prefix, prefix_end(prefix)):
-            payload = _unframe(raw, now_ms)
+            payload = unframe(raw, now_ms)
             if payload is None:
                 continue
             _, key, ns, user_key = split_state_key(stored_key)
@@ -384,22 +384,22 @@ class RocksDBBackend(BufferedRocksDB):
         self._check_key_group(key_group)
         prefix = key_group_prefix(key_group)
         for state, descriptor in sorted(self.states().items()):
-            cf_name = _STATE_PREFIX + state
+            cf_name = STATE_PREFIX + state
             for stored_key, raw in self._scan(cf_name, prefix, prefix_end(prefix)):
-                payload = _unframe(raw, now_ms)
+                payload = unframe(raw, now_ms)
                 if payload is None:
                     continue
                 _, key, ns, user_key = split_state_key(stored_key)
                 if descriptor.kind is StateKind.MAP:
                     yield StateEntry(state, key, ns, decode_value(payload), user_key,
-                                     _expiry_of(raw))
+                                     expiry_of(raw))
                 elif descriptor.kind is StateKind.LIST:
-                    yield StateEntry(state, key, ns, _decode_list(payload), None, _expiry_of(raw))
+                    yield StateEntry(state, key, ns, decode_list(payload), None, expiry_of(raw))
                 else:
-                    yield StateEntry(state, key, ns, decode_value(payload), None, _expiry_of(raw))
+                    yield StateEntry(state, key, ns, decode_value(payload), None, expiry_of(raw))
         for domain in TimeDomain:
             lo = timer_prefix(key_group, DOMAIN_CODES[domain.value])
-            for stored_key, _ in self._scan(_TIMERS, lo, prefix_end(lo)):
+            for stored_key, _ in self._scan(TIMERS, lo, prefix_end(lo)):
                 kg, _, time_ms, key, ns = split_timer_key(stored_key)
                 yield Timer(time_ms, kg, key, ns, domain)
 
@@ -410,9 +410,9 @@ class RocksDBBackend(BufferedRocksDB):
         hi = key_group_prefix(self.key_groups.stop)  # stop <= 32768 fits the 2-byte prefix
         count = 0
         for state in self.states():
-            cf_name = _STATE_PREFIX + state
+            cf_name = STATE_PREFIX + state
             doomed = [k for k, raw in self._scan(cf_name, lo, hi)
-                      if raw[0] != 0 and _unframe(raw, now_ms) is None]
+                      if raw[0] != 0 and unframe(raw, now_ms) is None]
             if doomed:
                 buffer = self._buffer(cf_name)
                 for stored_key in doomed:
@@ -452,7 +452,7 @@ class RocksDBBackend(BufferedRocksDB):
         in several files.
         """
         self._check_open()
-        return {name: int(self._cfs[_STATE_PREFIX + name]
+        return {name: int(self._cfs[STATE_PREFIX + name]
                           .property_int_value("rocksdb.estimate-num-keys") or 0)
                 for name in sorted(self._kinds)}
 
@@ -469,7 +469,7 @@ class RocksDBBackend(BufferedRocksDB):
     def outputs(self, version: int) -> bytes | None:
         """The outputs committed with `version`, if it is among the last `keep_outputs`."""
         self._check_open()
-        return self._cfs[_META].get(_OUTPUTS_PREFIX + _Q.pack(version))
+        return self._cfs[META].get(OUTPUTS_PREFIX + UINT64.pack(version))
 
     def commit(self, version: int, outputs: bytes | None = None) -> None:
         """Atomically make every buffered write durable, with `version` (above the last one)
@@ -489,17 +489,17 @@ class RocksDBBackend(BufferedRocksDB):
                         batch.delete(stored_key, handle)
                     else:
                         batch.put(stored_key, raw, handle)
-            meta = self._handles[_META]
-            batch.put(_FORMAT_KEY, _FORMAT, meta)
+            meta = self._handles[META]
+            batch.put(FORMAT_KEY, FORMAT, meta)
             for name, kind in self._declared.items():
-                batch.put(_KIND_PREFIX + name.encode(), kind.value.encode(), meta)
-            batch.put(_VERSION_KEY, _Q.pack(version), meta)
+                batch.put(KIND_PREFIX + name.encode(), kind.value.encode(), meta)
+            batch.put(VERSION_KEY, UINT64.pack(version), meta)
             kept = list(self._output_versions)
             if outputs is not None:
-                batch.put(_OUTPUTS_PREFIX + _Q.pack(version), outputs, meta)
+                batch.put(OUTPUTS_PREFIX + UINT64.pack(version), outputs, meta)
                 kept.append(version)
             for old in kept[:-self.options.keep_outputs]:
-                batch.delete(_OUTPUTS_PREFIX + _Q.pack(old), meta)
+                batch.delete(OUTPUTS_PREFIX + UINT64.pack(old), meta)
             # 3. Write it: atomic through the write-ahead log.
             write_options = WriteOptions()
             write_options.sync = self.options.sync
@@ -511,7 +511,7 @@ class RocksDBBackend(BufferedRocksDB):
             raise StateError(msg) from exc
         # 4. The buffer is now the committed state.
         self._written.update(self._pending)
-        self._written.add(_META)
+        self._written.add(META)
         self._pending.clear()
         self._sorted.clear()
         self._kinds.update(self._declared)
@@ -553,7 +553,7 @@ class RocksDBBackend(BufferedRocksDB):
         self._pending.clear()  # what a task buffered but did not commit is dropped
         self._sorted.clear()
         self.parked_at = time.monotonic()
-        _park(self)
+        park_backend(self)
 
     def _release(self) -> None:
         self._cfs.clear()
@@ -576,8 +576,8 @@ def _shared_decode(payload: bytes) -> Any:
     say all there is to it, so no write, commit, restore or other process can make a kept
     object wrong; the callers promise not to mutate it. Measured on the table-join benchmark
     (10,000 rows looked up every epoch): unpickling the rows was ~18 % of its tasks' time."""
-    value = _SHARED.get(payload, _MISSING)
-    if value is _MISSING:
+    value = _SHARED.get(payload, MISSING)
+    if value is MISSING:
         value = decode_value(payload)
         if _SHARED_BYTES[0] + len(payload) > SHARED_MAX_BYTES:
             _SHARED.clear()

@@ -30,7 +30,7 @@ from streamer.state.codec import (
     timer_key,
     timer_prefix,
 )
-from streamer.state.rocksdb_format import _CHUNK, _MAX_TIME, _MISSING, _TIMERS, _merge
+from streamer.state.rocksdb_format import CHUNK, MAX_TIME, MISSING, TIMERS, merge
 
 
 class BufferedRocksDB(KeyedStateBackend):
@@ -85,21 +85,21 @@ class BufferedRocksDB(KeyedStateBackend):
         start = lo
         while True:
             self._check_open()
-            chunk = self._read_db(cf_name, start, hi, _CHUNK)
-            if len(chunk) < _CHUNK:
-                yield from _merge(chunk, buffered)
+            chunk = self._read_db(cf_name, start, hi, CHUNK)
+            if len(chunk) < CHUNK:
+                yield from merge(chunk, buffered)
                 return
             last = chunk[-1][0]
             cut = bisect.bisect_right(buffered, last, key=lambda pair: pair[0])
-            yield from _merge(chunk, buffered[:cut])
+            yield from merge(chunk, buffered[:cut])
             buffered = buffered[cut:]
             start = last + b"\x00"
 
     def _lookup(self, cf_name: str, key: bytes) -> bytes | None:
         buffer = self._pending.get(cf_name)
         if buffer is not None:
-            raw = buffer.get(key, _MISSING)
-            if raw is not _MISSING:
+            raw = buffer.get(key, MISSING)
+            if raw is not MISSING:
                 return raw
         return self._cfs[cf_name].get(key)
 
@@ -116,7 +116,7 @@ class BufferedRocksDB(KeyedStateBackend):
                     value: bytes | None) -> None:
         self._check_open()
         code = DOMAIN_CODES[as_domain(domain).value]
-        buffer = self._buffer(_TIMERS)
+        buffer = self._buffer(TIMERS)
         for kg, time_ms, key, ns in timers:
             self._check_write(kg, key, ns)
             buffer[timer_key(kg, code, time_ms, key, ns)] = value
@@ -126,7 +126,7 @@ class BufferedRocksDB(KeyedStateBackend):
         code = DOMAIN_CODES[domain.value]
         for kg in self.key_groups:
             lo = timer_prefix(kg, code)
-            if up_to_ms is None or up_to_ms >= _MAX_TIME:
+            if up_to_ms is None or up_to_ms >= MAX_TIME:
                 yield kg, lo, prefix_end(lo)
             else:
                 yield kg, lo, lo + encode_time(up_to_ms + 1)
@@ -144,13 +144,13 @@ class BufferedRocksDB(KeyedStateBackend):
         time_domain = as_domain(domain)
         found: list[tuple[int, int, bytes, bytes, bytes]] = []
         for _, lo, hi in self._timer_ranges(time_domain, up_to_ms):
-            committed = self._read_db(_TIMERS, lo, hi, None)
-            for stored_key, _ in _merge(committed, self._buffered_range(_TIMERS, lo, hi)):
+            committed = self._read_db(TIMERS, lo, hi, None)
+            for stored_key, _ in merge(committed, self._buffered_range(TIMERS, lo, hi)):
                 kg, _, time_ms, key, ns = split_timer_key(stored_key)
                 found.append((time_ms, kg, key, ns, stored_key))
         found.sort()
         if remove and found:
-            buffer = self._buffer(_TIMERS)
+            buffer = self._buffer(TIMERS)
             for entry in found:
                 buffer[entry[4]] = None
         return [Timer(t, kg, key, ns, time_domain) for t, kg, key, ns, _ in found]
@@ -159,8 +159,8 @@ class BufferedRocksDB(KeyedStateBackend):
         """The earliest registered time in `domain`, or None when there is no timer."""
         self._check_open()
         best: int | None = None
-        buffer = self._pending.get(_TIMERS, {})
-        iterator = self._cfs[_TIMERS].iter()
+        buffer = self._pending.get(TIMERS, {})
+        iterator = self._cfs[TIMERS].iter()
         try:
             for _, lo, hi in self._timer_ranges(as_domain(domain), None):
                 iterator.seek(lo)
@@ -173,7 +173,7 @@ class BufferedRocksDB(KeyedStateBackend):
                         best = time_ms if best is None else min(best, time_ms)
                         break
                     iterator.next()
-                for stored_key, value in self._buffered_range(_TIMERS, lo, hi):
+                for stored_key, value in self._buffered_range(TIMERS, lo, hi):
                     if value is not None:
                         time_ms = split_timer_key(stored_key)[2]
                         best = time_ms if best is None else min(best, time_ms)

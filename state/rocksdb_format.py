@@ -14,25 +14,26 @@ from rocksdict import BlockBasedOptions, Options
 
 from streamer.state.codec import decode_value, encode_value
 
-_META = "_meta"
-_TIMERS = "_timers"
-_STATE_PREFIX = "state:"
-_VERSION_KEY = b"version"
-_FORMAT_KEY = b"format"
-_FORMAT = b"streamer-rocksdb-state/1"
-_OUTPUTS_PREFIX = b"outputs:"
-_KIND_PREFIX = b"state:"
+META = "_meta"
+TIMERS = "_timers"
+STATE_PREFIX = "state:"
+VERSION_KEY = b"version"
+FORMAT_KEY = b"format"
+FORMAT = b"streamer-rocksdb-state/1"
+OUTPUTS_PREFIX = b"outputs:"
+KIND_PREFIX = b"state:"
 
 _PLAIN, _EXPIRING = b"\x00", b"\x01"
 _EXPIRY = struct.Struct(">q")
 _LEN = struct.Struct(">I")
-_Q = struct.Struct(">Q")
-_MAX_TIME = (1 << 63) - 1
-_CHUNK = 4096
-_MISSING: Any = object()
+UINT64 = struct.Struct(">Q")
+MAX_TIME = (1 << 63) - 1
+CHUNK = 4096
+MISSING: Any = object()
 
 
-def _db_options() -> Options:
+def db_options() -> Options:
+    """The options of a subtask's DB (created with its column families when missing)."""
     options = Options(raw_mode=True)
     options.create_if_missing(True)
     options.create_missing_column_families(True)
@@ -41,8 +42,9 @@ def _db_options() -> Options:
     return options
 
 
-def _cf_options() -> Options:
-    options = _db_options()
+def cf_options() -> Options:
+    """The options of a state's column family: the DB's, with a bloom filter."""
+    options = db_options()
     table = BlockBasedOptions()
     # Most reads of a new window miss: a whole-key bloom filter answers those without I/O.
     table.set_bloom_filter(10, False)
@@ -50,13 +52,14 @@ def _cf_options() -> Options:
     return options
 
 
-def _frame(payload: bytes, expires_at_ms: int | None) -> bytes:
+def frame(payload: bytes, expires_at_ms: int | None) -> bytes:
+    """A stored value: its tag, its expiry when it has one, then `payload`."""
     if expires_at_ms is None:
         return _PLAIN + payload
     return _EXPIRING + _EXPIRY.pack(expires_at_ms) + payload
 
 
-def _unframe(raw: bytes, now_ms: int | None) -> bytes | None:
+def unframe(raw: bytes, now_ms: int | None) -> bytes | None:
     """The payload of a stored value, or None when it has expired at `now_ms`."""
     if raw[0] == 0:
         return raw[1:]
@@ -65,11 +68,13 @@ def _unframe(raw: bytes, now_ms: int | None) -> bytes | None:
     return raw[9:]
 
 
-def _expiry_of(raw: bytes) -> int | None:
+def expiry_of(raw: bytes) -> int | None:
+    """The expiry of a stored value, or None when it has none."""
     return None if raw[0] == 0 else int(_EXPIRY.unpack_from(raw, 1)[0])
 
 
-def _encode_list(values: Iterable[Any]) -> bytes:
+def encode_list(values: Iterable[Any]) -> bytes:
+    """A list state's value: each element encoded with its length before it."""
     parts = []
     for value in values:
         data = encode_value(value)
@@ -78,7 +83,8 @@ def _encode_list(values: Iterable[Any]) -> bytes:
     return b"".join(parts)
 
 
-def _decode_list(payload: bytes) -> list[Any]:
+def decode_list(payload: bytes) -> list[Any]:
+    """The elements of an `encode_list` payload."""
     out = []
     pos, end = 0, len(payload)
     while pos < end:
@@ -89,7 +95,7 @@ def _decode_list(payload: bytes) -> list[Any]:
     return out
 
 
-def _merge(db_pairs: list[tuple[bytes, bytes]],
+def merge(db_pairs: list[tuple[bytes, bytes]],
            buffered: list[tuple[bytes, bytes | None]]) -> list[tuple[bytes, bytes]]:
     """Two sorted runs of (key, value) merged, buffered writes winning, deletions dropped."""
     if not buffered:

@@ -1,7 +1,7 @@
 """**Parked between tasks, released on request.** PySpark's Python workers are not pinned to
 partitions, so the next epoch of a subtask may run in another worker process; an Rdict simply
 cached open in a worker holds RocksDB's LOCK and the other process fails (the measured trap in
-ARCHITECTURE.md §4: 82 of 160 tasks). Opening and closing the DB in every task avoided that but
+docs/architecture.md: 82 of 160 tasks). Opening and closing the DB in every task avoided that but
 cost 20-55 ms per task (flush, close, open), most of a near-empty keyed epoch. So a task of a
 small epoch (`KeyedConfig.park`) that ends well *parks* the backend (`park`): it stays open in
 this process, idle, and the next task of the same subtask here takes it back without opening
@@ -43,7 +43,7 @@ from rocksdict import Rdict
 
 from streamer.state.base import wait_for_lock
 from streamer.state.exceptions import CorruptStateError, StateError
-from streamer.state.rocksdb_format import _META, _TIMERS, _cf_options, _db_options
+from streamer.state.rocksdb_format import META, TIMERS, cf_options, db_options
 
 _LOCK_ERROR = re.compile(r"lock file|lock hold", re.IGNORECASE)
 
@@ -79,7 +79,7 @@ _PARKED_LOCK = threading.Lock()
 _WATCHER: list[threading.Thread] = []
 
 
-def _dir_id(path: Path) -> tuple[int, int] | None:
+def dir_identity(path: Path) -> tuple[int, int] | None:
     """The identity of a directory (device, inode), None when it is gone."""
     try:
         st = os.stat(path)
@@ -98,7 +98,7 @@ def _watch() -> None:
         now = time.monotonic()
         for key, backend in parked:
             request = backend.path / RELEASE_REQUEST
-            if not (os.path.exists(request) or _dir_id(backend.path) != backend.dir_id
+            if not (os.path.exists(request) or dir_identity(backend.path) != backend.dir_id
                     or now - backend.parked_at > _PARK_IDLE_S):
                 continue
             with _PARKED_LOCK:
@@ -125,13 +125,19 @@ def release_parked(path: str | os.PathLike[str] | None = None) -> None:
             backend.close()
 
 
-def _take_parked(path: Path) -> Parkable | None:
+def parked_paths() -> list[str]:
+    """The subtask directories whose DB this process keeps parked open, oldest first."""
+    with _PARKED_LOCK:
+        return list(_PARKED)
+
+
+def take_parked(path: Path) -> Parkable | None:
     """The backend this process parked for `path`, no longer parked; None when there is none."""
     with _PARKED_LOCK:
         return _PARKED.pop(os.path.abspath(path), None)
 
 
-def _park(backend: Parkable) -> None:
+def park_backend(backend: Parkable) -> None:
     """Keep `backend` open in this process for the next task of its subtask (started the
     watcher if needed); a handle it replaces is closed."""
     key = os.path.abspath(backend.path)
@@ -147,19 +153,19 @@ def _park(backend: Parkable) -> None:
             previous.close()
 
 
-def _open_db(path: Path, timeout_s: float) -> tuple[Rdict, list[str]]:
+def open_db(path: Path, timeout_s: float) -> tuple[Rdict, list[str]]:
     """The DB of a subtask directory (created if missing) and its column family names."""
     asked = False
 
     def attempt() -> tuple[Rdict, list[str]]:
         nonlocal asked
-        names = {_META, _TIMERS}
+        names = {META, TIMERS}
         try:
             if (path / "CURRENT").exists():
-                names.update(Rdict.list_cf(str(path), _db_options()))
+                names.update(Rdict.list_cf(str(path), db_options()))
             names.discard("default")
-            families = {name: _cf_options() for name in names}
-            return Rdict(str(path), _db_options(), column_families=families), sorted(names)
+            families = {name: cf_options() for name in names}
+            return Rdict(str(path), db_options(), column_families=families), sorted(names)
         except Exception as exc:
             if _is_lock_error(exc):
                 if "current process" in str(exc):

@@ -404,7 +404,7 @@ def restore_snapshot(handle: dict[str, Any], storage_url: str, target: SubtaskLo
         msg = f"{where}: cannot clear the state directory {str(path)!r}: {exc}"
         raise SnapshotError(msg) from exc
     if handle["backend"] == "memory":
-        from streamer.state.memory import drop_process_cache
+        from streamer.state.memory_files import drop_process_cache
 
         drop_process_cache(path)
     staging = path.with_name(f".restore-{path.name}.{uuid.uuid4().hex[:12]}.tmp")

@@ -22,7 +22,7 @@ def _job_storage(tmp_path_factory: pytest.TempPathFactory,
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
     """A real `local[2]` SparkSession, started once (Spark start-up takes seconds)."""
-    from streamer.runtime.spark import create_session
+    from streamer.runtime.cluster.spark import create_session
 
     session = create_session("streamer-tests", master="local[2]", ui=False,
                              conf={"spark.sql.shuffle.partitions": "2"})

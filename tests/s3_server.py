@@ -167,7 +167,7 @@ def main() -> None:
         print(minio_binary())
         return
     if args.command == "fetch-s3a":
-        from streamer.connectors.s3a import s3a_jars
+        from streamer.connectors.files.s3a import s3a_jars
 
         print("\n".join(s3a_jars()))
         return

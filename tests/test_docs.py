@@ -92,7 +92,7 @@ def test_readme_links_point_at_docs_pages() -> None:
 
 
 # ------------------------------------------------------------------ files the docs cite
-#: A file name in running text or code: `runtime/metrics.py`, `PIPELINE_SPEC.md`.
+#: A file name in running text or code: `runtime/observe/metrics.py`, `PIPELINE_SPEC.md`.
 FILE_NAME = re.compile(r"(?<![\w/.-])((?:\.{1,2}/)*(?:[\w.-]+/)*[\w-]+"
                        r"\.(?:md|py|ya?ml|json|toml|properties|sh|svg|css))\b")
 #: Pages the docs build generates (docs/hooks.py): cited, but not files in the repository.
@@ -148,13 +148,31 @@ def test_a_cited_file_that_does_not_exist_is_found(tmp_path: Path) -> None:
     docs = tmp_path / "docs"
     (docs / "guide").mkdir(parents=True)
     page = docs / "guide" / "page.md"
-    page.write_text("The contract is `PIPELINE_SPEC.md`; see runtime/metrics.py, "
+    page.write_text("The contract is `PIPELINE_SPEC.md`; see runtime/observe/metrics.py, "
                     "runtime/gone.py, `pipeline.yaml`, [this](../reference/pipeline-file.md) "
                     "and [that](../no-such-page.md).\n")
     assert missing_citations(page, docs) == [
         "docs/guide/page.md: PIPELINE_SPEC.md", "docs/guide/page.md: runtime/gone.py",
         "docs/guide/page.md: ../no-such-page.md"]
 
+
+
+#: A docs page or a project document cited by the code: `docs/concepts/epochs.md`, `README.md`.
+CITED_DOC = re.compile(r"(?<![\w/.-])((?:docs/[\w/.-]+|[A-Z][A-Z0-9_]*)\.md)\b")
+
+
+def test_the_code_cites_only_docs_that_exist() -> None:
+    """Twelve modules cited `ARCHITECTURE.md §5` and the like, a file that is not in the
+    repository; a module of the package, or pyproject.toml, that names a page names one that
+    exists."""
+    sources = [p for p in sorted(REPO.rglob("*.py"))
+               if not any(part.startswith(".") or part in ("build", "site", "tests", "bench",
+                                                            "scripts")
+                          for part in p.relative_to(REPO).parts)]
+    missing = [f"{p.relative_to(REPO)}: {name}"
+               for p in [*sources, REPO / "pyproject.toml"]
+               for name in CITED_DOC.findall(p.read_text()) if not (REPO / name).is_file()]
+    assert missing == []
 
 # ------------------------------------------------------------------ in a browser
 

@@ -1,5 +1,7 @@
-"""The packages form a DAG (ARCHITECTURE.md §2b): nothing imports upward, no two modules import
-each other (through any chain), and no module outgrows a file a reader can hold in their head.
+"""The packages form a DAG (docs/architecture.md, "Layout"): nothing imports upward, not
+between the top-level packages nor between the subpackages of runtime/ and connectors/; no two
+modules import each other (through any chain); no module outgrows a file a reader can hold in
+their head, imports a private `_name` of another, or shares its file name with another.
 
 Every import counts: module level, inside functions, under `TYPE_CHECKING`, `import streamer.x`
 and `from streamer.x import y` alike, and `importlib.import_module("streamer.x")` with a literal
@@ -10,6 +12,8 @@ one; it only hides the cycle from Python's start-up.
 from __future__ import annotations
 
 import ast
+import re
+import tomllib
 from collections import defaultdict
 from pathlib import Path
 
@@ -35,6 +39,37 @@ ALLOWED: dict[str, set[str]] = {
     "runtime": {"operators", "connectors", "checkpoint", "savepoint", "state", "core"},
     "cli": {"runtime", "operators", "connectors", "checkpoint", "savepoint", "state", "core"},
 }
+
+#: Inside runtime/ and connectors/: which units may import which (besides themselves; what
+#: the package may import at all is ALLOWED's). A unit is a subpackage, or the modules at the
+#: package's own level. runtime/: the job lifecycle (coordinator, epoch, checkpoints, recovery,
+#: savepoints, control, preflight, `streamer test`) on top; where a job runs (cluster) and
+#: what it reports (observe) beside it; the planner, the keyed stage's Spark plan and the
+#: stages below. connectors/: the contracts and the helpers several connectors share at the
+#: bottom, one package per connector, the registry of `type:`s on top.
+INNER: dict[str, set[str]] = {
+    "runtime.observe": set(),
+    "runtime": set(),
+    "runtime.cluster": {"runtime"},
+    "runtime.job": {"runtime", "runtime.cluster", "runtime.observe"},
+    "connectors": set(),
+    "connectors.arrow": set(),
+    "connectors.builtin": {"connectors"},
+    "connectors.delta": {"connectors"},
+    "connectors.postgres": {"connectors"},
+    "connectors.files": {"connectors", "connectors.arrow"},
+    # The exactly-once Kafka sink's keyed tasks stage records as the files sink's do
+    # (`files_sink.TaskTarget`), and a raw Kafka value is parsed with a files schema.
+    "connectors.kafka": {"connectors", "connectors.arrow", "connectors.files"},
+    "connectors.registry": {"connectors", "connectors.builtin", "connectors.delta",
+                            "connectors.files", "connectors.kafka", "connectors.postgres"},
+}
+#: Units that are one for now: the planner (runtime/plan.py) builds the stages and a keyed
+#: stage calls the keyed plan (runtime/keyed.py, runtime/local.py, runtime/join.py), so they
+#: import each other until the planner and its stages become one package.
+MERGED_UNITS = {"runtime.stages": "runtime"}
+#: Modules that are a unit of their own at their package's level.
+OWN_UNITS = {"streamer.connectors.registry": "connectors.registry"}
 
 MAX_LINES = 600
 #: The runtime sequences epochs; a function longer than this there is two functions.
@@ -107,6 +142,52 @@ def package_of(module: str) -> str:
     if len(parts) == 1 or (len(parts) == 2 and MODULES[module].name != "__init__.py"):
         return "core"
     return "core" if parts[1] in CORE_PACKAGES else parts[1]
+
+
+def unit_of(module: str) -> str:
+    """The unit of runtime/ or connectors/ a module belongs to (INNER), else its package."""
+    package = package_of(module)
+    if module in OWN_UNITS:
+        return OWN_UNITS[module]
+    parts = module.split(".")
+    if package not in {unit.split(".")[0] for unit in INNER} or len(parts) < 3 or (
+            len(parts) == 3 and MODULES[module].name != "__init__.py"):
+        return package
+    unit = f"{package}.{parts[2]}"
+    return MERGED_UNITS.get(unit, unit)
+
+
+def private_imports(name: str, path: Path) -> set[tuple[str, str]]:
+    """The (module, name) pairs of private names of other streamer modules that module `name`
+    uses: `from streamer.x import _y`, and `x._y` where `x` is a streamer module it imported."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text(), str(path))
+    found: set[tuple[str, str]] = set()
+    modules: dict[str, str] = {}  # local name -> streamer module
+    private = re.compile(r"_(?!_)\w*")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, *([module] if module else [])])
+            if module != "streamer" and not module.startswith("streamer."):
+                continue
+            for alias in node.names:
+                if f"{module}.{alias.name}" in MODULES:
+                    modules[alias.asname or alias.name] = f"{module}.{alias.name}"
+                elif private.fullmatch(alias.name) and module != name:
+                    found.add((module, alias.name))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in MODULES and alias.asname:
+                    modules[alias.asname] = alias.name
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in modules and private.fullmatch(node.attr)
+                and modules[node.value.id] != name):
+            found.add((modules[node.value.id], node.attr))
+    return found
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -193,6 +274,27 @@ def test_no_package_imports_upward() -> None:
         for (source, dest), edges in sorted(wrong.items()))
 
 
+def test_every_unit_of_runtime_and_connectors_has_a_place_in_the_dag() -> None:
+    units = {unit_of(m) for m in MODULES if package_of(m) in {"runtime", "connectors"}}
+    assert sorted(units - set(INNER)) == [], "add these subpackages to INNER"
+
+
+def test_no_unit_of_runtime_or_connectors_imports_upward() -> None:
+    wrong: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for module, targets in GRAPH.items():
+        source = unit_of(module)
+        if source not in INNER:
+            continue
+        for target in targets:
+            dest = unit_of(target)
+            same_package = dest.split(".")[0] == source.split(".")[0]
+            if dest != source and same_package and dest not in INNER[source]:
+                wrong[(source, dest)].append(f"{module} -> {target}")
+    assert not wrong, "imports against the subpackage DAG (INNER):\n" + "\n".join(
+        f"  {source} -> {dest}: {', '.join(sorted(edges))}"
+        for (source, dest), edges in sorted(wrong.items()))
+
+
 def test_no_module_import_cycles() -> None:
     cycles = _cycles(GRAPH)
     assert not cycles, "modules that import each other (through any chain):\n" + "\n".join(
@@ -225,6 +327,56 @@ def test_no_runtime_function_is_over_the_line_limit() -> None:
                       + ", ".join(long))
 
 
+#: Private names still imported across modules, only where the importer or the owner is one of
+#: the keyed-operator modules being reworked (operators/keyed*.py), which make them public.
+PRIVATE_IMPORTS_LEFT = {
+    "streamer.operators.keyed": {"streamer.operators.keyed_kinds", "streamer.operators.keyed_rows"},
+    "streamer.operators.keyed_kinds": {"streamer.operators.keyed_rows"},
+    "streamer.operators.sessions": {"streamer.operators.keyed_rows"},
+}
+
+
+def test_no_module_uses_a_private_name_of_another() -> None:
+    """A `_name` is its module's business. A module that needs another's makes it public in
+    the module named for its concept (state/memory_values.py, cli/output.py)."""
+    found = defaultdict(list)
+    for module, path in MODULES.items():
+        for owner, attr in sorted(private_imports(module, path)):
+            if owner not in PRIVATE_IMPORTS_LEFT.get(module, set()):
+                found[module].append(f"{owner}.{attr}")
+    assert not found, "private names used across modules:\n" + "\n".join(
+        f"  {module}: {', '.join(names)}" for module, names in sorted(found.items()))
+
+
+#: File names every package may have its own of: the package, its contract, its errors.
+SHARED_FILE_NAMES = {"__init__.py", "base.py", "exceptions.py"}
+#: Names still shared, each by a module being reworked (runtime/keyed.py, runtime/join.py),
+#: which moves into the planner's package under a name of its own.
+SHARED_NAMES_LEFT = {"keyed.py": {"runtime/keyed.py", "operators/keyed.py"},
+                     "join.py": {"runtime/join.py", "operators/join.py"}}
+
+
+def test_no_two_modules_share_a_file_name() -> None:
+    """Three modules named keyed.py read as `stage.stage.kind`; a name says which one."""
+    by_name: dict[str, set[str]] = defaultdict(set)
+    for path in MODULES.values():
+        by_name[path.name].add(path.relative_to(REPO).as_posix())
+    shared = {name: paths for name, paths in by_name.items()
+              if len(paths) > 1 and name not in SHARED_FILE_NAMES
+              and paths != SHARED_NAMES_LEFT.get(name)}
+    assert not shared, "modules that share a file name: " + "; ".join(
+        f"{name} ({', '.join(sorted(paths))})" for name, paths in sorted(shared.items()))
+
+
+def test_every_package_is_installed() -> None:
+    """pyproject.toml lists the packages a wheel holds; a subpackage missing there works in
+    the editable install and is absent from a built one."""
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"])
+    packages = {m for m, path in MODULES.items() if path.name == "__init__.py"}
+    assert sorted(packages - listed) == [] and sorted(listed - packages) == []
+
+
 def test_the_walk_sees_the_graph() -> None:
     """The test itself: it finds the packages and sees imports of every form."""
     assert {"streamer.columns", "streamer.state.snapshot", "streamer.cli.main"} <= set(MODULES)
@@ -238,3 +390,24 @@ def test_the_walk_sees_the_graph() -> None:
     cyclic = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _cycles(cyclic) == [["a", "b", "c"]]
     assert _one_cycle(cyclic, ["a", "b", "c"]) == ["a", "b", "c", "a"]
+    assert unit_of("streamer.runtime.job.coordinator") == "runtime.job"
+    assert unit_of("streamer.runtime.stages.keyed_stage") == "runtime"  # MERGED_UNITS
+    assert unit_of("streamer.runtime.plan") == "runtime"
+    assert unit_of("streamer.connectors.registry") == "connectors.registry"
+    assert unit_of("streamer.connectors.files") == "connectors.files"
+    assert unit_of("streamer.state.memory_files") == "state"
+    assert ("streamer.operators.keyed_rows", "_partials") in private_imports(
+        "streamer.operators.sessions", MODULES["streamer.operators.sessions"])
+
+
+def test_private_imports_sees_both_forms(tmp_path: Path) -> None:
+    path = tmp_path / "m.py"
+    path.write_text("from streamer.state.memory_files import _read_record, load\n"
+                    "from streamer.state import rocksdb_parking as parking\n"
+                    "import streamer.state.memory_files as files\n"
+                    "def f():\n"
+                    "    return parking._PARKED, files._PROCESS_CACHE, parking.parked_paths\n")
+    assert private_imports("streamer.state.x", path) == {
+        ("streamer.state.memory_files", "_read_record"),
+        ("streamer.state.rocksdb_parking", "_PARKED"),
+        ("streamer.state.memory_files", "_PROCESS_CACHE")}

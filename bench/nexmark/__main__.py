@@ -134,7 +134,7 @@ def main() -> None:
         counts = write(Config(events=args.events, files=args.files), scratch / "data")
         console.print(f"data: {args.events:,} events {counts} in "
                       f"{time.perf_counter() - started:.1f} s", highlight=False)
-        from streamer.runtime.spark import create_session
+        from streamer.runtime.cluster.spark import create_session
 
         spark = create_session("bench-nexmark", "local[2]",
                                {"spark.sql.shuffle.partitions": "2"}, ui=False)

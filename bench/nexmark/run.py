@@ -59,7 +59,7 @@ def run_streamer(spark: Any, q: Query, root: Path, scratch: Path, files_per_epoc
                  backend: str = "rocksdb") -> Run:
     """The query's pipeline file, reading `root` and writing under `scratch`."""
     from streamer.pipeline.validate import load_pipeline
-    from streamer.runtime.coordinator import JobRunner, RunOptions
+    from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
     out = scratch / f"streamer-{q.name}-{uuid.uuid4().hex[:8]}"
     env = {**os.environ, "NEXMARK_DATA": str(root), "NEXMARK_OUT": str(out),

@@ -107,7 +107,7 @@ def block(q: Query, case: dict[str, list[dict]], want: list[dict]) -> str:
 
 
 def main() -> None:
-    from streamer.runtime.spark import create_session
+    from streamer.runtime.cluster.spark import create_session
 
     spark = create_session("nexmark-tests-block", "local[1]",
                            {"spark.sql.shuffle.partitions": "1",

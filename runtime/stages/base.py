@@ -1,4 +1,4 @@
-"""The stage contract (ARCHITECTURE.md §2b).
+"""The stage contract (docs/architecture.md, "How an epoch runs").
 
 A physical plan is a list of stages in dataflow order: source reads, fused stateless chains,
 keyed stages and sinks. Every stage is planned once (by `runtime.plan.plan_stages`, which

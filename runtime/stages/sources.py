@@ -5,7 +5,7 @@
   that Spark evaluates on the driver without a job). An observation counts the records and
   takes the newest event time per split for the watermark.
 - `SubtaskReadSource`: the only consumer is a keyed stage whose subtasks read the slice's
-  parquet files themselves (`runtime.stages.keyed.SubtaskReadRun`); no Spark plan at all.
+  parquet files themselves (`runtime.stages.keyed_stage.SubtaskReadRun`); no Spark plan at all.
   A slice whose files do not allow it is scanned as above.
 - `ArrowDecodeSource`: Python tasks read the slice with Arrow, run the stateless operators
   after it and write the result for the one stage that reads it (`runtime.arrow_input`):

@@ -11,8 +11,12 @@ from typing import Any
 
 import pytest
 
-from streamer.checkpoint.metadata import CheckpointError, CheckpointMetadata, CheckpointStore
-from streamer.runtime.control import ControlChannel, JobAlreadyRunningError, JobRegistry
+from streamer.checkpoint.checkpoint_metadata import (
+    CheckpointError,
+    CheckpointMetadata,
+    CheckpointStore,
+)
+from streamer.runtime.job.control import ControlChannel, JobAlreadyRunningError, JobRegistry
 from streamer.storage import CorruptFileError, MissingFileError, Storage
 
 pytestmark = pytest.mark.s3

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from streamer.cli.main import app
 from streamer.pipeline.validate import load_pipeline_text
-from streamer.runtime.preflight import PreflightOptions, preflight
+from streamer.runtime.job.preflight import PreflightOptions, preflight
 
 GOLDEN = Path(__file__).parent / "golden"
 runner = CliRunner()
@@ -239,7 +239,7 @@ def test_streamer_test_checks_only_what_the_cases_do_not_replace(
 @pytest.mark.spark
 def test_a_finished_job_says_so_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                         spark: object) -> None:
-    from streamer.runtime.coordinator import JobRunner, RunOptions
+    from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
     with_inputs(tmp_path)
     monkeypatch.chdir(tmp_path)
@@ -283,7 +283,7 @@ def test_an_incomplete_expression_is_a_validate_error(
 def test_the_analyzer_refuses_a_stray_word_spark_would_read_as_an_alias(
         tmp_path: Path, spark: object) -> None:
     from streamer.pipeline.exceptions import PipelineError
-    from streamer.runtime.checks import analyze_spec
+    from streamer.runtime.job.checks import analyze_spec
 
     with_inputs(tmp_path)
     spec = load_pipeline_text(textwrap.dedent(HEAD.replace("./in", str(tmp_path / "in")) + """\

@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from streamer.cli.main import app
-from streamer.runtime.control import STALE_AFTER_S, JobAlreadyRunningError, JobRegistry
+from streamer.runtime.job.control import STALE_AFTER_S, JobAlreadyRunningError, JobRegistry
 
 runner = CliRunner()
 

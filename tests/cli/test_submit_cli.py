@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from streamer.cli.main import app
-from streamer.runtime.submit import SubmitOptions, build_package, submit_command
+from streamer.runtime.cluster.submit import SubmitOptions, build_package, submit_command
 
 runner = CliRunner()
 EXAMPLE = Path(__file__).parents[2] / "pipelines" / "clicks_per_user.yaml"
@@ -39,8 +39,8 @@ def test_refused_submit_options(args: list[str], message: str) -> None:
 def test_the_package_holds_streamer_and_nothing_else(tmp_path: Path) -> None:
     with zipfile.ZipFile(build_package(tmp_path)) as zf:
         names = set(zf.namelist())
-    for needed in ("streamer/__init__.py", "streamer/runtime/coordinator.py",
-                   "streamer/operators/keyed.py", "streamer/runtime/log4j2.properties"):
+    for needed in ("streamer/__init__.py", "streamer/runtime/job/coordinator.py",
+                   "streamer/operators/keyed.py", "streamer/runtime/cluster/log4j2.properties"):
         assert needed in names
     assert not [n for n in names if n.startswith(("streamer/tests/", "streamer/bench/",
                                                   "streamer/.venv/"))]
@@ -67,7 +67,7 @@ def test_the_spark_submit_command(tmp_path: Path) -> None:
 
 
 def test_an_unreachable_master_is_one_line(tmp_path: Path) -> None:
-    from streamer.runtime.standalone import free_port
+    from streamer.runtime.cluster.standalone import free_port
 
     master = f"spark://127.0.0.1:{free_port()}"
     for args in (["--submit", "--master", master], ["--master", master]):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from streamer.runtime.standalone import StandaloneCluster
+from streamer.runtime.cluster.standalone import StandaloneCluster
 
 # The `streamer run` process helpers of the crash tests.
 sys.path.insert(0, str(Path(__file__).parents[1] / "runtime"))

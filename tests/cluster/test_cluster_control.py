@@ -15,7 +15,7 @@ from test_cluster_jobs import submit_args
 from typer.testing import CliRunner
 
 from streamer.cli.main import app
-from streamer.runtime.standalone import StandaloneCluster
+from streamer.runtime.cluster.standalone import StandaloneCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from streamer_process import FilesOutput, Run, diff, quick_jvm, run_streamer
 
-from streamer.checkpoint.metadata import CheckpointStore
-from streamer.runtime.standalone import StandaloneCluster
+from streamer.checkpoint.checkpoint_metadata import CheckpointStore
+from streamer.runtime.cluster.standalone import StandaloneCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -27,7 +27,7 @@ EXECUTOR_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def submit_args(cluster: StandaloneCluster) -> list[str]:
-    from streamer.runtime.spark import DEFAULT_CONF
+    from streamer.runtime.cluster.spark import DEFAULT_CONF
 
     executor = f"{DEFAULT_CONF['spark.executor.extraJavaOptions']} {EXECUTOR_JVM}"
     return ["--submit", "--master", cluster.master_url,

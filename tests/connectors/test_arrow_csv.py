@@ -1,7 +1,7 @@
-"""Arrow's decode of CSV files against Spark's, the definition (`connectors.arrow_csv`).
+"""Arrow's decode of CSV files against Spark's, the definition (`connectors.arrow.arrow_csv`).
 
 Every case is written as a file and read both ways: by Spark's CSV reader with the options a
-`files` source gives it (`connectors.files`: the schema plus a corrupt-record column,
+`files` source gives it (`connectors.files.files_source`: the schema plus a corrupt-record column,
 PERMISSIVE, `header`, `sep`) and by `arrow_csv.decode`. The decoder must either refuse (Spark
 then reads the file) or give exactly Spark's records; and it must refuse every file in which
 Spark finds a bad record. Cases are the differences found by trying both readers, and
@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_arrow_json import COLUMNS, same
 
-from streamer.connectors.arrow_csv import decode
+from streamer.connectors.arrow.arrow_csv import decode
 from streamer.exceptions import ArrowRefused as Refused
 
 pytestmark = pytest.mark.spark

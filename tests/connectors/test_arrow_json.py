@@ -1,4 +1,4 @@
-"""Arrow's decode of JSON lines against Spark's, the definition (`connectors.arrow_json`).
+"""Arrow's decode of JSON lines against Spark's, the definition (`connectors.arrow.arrow_json`).
 
 Every case is decoded both ways: by `connectors.formats.decode_json_lines` in a real Spark
 session (what a `files` source does) and by `arrow_json.decode`. The decoder must either
@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamer.connectors.arrow_json import decode
+from streamer.connectors.arrow.arrow_json import decode
 from streamer.exceptions import ArrowRefused as Refused
 
 pytestmark = pytest.mark.spark
@@ -207,7 +207,7 @@ def test_the_byte_check_of_timestamps_never_passes_what_the_pattern_refuses(
 
     import pyarrow as pa
 
-    from streamer.connectors.arrow_json import ISO, _fixed_iso
+    from streamer.connectors.arrow.arrow_json import ISO, _fixed_iso
 
     sep, digits, zone = form
     texts = [s.strftime(f"%Y-%m-%d{sep}%H:%M:%S") + (
@@ -244,7 +244,7 @@ def test_the_byte_check_refuses_each_field_out_of_its_range(bad: str) -> None:
 
     import pyarrow as pa
 
-    from streamer.connectors.arrow_json import ISO, _fixed_iso
+    from streamer.connectors.arrow.arrow_json import ISO, _fixed_iso
 
     assert not re.match(ISO, bad)
     good = "2026-01-01T12:34:56.789Z"

@@ -1,4 +1,5 @@
-"""The shaped reader of JSON lines against Arrow's JSON reader (`connectors.arrow_json_shaped`).
+"""The shaped reader of JSON lines against Arrow's JSON reader
+(`connectors.arrow.arrow_json_shaped`).
 
 Its promise: where it gives a table, Arrow's JSON reader with the same explicit schema gives
 the same table; where it is not sure it says None. Files are generated in one shape and then
@@ -17,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamer.connectors.arrow_json_shaped import read_shaped
+from streamer.connectors.arrow.arrow_json_shaped import read_shaped
 
 SCHEMA = pa.schema([("a", pa.int64()), ("i", pa.int32()), ("d", pa.float64()),
                     ("s", pa.string()), ("t", pa.string())])

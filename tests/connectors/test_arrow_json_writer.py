@@ -1,4 +1,4 @@
-"""JSON lines encoded by Arrow (`connectors.arrow_json_writer`) against Spark's JSON writer.
+"""JSON lines encoded by Arrow (`connectors.arrow.arrow_json_writer`) against Spark's JSON writer.
 
 Every case is written both ways, byte for byte: by Spark, as a `jsonl` files sink writes
 (`timestamps_as_iso`, `ignoreNullFields` off), and by `JsonLines.encode` with the rule of the
@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamer.connectors.arrow_json_writer import (
+from streamer.connectors.arrow.arrow_json_writer import (
     JsonLines,
     java_double,
     jvm_prints_shortest,

@@ -11,14 +11,14 @@ import yaml
 from rich.console import Console
 
 from streamer.connectors.base import ConnectorContext
-from streamer.connectors.console import ConsoleSink
-from streamer.connectors.datagen import DatagenSource
+from streamer.connectors.builtin.console import ConsoleSink
+from streamer.connectors.builtin.datagen import DatagenSource
+from streamer.connectors.builtin.memory_sink import MemorySink
 from streamer.connectors.exceptions import ConnectorError
-from streamer.connectors.files import FilesSource
-from streamer.connectors.files_sink import FilesSink
-from streamer.connectors.kafka import KafkaSource
-from streamer.connectors.kafka_sink import KafkaSink
-from streamer.connectors.memory_sink import MemorySink
+from streamer.connectors.files.files_sink import FilesSink
+from streamer.connectors.files.files_source import FilesSource
+from streamer.connectors.kafka.kafka_sink import KafkaSink
+from streamer.connectors.kafka.kafka_source import KafkaSource
 from streamer.connectors.registry import make_sink, make_source
 from streamer.pipeline.spec import PipelineSpec
 from streamer.pipeline.validate import load_pipeline_text

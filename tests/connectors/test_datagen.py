@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from streamer.connectors.base import DEFAULT_LOCAL_ROWS, ConnectorContext
-from streamer.connectors.datagen import DEFAULT_MAX_RECORDS_PER_EPOCH, DatagenSource
+from streamer.connectors.builtin.datagen import DEFAULT_MAX_RECORDS_PER_EPOCH, DatagenSource
 from streamer.connectors.exceptions import ConnectorError
 from streamer.pipeline.validate import load_pipeline_text
 

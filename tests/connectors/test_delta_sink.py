@@ -17,12 +17,12 @@ import pytest
 from deltalake import DeltaTable
 
 from streamer.connectors.base import ConnectorContext
-from streamer.connectors.delta_sink import DeltaSink
+from streamer.connectors.delta.delta_sink import DeltaSink
 from streamer.connectors.exceptions import ConnectorError
 from streamer.pipeline.exceptions import PipelineError
 from streamer.pipeline.validate import load_pipeline_text
-from streamer.runtime.checks import analyze_spec
-from streamer.runtime.coordinator import JobRunner, RunOptions
+from streamer.runtime.job.checks import analyze_spec
+from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
 BASE_MS = 1767225600000
 #: rows per split, and per epoch over both splits: 4 epochs of data (6 s of event time each),

@@ -16,7 +16,7 @@ import yaml
 
 from streamer.connectors.base import ConnectorContext
 from streamer.connectors.exceptions import ConnectorError
-from streamer.connectors.files_sink import FilesSink
+from streamer.connectors.files.files_sink import FilesSink
 from streamer.connectors.formats import json_value, timestamps_as_iso
 from streamer.pipeline.validate import load_pipeline_text
 

@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from streamer.connectors.base import ConnectorContext
-from streamer.connectors.memory_sink import MemorySink
+from streamer.connectors.builtin.memory_sink import MemorySink
 from streamer.pipeline.validate import load_pipeline_text
-from streamer.runtime.coordinator import JobRunner, RunOptions
+from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 SETTINGS = settings(max_examples=2, deadline=None, database=None, derandomize=True,

@@ -14,12 +14,12 @@ import pytest
 import yaml
 
 from streamer.connectors.base import ConnectorContext
-from streamer.connectors.kafka import KafkaSource
-from streamer.connectors.kafka_sink import KafkaSink
-from streamer.connectors.memory_sink import MemorySink
+from streamer.connectors.builtin.memory_sink import MemorySink
+from streamer.connectors.kafka.kafka_sink import KafkaSink
+from streamer.connectors.kafka.kafka_source import KafkaSource
 from streamer.connectors.registry import make_sink
 from streamer.pipeline.validate import load_pipeline_text
-from streamer.runtime.coordinator import JobRunner, RunOptions
+from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -420,9 +420,9 @@ def test_a_local_read_that_fails_is_a_clear_restartable_error(
     """A slice read on the driver whose partition is gone fails as a failed read task
     would: a message naming the source, partition and offsets (`ReadFailed`, which the
     runtime turns into a failed epoch and a restart)."""
-    from streamer.connectors import kafka as kafka_source
     from streamer.connectors.base import SourceSlice
     from streamer.connectors.exceptions import ReadFailed
+    from streamer.connectors.kafka import kafka_source
 
     monkeypatch.setattr(kafka_source, "READ_TIMEOUT_S", 2.0)  # (no progress for 60 s)
 

@@ -17,10 +17,10 @@ from typer.testing import CliRunner
 from streamer.cli.main import app
 from streamer.connectors.base import ConnectorContext
 from streamer.connectors.exceptions import ConnectorError
-from streamer.connectors.postgres_sink import PostgresSink
+from streamer.connectors.postgres.postgres_sink import PostgresSink
 from streamer.pipeline.exceptions import PipelineError
 from streamer.pipeline.validate import load_pipeline_text
-from streamer.runtime.coordinator import JobRunner, RunOptions
+from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
 
 def table_name() -> str:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from streamer.connectors import manifests
+from streamer.connectors.files import manifests
 
 pytestmark = pytest.mark.s3
 

@@ -1,4 +1,4 @@
-"""What a pipeline with `files` paths on S3 gives Spark (`connectors/s3a.py`): the S3A
+"""What a pipeline with `files` paths on S3 gives Spark (`connectors/files/s3a.py`): the S3A
 settings from `storage_options:` or the `AWS_*` variables, and `s3a://` URLs for the source's
 files instead of local copies. No Spark session and no server: the end-to-end reads and writes
 are tests/runtime/test_s3a.py's."""
@@ -10,9 +10,9 @@ from typing import Any, cast
 
 import pytest
 
-from streamer.connectors import s3a
 from streamer.connectors.base import ConnectorContext
-from streamer.connectors.files import FilesSource
+from streamer.connectors.files import s3a
+from streamer.connectors.files.files_source import FilesSource
 from streamer.pipeline.validate import load_pipeline_text
 
 S3A = "spark.hadoop.fs.s3a."
@@ -76,6 +76,6 @@ def test_a_files_source_on_s3_gives_spark_s3a_urls() -> None:
     urls = source._spark_paths(["s3://bucket/in/a[1].jsonl"])
     assert urls == {"s3://bucket/in/a[1].jsonl": "s3a://bucket/in/a[1].jsonl"}
     assert source._copies is None  # nothing downloaded
-    from streamer.connectors.files import spark_path
+    from streamer.connectors.files.files_source import spark_path
 
     assert spark_path(urls["s3://bucket/in/a[1].jsonl"]) == r"s3a://bucket/in/a\[1\].jsonl"

@@ -15,7 +15,7 @@ from bench.nexmark import run
 from bench.nexmark.generator import BASE_MS, Config, generate, read, write
 from bench.nexmark.queries import PIPELINES, QUERIES
 from streamer.pipeline.validate import load_pipeline
-from streamer.runtime.testing import run_case
+from streamer.runtime.job.testing import run_case
 
 RUNNABLE = [q for q in QUERIES if not q.pending]
 

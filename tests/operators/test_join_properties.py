@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 from test_window_properties import BASE, PROPERTY, EpochSource, assert_same, cut, fresh_root
 
 from streamer.connectors.base import ConnectorContext, Sink, Source
-from streamer.connectors.memory_sink import MemorySink
+from streamer.connectors.builtin.memory_sink import MemorySink
 from streamer.pipeline.validate import load_pipeline_text
-from streamer.runtime.coordinator import JobRunner, RunOptions
+from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
 pytestmark = pytest.mark.spark
 

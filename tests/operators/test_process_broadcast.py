@@ -20,7 +20,7 @@ from streamer.operators.process import (
     run_process,
 )
 from streamer.state import key_group_range, open_backend
-from streamer.state.memory import drop_process_cache
+from streamer.state.memory_files import drop_process_cache
 
 
 class Log(KeyedProcessFunction):
@@ -130,7 +130,7 @@ def spec_with(broadcast: str | None) -> Any:
     ("rules", "other_rules", "refuse"), ("rules", None, "refuse")])
 def test_restore_refuses_a_changed_or_removed_broadcast_input(
         was: str | None, now: str | None, action: str) -> None:
-    from streamer.savepoint.metadata import (
+    from streamer.savepoint.savepoint_metadata import (
         SavepointMetadata,
         operator_definition,
         plan_restore,

@@ -3,7 +3,7 @@ reference in `oracle.py` over random keyed event streams cut into random epochs.
 
 Each job reads an `EpochSource` (one slice per epoch, decoded through JSON like the inline
 source of `streamer test`) and writes every sink to a `MemorySink`; outputs are compared as
-multisets with numbers normalized (`runtime.testing.compare_rows`).
+multisets with numbers normalized (`runtime.job.testing.compare_rows`).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 from oracle import Agg
 
 from streamer.connectors.base import ConnectorContext, Sink, Source, SourceRead, SourceSlice
-from streamer.connectors.memory_sink import MemorySink
+from streamer.connectors.builtin.memory_sink import MemorySink
 from streamer.pipeline.validate import load_pipeline_text
-from streamer.runtime.coordinator import JobRunner, RunOptions
-from streamer.runtime.testing import compare_rows
+from streamer.runtime.job.coordinator import JobRunner, RunOptions
+from streamer.runtime.job.testing import compare_rows
 
 pytestmark = pytest.mark.spark
 
@@ -64,7 +64,7 @@ PROPERTY = {
 class EpochSource(Source):
     """A bounded source that delivers one given list of rows per epoch (single split
     `inline`; offsets count the epochs read). Rows are decoded through JSON like
-    `runtime.testing.InlineSource`."""
+    `runtime.job.testing.InlineSource`."""
 
     def __init__(self, spec: Any, ctx: ConnectorContext, epochs: Sequence[Sequence[Mapping]],
                  schema: Any) -> None:

@@ -93,7 +93,7 @@ sinks:
 
 @pytest.mark.kafka
 def test_spark_client_puts_the_connector_jars_after_the_users_jars() -> None:
-    from streamer.connectors.kafka import session_conf
+    from streamer.connectors.kafka.kafka_source import session_conf
 
     spec = load_pipeline_text(SPARK_CLIENT.replace("CLIENT", "spark"), env={})
     jars = session_conf(spec, {"spark.jars": "/my/udfs.jar"})["spark.jars"].split(",")
@@ -110,7 +110,7 @@ def test_spark_client_puts_the_connector_jars_after_the_users_jars() -> None:
 def test_spark_submit_gets_the_connector_jars_on_its_command_line() -> None:
     """Under spark-submit the session exists before the driver runs: the jars a local run adds
     to the session must be in the submitted conf."""
-    from streamer.runtime.submit import submit_conf
+    from streamer.runtime.cluster.submit import submit_conf
 
     text = SPARK_CLIENT.replace("CLIENT", "spark")
     spec = load_pipeline_text(text.replace("sources:", 'spark: {spark.jars: "/my/udfs.jar"}\n'

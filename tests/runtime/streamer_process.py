@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from streamer.runtime.standalone import session_members
+from streamer.runtime.cluster.standalone import session_members
 
 #: The `streamer` command of the interpreter running the tests (the project's venv).
 STREAMER = Path(sys.executable).with_name("streamer")
@@ -36,7 +36,7 @@ def quick_jvm() -> str:
     about twice as fast on a small, busy machine: only the C1 JIT and the serial GC, so no
     compiler or GC threads compete for the cores (measured on 2 cores at load 17: two epochs
     49 s -> 24 s). It changes how fast the job runs, not what it does."""
-    from streamer.runtime.spark import DEFAULT_CONF
+    from streamer.runtime.cluster.spark import DEFAULT_CONF
 
     key = "spark.driver.extraJavaOptions"
     options = f"{DEFAULT_CONF[key]} -XX:TieredStopAtLevel=1 -XX:+UseSerialGC"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from streamer.pipeline.validate import load_pipeline_text
-from streamer.runtime.coordinator import JobRunner, RunOptions
+from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
 pytestmark = pytest.mark.spark
 
@@ -109,7 +109,7 @@ def test_max_by_and_min_by_give_the_earliest_row_with_the_extreme_value(
 
 def test_aggregates_a_type_cannot_take_are_refused_with_the_fix(spark, tmp_path: Path) -> None:
     from streamer.pipeline.exceptions import PipelineError
-    from streamer.runtime.checks import analyze_spec
+    from streamer.runtime.job.checks import analyze_spec
 
     spec = load_pipeline_text(textwrap.dedent("""\
         name: bad-aggregates

@@ -142,7 +142,7 @@ def test_an_expression_arrow_does_not_take_keeps_sparks_staging(spark, tmp_path:
                                                                 monkeypatch) -> None:
     """`upper()` is not translated: the plan says so and Spark stages every epoch."""
     from streamer.pipeline.validate import load_pipeline_text
-    from streamer.runtime.checks import physical_plan
+    from streamer.runtime.job.checks import physical_plan
 
     monkeypatch.delenv("STREAMER_ARROW_INPUT", raising=False)
     json_events(tmp_path / "data", files=3, rows=100, seed=2)

@@ -15,7 +15,7 @@ from test_arrow_input import epoch_metrics
 from test_direct import run
 from test_staged import json_events
 
-from streamer.connectors.arrow_json_writer import jvm_prints_shortest
+from streamer.connectors.arrow.arrow_json_writer import jvm_prints_shortest
 
 pytestmark = pytest.mark.spark
 
@@ -177,7 +177,7 @@ def test_doubles_the_encoder_refuses_go_to_sparks_writer(spark, tmp_path: Path,
 
 def test_the_plan_names_the_arrow_written_sink(spark, tmp_path: Path, monkeypatch) -> None:
     from streamer.pipeline.validate import load_pipeline_text
-    from streamer.runtime.checks import physical_plan
+    from streamer.runtime.job.checks import physical_plan
 
     monkeypatch.delenv("STREAMER_ARROW_INPUT", raising=False)
     for arrow, source_strategy, sink_strategy in (
@@ -276,7 +276,7 @@ def test_kafka_records_staged_by_tasks(spark, kafka, tmp_path: Path, monkeypatch
                             key="user")
         if arrow == "true":
             from streamer.pipeline.validate import load_pipeline_text
-            from streamer.runtime.checks import physical_plan
+            from streamer.runtime.job.checks import physical_plan
 
             plan = {s.node_id: s.strategy for s in physical_plan(load_pipeline_text(text),
                                                                  spark).stages}

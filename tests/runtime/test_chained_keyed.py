@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from streamer.pipeline.validate import load_pipeline_text
-from streamer.runtime.coordinator import JobRunner, RunOptions
+from streamer.runtime.job.coordinator import JobRunner, RunOptions
 from streamer.runtime.watermarks import MIN_WATERMARK, WatermarkTracker, operator_chains
 
 pytestmark = pytest.mark.spark

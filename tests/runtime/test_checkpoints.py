@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from streamer.checkpoint.metadata import CheckpointError, CheckpointStore
+from streamer.checkpoint.checkpoint_metadata import CheckpointError, CheckpointStore
 from streamer.pipeline.validate import load_pipeline_text
-from streamer.runtime.coordinator import JobRunner, RunOptions
-from streamer.runtime.metrics import JsonReporter
+from streamer.runtime.job.coordinator import JobRunner, RunOptions
+from streamer.runtime.observe.metrics import JsonReporter
 
 pytestmark = pytest.mark.spark
 

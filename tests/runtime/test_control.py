@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from streamer.runtime.control import JobAlreadyRunningError, JobRegistry, state_of
+from streamer.runtime.job.control import JobAlreadyRunningError, JobRegistry, state_of
 
 CLAIM = """
 import sys, time
-from streamer.runtime.control import JobRegistry
+from streamer.runtime.job.control import JobRegistry
 JobRegistry(sys.argv[1], "job").claim("run-a", {})
 print("claimed", flush=True)
 time.sleep(600)
@@ -103,7 +103,7 @@ def test_simultaneous_claims_have_exactly_one_winner(tmp_path: Path) -> None:
 
 CONTEND = """
 import sys, time
-from streamer.runtime.control import JobAlreadyRunningError, JobRegistry
+from streamer.runtime.job.control import JobAlreadyRunningError, JobRegistry
 registry = JobRegistry(sys.argv[1], "job")
 while time.time() < float(sys.argv[2]):
     pass
@@ -142,7 +142,7 @@ def test_exclusive_creation_on_a_non_local_store() -> None:
 def test_a_client_waiting_on_a_job_that_dies_hears_it_at_once(tmp_path: Path) -> None:
     """A request the job never takes (its process was killed) is not waited for until the
     timeout: the client says the job died, and while it lived, that it was starting."""
-    from streamer.runtime.control import ControlChannel, JobControlError
+    from streamer.runtime.job.control import ControlChannel, JobControlError
 
     child = subprocess.Popen([sys.executable, "-c", CLAIM, str(tmp_path)],
                              stdout=subprocess.PIPE, text=True)

@@ -23,10 +23,10 @@ import pytest
 
 from streamer import failpoints
 from streamer.pipeline.validate import load_pipeline_text
-from streamer.runtime.control import ControlChannel, JobControlError, JobRegistry
-from streamer.runtime.coordinator import JobResult, JobRunner, RunOptions
-from streamer.runtime.metrics import JsonReporter
-from streamer.savepoint.metadata import list_savepoints, read_metadata
+from streamer.runtime.job.control import ControlChannel, JobControlError, JobRegistry
+from streamer.runtime.job.coordinator import JobResult, JobRunner, RunOptions
+from streamer.runtime.observe.metrics import JsonReporter
+from streamer.savepoint.savepoint_metadata import list_savepoints, read_metadata
 
 pytestmark = pytest.mark.spark
 

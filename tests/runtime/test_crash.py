@@ -40,7 +40,7 @@ from typing import Any
 import pytest
 from streamer_process import FilesOutput, Run, diff, quick_jvm, run_streamer
 
-from streamer.checkpoint.metadata import CheckpointStore
+from streamer.checkpoint.checkpoint_metadata import CheckpointStore
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from streamer.pipeline.validate import load_pipeline_text
-from streamer.runtime.coordinator import JobRunner, RunOptions
 from streamer.runtime.exceptions import UnreadableFileError
+from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
 pytestmark = pytest.mark.spark
 

@@ -217,7 +217,7 @@ def test_savepoint_then_restore_at_another_parallelism_and_backend(spark, tmp_pa
     shows each remembered key and its expiry; restored at parallelism 3 on the memory
     backend, the job commits exactly what an uninterrupted run commits."""
     from streamer.savepoint.export import export_operator
-    from streamer.savepoint.metadata import read_metadata
+    from streamer.savepoint.savepoint_metadata import read_metadata
 
     write_events(tmp_path / "data", files=8, rows=240, seed=11)
     storage = tmp_path / "storage"

@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from streamer.pipeline.validate import load_pipeline_text
-from streamer.runtime.coordinator import JobRunner, RunOptions
 from streamer.runtime.exceptions import JobFailedError
+from streamer.runtime.job.coordinator import JobRunner, RunOptions
 from streamer.state.keygroups import key_group_of, key_groups_of_columns
 
 pytestmark = pytest.mark.spark
@@ -40,8 +40,8 @@ def stop_with_savepoint(spark, text: str, storage: Path, job: str, after_epoch: 
     """Run the pipeline `text` (job name `job`, `storage:` at `storage`) with checkpoints and
     ask for a stop with a savepoint (no drain) once epoch `after_epoch` has been reported;
     the run's result."""
-    from streamer.runtime.control import ControlChannel
-    from streamer.runtime.metrics import JsonReporter
+    from streamer.runtime.job.control import ControlChannel
+    from streamer.runtime.observe.metrics import JsonReporter
 
     filed: list[str] = []
 

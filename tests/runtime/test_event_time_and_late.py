@@ -14,7 +14,7 @@ import pytest
 
 from streamer.connectors.exceptions import DecodeError
 from streamer.pipeline.validate import load_pipeline_text
-from streamer.runtime.coordinator import JobRunner, RunOptions
+from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
 pytestmark = pytest.mark.spark
 

@@ -15,11 +15,11 @@ from test_savepoints import JOB_HEAD
 
 from streamer.pipeline.exceptions import PipelineError
 from streamer.pipeline.validate import load_pipeline_text
-from streamer.runtime.checks import analyze_spec
-from streamer.runtime.control import ControlChannel
-from streamer.runtime.coordinator import JobRunner, RunOptions
-from streamer.runtime.metrics import JsonReporter
-from streamer.savepoint.metadata import SavepointError, plan_restore, read_metadata
+from streamer.runtime.job.checks import analyze_spec
+from streamer.runtime.job.control import ControlChannel
+from streamer.runtime.job.coordinator import JobRunner, RunOptions
+from streamer.runtime.observe.metrics import JsonReporter
+from streamer.savepoint.savepoint_metadata import SavepointError, plan_restore, read_metadata
 
 pytestmark = pytest.mark.spark
 

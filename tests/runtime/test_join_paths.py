@@ -193,7 +193,7 @@ def test_a_join_writes_its_local_parquet_sink_from_its_subtasks(spark, tmp_path:
     from test_plan import stage
 
     from streamer.pipeline.validate import load_pipeline_text
-    from streamer.runtime.checks import physical_plan
+    from streamer.runtime.job.checks import physical_plan
 
     write_sides(tmp_path / "data", files=3, rows=150, seed=7)
     text = pipeline(tmp_path, "staged", "table-left", sink="parquet")

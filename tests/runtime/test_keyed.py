@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from streamer.pipeline.validate import load_pipeline_text
-from streamer.runtime.coordinator import JobRunner, RunOptions
+from streamer.runtime.job.coordinator import JobRunner, RunOptions
 from streamer.state import assign_subtask, key_group_range, open_backend
 from streamer.state.base import StateEntry
 from streamer.state.codec import decode_key

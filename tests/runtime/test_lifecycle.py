@@ -18,7 +18,7 @@ from typing import Any
 
 from streamer_process import SCRUBBED, STREAMER, FilesOutput, crash, quick_jvm
 
-from streamer.runtime.standalone import session_members
+from streamer.runtime.cluster.standalone import session_members
 
 PIPELINE = """
 name: lifecycle
@@ -258,7 +258,7 @@ def test_listing_a_non_loopback_ui_is_seen(tmp_path: Path) -> None:
 def test_a_run_taken_over_stops_without_committing(tmp_path: Path) -> None:
     """A run paused past the stale bound (SIGSTOP) is taken over by a newer claim; resumed,
     it must notice, write nothing more to the registry, commit no checkpoint and exit 1."""
-    from streamer.runtime.control import STALE_AFTER_S, JobRegistry
+    from streamer.runtime.job.control import STALE_AFTER_S, JobRegistry
 
     storage = tmp_path / "storage"
     # Checkpoint every epoch; epoch 3 waits 20 s at its start, where the pause finds it.
@@ -312,7 +312,7 @@ def test_sigterm_during_start_up_stops_cleanly(tmp_path: Path) -> None:
 def test_a_cancel_that_hangs_exits_143_at_once(tmp_path: Path) -> None:
     """The stop stalls past job.shutdown_timeout, and the cancel after it stalls too: the
     process exits 143 by itself once `CANCEL_GRACE_S` passed."""
-    from streamer.runtime.jobcontrol import CANCEL_GRACE_S
+    from streamer.runtime.job.jobcontrol import CANCEL_GRACE_S
 
     storage = tmp_path / "storage"
     run = Proc(write_job(tmp_path, shutdown_timeout="2s", interval="1h"), storage, "run",

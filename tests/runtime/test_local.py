@@ -15,10 +15,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from streamer.connectors.memory_sink import MemorySink
+from streamer.connectors.builtin.memory_sink import MemorySink
 from streamer.exceptions import StreamerError
 from streamer.pipeline.validate import load_pipeline_text
-from streamer.runtime.coordinator import JobRunner, RunOptions
+from streamer.runtime.job.coordinator import JobRunner, RunOptions
 from streamer.runtime.local import local_table
 
 pytestmark = pytest.mark.spark
@@ -270,9 +270,9 @@ def test_a_local_keyed_epoch_runs_in_the_driver_or_one_plain_job_and_equals_the_
             assert stages == ([1] * len(result.metrics) if mode == "rdd" else [])
             assert all(m.keyed_ms is not None for m in result.metrics)
         # The driver keeps nothing of the run open or cached once it ends.
-        from streamer.state import memory, rocksdb_parking
+        from streamer.state import memory_files, rocksdb_parking
 
-        held = [*rocksdb_parking._PARKED, *memory._PROCESS_CACHE]
+        held = [*rocksdb_parking.parked_paths(), *memory_files.cached_paths()]
         assert not [path for path in held if path.startswith(str(tmp_path))]
     assert found["rdd"] == found["spark"]
     assert found["driver"] == found["spark"]

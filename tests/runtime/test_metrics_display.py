@@ -1,4 +1,4 @@
-"""The live display's rendering (runtime/metrics.py `LiveReporter`), read back from rich's
+"""The live display's rendering (runtime/observe/metrics.py `LiveReporter`), read back from rich's
 own recording console: what a user sees at each moment of a run, with a clock we set."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.console import Console
 
-from streamer.runtime.metrics import EpochMetrics, LiveReporter, plural
+from streamer.runtime.observe.metrics import EpochMetrics, LiveReporter, plural
 
 
 class Clock:

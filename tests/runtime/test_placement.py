@@ -1,7 +1,7 @@
-"""Keyed subtasks that move between executors (runtime/placement.py, checkpoint/task.py): each
-executor has its own directories; a subtask that finds only an outdated version of its state
-where it lands restores the checkpoint's, and one whose state is really behind still fails
-with STATE_BEHIND. Real backends on tmp_path, real snapshots."""
+"""Keyed subtasks that move between executors (runtime/cluster/placement.py,
+checkpoint/task.py): each executor has its own directories; a subtask that finds only an
+outdated version of its state where it lands restores the checkpoint's, and one whose state is
+really behind still fails with STATE_BEHIND. Real backends on tmp_path, real snapshots."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from streamer.checkpoint import task as checkpointing
 from streamer.checkpoint.task import STATE_BEHIND, TaskCheckpointing
 from streamer.operators.executor import executor_identity, scoped
-from streamer.runtime.placement import Placement, on_cluster
+from streamer.runtime.cluster.placement import Placement, on_cluster
 from streamer.state import StateDescriptor, open_backend
 from streamer.state.codec import encode_key
 from streamer.state.snapshot import take_snapshot

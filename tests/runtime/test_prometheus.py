@@ -224,8 +224,8 @@ def test_the_metrics_keys_are_validated() -> None:
 
 def test_files_lag_is_in_files_and_the_watermark_ends_are_infinite() -> None:
     """The exporter's own arithmetic, fed the reports a run would give (no Spark)."""
-    from streamer.runtime.metrics import EpochMetrics
-    from streamer.runtime.prometheus import JobCollector, PrometheusExporter
+    from streamer.runtime.observe.metrics import EpochMetrics
+    from streamer.runtime.observe.prometheus import JobCollector, PrometheusExporter
     from streamer.runtime.watermarks import MAX_WATERMARK, MIN_WATERMARK
 
     exporter = PrometheusExporter("metered", free_port())
@@ -249,8 +249,8 @@ def test_files_lag_is_in_files_and_the_watermark_ends_are_infinite() -> None:
 def test_per_operator_counts_add_up_over_epochs() -> None:
     """The exporter's per-operator series, fed epochs with `operators` (no Spark): a
     series per operator and count it reported, summed over the epochs."""
-    from streamer.runtime.metrics import EpochMetrics
-    from streamer.runtime.prometheus import PrometheusExporter
+    from streamer.runtime.observe.metrics import EpochMetrics
+    from streamer.runtime.observe.prometheus import PrometheusExporter
 
     exporter = PrometheusExporter("metered", free_port())
     for epoch, (passed, late) in enumerate(((3, 0), (5, 2)), start=1):

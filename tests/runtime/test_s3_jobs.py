@@ -44,7 +44,7 @@ from test_crash import (
     reference_output,
 )
 
-from streamer.checkpoint.metadata import CheckpointStore
+from streamer.checkpoint.checkpoint_metadata import CheckpointStore
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.s3]
 

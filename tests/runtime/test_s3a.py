@@ -1,4 +1,4 @@
-"""Spark's own reads and writes on S3 through S3A (`connectors/s3a.py`), against a real MinIO
+"""Spark's own reads and writes on S3 through S3A (`connectors/files/s3a.py`), against a real MinIO
 (the `s3` fixture): a parquet `files` source on `s3://` read by Spark with a filter, a jsonl
 one whose file name Hadoop quotes (its dead letter names the file as listed), and
 `files` sinks on `s3://` in jsonl and parquet that Spark writes straight into their staging

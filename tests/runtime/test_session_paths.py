@@ -54,7 +54,7 @@ def test_savepoint_then_restore_at_another_parallelism_and_backend(spark, tmp_pa
     one row per open session (its start, end and partials); restored at parallelism 3 on
     the memory backend, the job commits exactly what an uninterrupted run does."""
     from streamer.savepoint.export import export_operator
-    from streamer.savepoint.metadata import read_metadata
+    from streamer.savepoint.savepoint_metadata import read_metadata
 
     write_events(tmp_path / "data", files=8, rows=240, seed=5)
     storage = tmp_path / "storage"

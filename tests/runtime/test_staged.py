@@ -109,7 +109,7 @@ def test_staged_files_of_ended_epochs_are_removed(spark, tmp_path: Path) -> None
     """Each epoch's staging replaces the ones before it (their subtasks have read them);
     a replayed epoch rewrites its own whole; a finished job leaves none behind."""
     from streamer.runtime.keyed import DirectShape
-    from streamer.runtime.stages.keyed import StagedRun
+    from streamer.runtime.stages.keyed_stage import StagedRun
 
     shape = DirectShape("", (("user", None), ("n", None)), ("string",), None)
     staged = StagedRun(None, "test", shape, str(tmp_path / "agg"))  # type: ignore[arg-type]

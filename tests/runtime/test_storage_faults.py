@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from streamer_process import FilesOutput, Run, Watch, diff, quick_jvm, run_streamer
 
-from streamer.checkpoint.metadata import CheckpointMetadata, CheckpointStore, Listed
+from streamer.checkpoint.checkpoint_metadata import CheckpointMetadata, CheckpointStore, Listed
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

@@ -16,7 +16,7 @@ import pytest
 from test_direct import SOURCE, write_events
 
 from streamer.pipeline.validate import load_pipeline_text
-from streamer.runtime.coordinator import JobRunner, RunOptions
+from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
 pytestmark = pytest.mark.spark
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from streamer.pipeline.validate import load_pipeline_text
-from streamer.runtime.coordinator import JobRunner, RunOptions
 from streamer.runtime.exceptions import JobFailedError
+from streamer.runtime.job.coordinator import JobRunner, RunOptions
 from streamer.user_errors import describe, user_error, user_error_message
 
 pytestmark = pytest.mark.spark

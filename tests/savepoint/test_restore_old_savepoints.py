@@ -33,8 +33,8 @@ from typer.testing import CliRunner
 
 from streamer.cli.main import app
 from streamer.pipeline.validate import load_pipeline_text
-from streamer.runtime.coordinator import JobRunner, RunOptions
-from streamer.savepoint.metadata import read_metadata
+from streamer.runtime.job.coordinator import JobRunner, RunOptions
+from streamer.savepoint.savepoint_metadata import read_metadata
 
 pytestmark = pytest.mark.spark
 

@@ -49,7 +49,7 @@ from streamer.state import (
     open_backend,
 )
 from streamer.state.codec import encode_key, encode_window
-from streamer.state.memory import drop_process_cache
+from streamer.state.memory_files import drop_process_cache
 
 MAX_P = 128
 UID = "counts"

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from streamer.state import BackendOptions, KeyedStateBackend, StateDescriptor, open_backend
-from streamer.state.memory import drop_process_cache
+from streamer.state.memory_files import drop_process_cache
 from streamer.state.rocksdb_parking import release_parked
 
 #: The states most contract tests declare.

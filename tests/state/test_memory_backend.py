@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from streamer.state import BackendOptions, StateDescriptor, memory, memory_backend, open_backend
+from streamer.state import (
+    BackendOptions,
+    StateDescriptor,
+    memory_files,
+    open_backend,
+)
 from streamer.state.codec import encode_key
 from streamer.state.exceptions import CorruptStateError, StateError
 from streamer.state.memory_backend import MemoryBackend
@@ -29,24 +35,24 @@ def open_memory(tmp_path: Path) -> Any:
         assert isinstance(backend, MemoryBackend)
         return backend
 
-    memory.drop_process_cache()
+    memory_files.drop_process_cache()
     yield factory
     for backend in opened:
         backend.close()
-    memory.drop_process_cache()
+    memory_files.drop_process_cache()
 
 
 @pytest.fixture
 def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The names of the state files read from now on."""
     seen: list[str] = []
-    original = memory._read_record
+    original = memory_files._read_record
 
     def spy(file: Path, kind: str) -> dict[str, Any]:
         seen.append(file.name)
         return original(file, kind)
 
-    monkeypatch.setattr(memory, "_read_record", spy)
+    monkeypatch.setattr(memory_files, "_read_record", spy)
     return seen
 
 
@@ -72,10 +78,10 @@ def test_a_later_task_in_the_same_process_reuses_the_dicts(open_memory: Any,
 def test_a_process_with_an_older_copy_applies_only_newer_deltas(open_memory: Any,
                                                                 reads: list[str]) -> None:
     commit_epochs(open_memory, 1, 1)
-    stale = memory._PROCESS_CACHE.copy()  # this "process" saw version 1 ...
-    memory.drop_process_cache()
+    stale = memory_files._PROCESS_CACHE.copy()  # this "process" saw version 1 ...
+    memory_files.drop_process_cache()
     commit_epochs(open_memory, 2, 2)  # ... then "another process" committed 2 and 3
-    memory._PROCESS_CACHE.update(stale)
+    memory_files._PROCESS_CACHE.update(stale)
     reads.clear()
     with open_memory() as backend:
         assert backend.version() == 3
@@ -91,7 +97,7 @@ def test_snapshots_are_written_once_deltas_outweigh_them(open_memory: Any, tmp_p
     commit_epochs(open_memory, 2, 1, size=10)  # small: only a delta
     assert files(tmp_path) == ["delta-00000000000000000002.pkl",
                                "snapshot-00000000000000000001.pkl"]
-    memory.drop_process_cache()
+    memory_files.drop_process_cache()
     reads.clear()
     with open_memory() as backend:
         assert backend.version() == 2
@@ -103,7 +109,7 @@ def test_snapshots_are_written_once_deltas_outweigh_them(open_memory: Any, tmp_p
 def test_a_broken_delta_chain_is_reported(open_memory: Any, tmp_path: Path) -> None:
     commit_epochs(open_memory, 1, 3)
     (tmp_path / "job" / "op" / "subtask-0" / "delta-00000000000000000002.pkl").unlink()
-    memory.drop_process_cache()
+    memory_files.drop_process_cache()
     with pytest.raises(CorruptStateError, match="does not follow version 1"):
         open_memory()
 
@@ -111,7 +117,7 @@ def test_a_broken_delta_chain_is_reported(open_memory: Any, tmp_path: Path) -> N
 def test_a_corrupt_file_is_reported(open_memory: Any, tmp_path: Path) -> None:
     commit_epochs(open_memory, 1, 2)
     (tmp_path / "job" / "op" / "subtask-0" / "delta-00000000000000000002.pkl").write_bytes(b"x")
-    memory.drop_process_cache()
+    memory_files.drop_process_cache()
     with pytest.raises(CorruptStateError, match="restore from a checkpoint"):
         open_memory()
     with pytest.raises(CorruptStateError):  # not StateLockedError: the failed open let go
@@ -127,7 +133,7 @@ def test_a_failed_commit_leaves_the_last_version(open_memory: Any,
     def disk_full(*_: Any) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(memory_backend, "_write_atomic", disk_full)
+    monkeypatch.setattr(memory_files, "write_atomic", disk_full)
     with pytest.raises(StateError, match="No space left"):
         backend.commit(2)
     with pytest.raises(StateError, match="failed after an error"):
@@ -141,7 +147,7 @@ def test_a_failed_commit_leaves_the_last_version(open_memory: Any,
 
 def test_the_process_cache_can_be_turned_off(open_memory: Any, reads: list[str]) -> None:
     commit_epochs(open_memory, 1, 2)
-    memory.drop_process_cache()
+    memory_files.drop_process_cache()
     for _ in range(2):
         with open_memory(process_cache=False) as backend:
             assert backend.version() == 2
@@ -153,7 +159,7 @@ def test_the_process_cache_frees_subtasks_of_ended_runs(tmp_path: Path) -> None:
     run ended) are freed when the next task closes, and at most MAX_CACHED are kept."""
     import shutil
 
-    memory.drop_process_cache()
+    memory_files.drop_process_cache()
 
     def run_task(root: Path, subtask: int) -> str:
         backend = open_backend("memory", str(root), "job", "op", subtask, range(4),
@@ -166,13 +172,47 @@ def test_the_process_cache_frees_subtasks_of_ended_runs(tmp_path: Path) -> None:
 
     try:
         ended = run_task(tmp_path / "run-1", 0)
-        assert ended in memory._PROCESS_CACHE
+        assert ended in memory_files._PROCESS_CACHE
         shutil.rmtree(tmp_path / "run-1")  # the run ended
         live = run_task(tmp_path / "run-2", 0)
-        assert set(memory._PROCESS_CACHE) == {live}
-        paths = [run_task(tmp_path / "run-2", i) for i in range(1, memory.MAX_CACHED + 2)]
-        assert len(memory._PROCESS_CACHE) == memory.MAX_CACHED
-        assert live not in memory._PROCESS_CACHE and paths[0] not in memory._PROCESS_CACHE
-        assert paths[-1] in memory._PROCESS_CACHE
+        assert set(memory_files._PROCESS_CACHE) == {live}
+        paths = [run_task(tmp_path / "run-2", i) for i in range(1, memory_files.MAX_CACHED + 2)]
+        assert len(memory_files._PROCESS_CACHE) == memory_files.MAX_CACHED
+        assert live not in memory_files._PROCESS_CACHE
+        assert paths[0] not in memory_files._PROCESS_CACHE
+        assert paths[-1] in memory_files._PROCESS_CACHE
     finally:
-        memory.drop_process_cache()
+        memory_files.drop_process_cache()
+
+
+def test_files_written_before_the_split_by_concept_still_load(tmp_path: Path) -> None:
+    """A subtask directory written by commit 0038b52, whose pickles name
+    `streamer.state.memory._Changes`, `_MapChange`, `_Expiring` and `_TOMBSTONE`, opens with
+    every value, expiry, deletion and output it committed, and takes the next epoch."""
+    fixture = Path(__file__).parent / "fixtures" / "memory-0038b52" / "subtask-0"
+    target = tmp_path / "job" / "op" / "subtask-0"
+    shutil.copytree(fixture, target)
+    for name in os.listdir(target):
+        assert b"streamer.state.memory\x94" in (target / name).read_bytes()  # the old names
+    states = [StateDescriptor("acc", "value"), StateDescriptor("seen", "map"),
+              StateDescriptor("log", "list")]
+    later = 4_000_000_000_000
+
+    def key(n: int) -> bytes:
+        return encode_key((f"k{n}",))
+
+    memory_files.drop_process_cache()
+    with open_backend("memory", str(tmp_path), "job", "op", 0, range(4), states=states) as b:
+        assert b.version() == 3 and b.outputs(3) == b"out-3"
+        assert b.get_many("acc", [(0, key(1), b""), (1, key(2), b""), (3, key(3), b""),
+                                  (2, key(4), b"")], now_ms=0) == [10, None, 3, 4]
+        assert b.map_items("seen", 0, key(1), now_ms=0) == [(b"a", 1), (b"c", 3)]
+        assert b.get("log", 0, key(1)) == ["x", "y"]
+        expiries = {e.key: e.expires_at_ms for e in b.entries_of_key_group(0) if e.state == "acc"}
+        assert expiries == {key(1): later}
+        b.put_many("acc", [(3, key(3), b"", 30)])
+        b.commit(4, b"out-4")
+    memory_files.drop_process_cache()
+    with open_backend("memory", str(tmp_path), "job", "op", 0, range(4), states=states) as b:
+        assert b.version() == 4 and b.get("acc", 3, key(3)) == 30 and b.get("acc", 0, key(1)) == 10
+    assert b"streamer.state.memory_values" in (target / f"delta-{4:020d}.pkl").read_bytes()

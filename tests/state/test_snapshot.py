@@ -18,7 +18,7 @@ from streamer.state import (
     StateDescriptor,
     SubtaskLocation,
     Timer,
-    memory,
+    memory_files,
     open_backend,
 )
 from streamer.state.codec import encode_key, encode_window
@@ -88,7 +88,7 @@ def env(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     environment = Env(request.param, tmp_path)
     yield environment
     environment.close_all()
-    memory.drop_process_cache()
+    memory_files.drop_process_cache()
 
 
 def contents(backend: KeyedStateBackend) -> dict[str, Any]:
@@ -451,13 +451,13 @@ def test_a_memory_copy_cached_by_another_process_is_not_mistaken_for_a_restored_
         epoch(backend, 1, range(5))
         h1 = env.snapshot(backend, 1, None)
         epoch(backend, 2, range(5), tag="old")
-    stale = memory._PROCESS_CACHE.copy()  # "another process" keeps version 2 (old)
+    stale = memory_files._PROCESS_CACHE.copy()  # "another process" keeps version 2 (old)
     restore_snapshot(h1, env.url, env.location(), local_copy_root=env.local)
     with env.open() as backend:
         epoch(backend, 2, range(5), tag="new")
         expected = contents(backend)
-    memory.drop_process_cache()
-    memory._PROCESS_CACHE.update(stale)  # that process runs the next task
+    memory_files.drop_process_cache()
+    memory_files._PROCESS_CACHE.update(stale)  # that process runs the next task
     with env.open() as backend:
         assert contents(backend) == expected
 

@@ -1,0 +1,1 @@
+"""`type: delta`: a Delta Lake table committed from the driver with delta-rs."""

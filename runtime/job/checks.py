@@ -1,0 +1,65 @@
+"""Spark-backed checks used by the CLI: expression analysis for `validate`, and one shared
+session for `test`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from streamer.pipeline.spec import PipelineSpec
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from streamer.runtime.plan import PhysicalPlan
+
+
+def shared_session(spec: PipelineSpec | None = None) -> SparkSession:
+    """A local session without the UI for checks and tests (the pipeline's spark: block
+    applies).
+    """
+    from streamer.runtime.cluster.spark import create_session
+
+    return create_session("streamer-check", None, dict(spec.spark) if spec else {}, ui=False)
+
+
+def analyze_spec(spec: PipelineSpec, spark: SparkSession | None = None) -> None:
+    """Check every expression of `spec` against its input schema; raise `PipelineError`."""
+    from streamer.connectors.base import ConnectorContext
+    from streamer.connectors.registry import make_source
+    from streamer.runtime.analyze import analyze
+
+    session = spark or shared_session(spec)
+    ctx = ConnectorContext(spark=session, job_name=spec.name)
+    analyze(spec, session, {s.id: make_source(s, ctx) for s in spec.sources})
+
+
+def physical_plan(spec: PipelineSpec, spark: SparkSession | None = None) -> PhysicalPlan:
+    """The physical plan `streamer run` would compile for `spec` in local mode: sources
+    and sinks are built (not opened) and every expression analyzed; nothing is written."""
+    from streamer.runtime.job.coordinator import JobRunner, RunOptions
+
+    session = spark or shared_session(spec)  # (with checkpoints, as `streamer run`: a
+    # sink's exactly-once mode decides how it is written)
+    return JobRunner(spec, RunOptions(ui=False, checkpoints=True), spark=session).build()
+
+
+def check_user_code(spec: PipelineSpec) -> None:
+    """Import every process function the pipeline names (no Spark): a missing module or
+    class, or a class that is not a process function, is a `PipelineError` at its line."""
+    import os
+
+    from streamer.operators.process import ProcessFunctionError, load_function_class
+    from streamer.pipeline.exceptions import PipelineError, Problem
+
+    base = os.path.dirname(os.path.abspath(spec.file))
+    problems = []
+    for op in spec.operators:
+        if op.process is None:
+            continue
+        try:
+            load_function_class(op.process, base, op.id)
+        except ProcessFunctionError as exc:
+            problems.append(Problem(spec.where((*op.path, "process")), str(exc)))
+    if problems:
+        raise PipelineError(problems)
