@@ -1,7 +1,7 @@
 """The keyed operator contract: what one kind of keyed operator declares to the engine.
 
 A kind is one class, in the module of its per-subtask logic, registered by one line in
-`operators.registry`. The engine asks it, and nothing else, about the kind:
+`operators.kinds`. The engine asks it, and nothing else, about the kind:
 
 - `output_fields`: the columns of its output batches (after `__kind` and `__meta`);
 - `prepare`: the epoch's Spark plan before routing: its combinable pre-aggregation (windows,
@@ -52,7 +52,7 @@ Logic = Callable[["KeyedConfig", Any, Any, Any], None]
 
 
 class Planning(ABC):
-    """What a kind's `prepare` may ask of the stage that plans it (`runtime.keyed`)."""
+    """What a kind's `prepare` may ask of the stage that plans it (`runtime.keyed_plan`)."""
 
     op: OperatorSpec
     domain: str

@@ -1,7 +1,7 @@
-"""A keyed stage that reads its own input: the task side of `runtime.keyed.DirectRead`.
+"""A keyed stage that reads its own input: the task side of `runtime.keyed_plan.DirectRead`.
 
 When a keyed operator reads a parquet `files` source directly (nothing in between, and the
-shapes listed in `runtime/keyed.py`), Spark does not scan, pre-aggregate and shuffle the
+shapes listed in `runtime/keyed_plan.py`), Spark does not scan, pre-aggregate and shuffle the
 records. Each subtask's task reads the epoch's files with pyarrow, computes every row's key
 group with Spark's own hash (`state.keygroups`: integer-like keys a column at a time, others
 once per distinct key, cached), keeps its own key groups, drops late records, assigns windows
@@ -36,7 +36,7 @@ from streamer.columns import (
 )
 from streamer.operators.contract import EVERY_RECORD, WHOLE_RECORDS
 from streamer.operators.keyed_rows import key_codes, key_codes_only
-from streamer.operators.registry import kind_of
+from streamer.operators.kinds import kind_of
 from streamer.spark_errors import UNREADABLE_FILE
 
 #: Per worker process: (key types, max_parallelism) -> key -> key group.
@@ -70,7 +70,7 @@ class DirectRead:
 class JoinSide:
     """One input of a join whose subtasks read both sources' parquet files themselves: the
     stage's input columns of its records (the keys under the left's names, the left's other
-    columns, the right's with `right_prefix`), as `runtime.join.project_sides` projects
+    columns, the right's with `right_prefix`), as `runtime.join_plan.project_sides` projects
     them in Spark."""
 
     #: Local parquet files of the epoch, in the source's order.

@@ -1,6 +1,6 @@
 """The keyed stage of an epoch, as it runs inside a Spark task for one subtask.
 
-The driver (runtime/keyed.py) routes pre-aggregated rows so that Spark partition index ==
+The driver (runtime/keyed_plan.py) routes pre-aggregated rows so that Spark partition index ==
 subtask index, and calls `run_task` through `mapInArrow`. Per task: open the subtask's state
 backend; if this epoch is already committed (a retried task), replay its stored output;
 otherwise fire the timers due at the watermark carried into the epoch (the barrier), merge
@@ -8,7 +8,7 @@ the epoch's partials into state (one state access per distinct key and window), 
 commit state, timers and output atomically under the epoch number.
 
 The task's config is `keyed_config.KeyedConfig`, its input and output rows are in `keyed_rows`,
-and the logic of each keyed kind in the kind's module (`operators.registry`).
+and the logic of each keyed kind in the kind's module (`operators.kinds`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from streamer.columns import (
 )
 from streamer.operators.keyed_config import KeyedConfig
 from streamer.operators.keyed_rows import Emitter, Input
-from streamer.operators.registry import kind_of
+from streamer.operators.kinds import kind_of
 
 
 def output_schema(spark: Any, op: Any, input_schema: Any) -> Any:

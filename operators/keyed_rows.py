@@ -1,6 +1,6 @@
 """The rows of a keyed task (operators/keyed.py): its input (`Input`, read a column at a
 time), its output batch (`Emitter`), and the accumulator, key and namespace helpers that the
-logic of every keyed kind (operators/registry.py) shares.
+logic of every keyed kind (operators/kinds.py) shares.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Top-N, the keyed kind (`TopNKind`, see `operators.contract`; its spec: `pipeline.topn`).
+"""Top-N, the keyed kind (`TopNKind`, see `operators.contract`; its spec: `pipeline.topn_spec`).
 
 Per key (and, with a window, per window) the first n rows by `order_by`, as Flink SQL's
 `ROW_NUMBER() OVER (PARTITION BY key ORDER BY ...) <= n`. Ties go to the earlier record
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     from streamer.operators.keyed_config import KeyedConfig
     from streamer.pipeline.spec import OperatorSpec
-    from streamer.pipeline.topn import TopNSpec
+    from streamer.pipeline.topn_spec import TopNSpec
 
 #: The state of the current rows per key (and window).
 TOPN = "topn"

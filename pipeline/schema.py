@@ -40,7 +40,7 @@ from streamer.pipeline.schema_base import (
 )
 from streamer.pipeline.schema_joins import join_schema
 from streamer.pipeline.schema_sinks import SINK
-from streamer.pipeline.topn import TOP_N
+from streamer.pipeline.topn_spec import TOP_N
 from streamer.pipeline.units import parse_duration_ms
 from streamer.pipeline.yaml_loader import Path
 

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from streamer.exceptions import ConfigError
 from streamer.pipeline.aggregate_calls import parse_aggregate, split_arguments
 from streamer.pipeline.exceptions import Location
-from streamer.pipeline.topn import TopNSpec, build_top_n
+from streamer.pipeline.topn_spec import TopNSpec, build_top_n
 from streamer.pipeline.units import parse_duration_ms, parse_signed_duration_ms
 from streamer.pipeline.yaml_loader import Path, Positions
 
@@ -150,7 +150,7 @@ class OperatorSpec:
     @property
     def keyed_kind(self) -> str | None:
         """Join | top_n | window | aggregate | dedupe | process for keyed operators (the
-        name of its kind in `operators.registry`)."""
+        name of its kind in `operators.kinds`)."""
         if self.kind != "keyed":
             return None
         if self.join:

@@ -18,7 +18,7 @@ from streamer.columns import CHANGE, EVENT_TIME, HIDDEN_PREFIX
 from streamer.connectors.arrow.arrow_json import TYPES
 from streamer.pipeline.spec import ExecutionSpec
 from streamer.runtime.arrow_input import ArrowInput, plan_arrow_input
-from streamer.runtime.keyed import DirectShape, KeyedStage
+from streamer.runtime.keyed_plan import DirectShape, KeyedStage
 from streamer.runtime.stages.base import EpochDecision, Stage
 from streamer.runtime.stages.keyed_stage import (
     KeyedOperatorStage,
@@ -58,7 +58,7 @@ class PhysicalPlan:
 
     @property
     def keyed(self) -> dict[str, KeyedStage]:
-        """Keyed node id -> its stage's Spark plan (`runtime.keyed.KeyedStage`)."""
+        """Keyed node id -> its stage's Spark plan (`runtime.keyed_plan.KeyedStage`)."""
         return {s.node_id: s.stage for s in self.stages if isinstance(s, KeyedOperatorStage)}
 
     @property
@@ -249,7 +249,7 @@ def _keyed_input(op: Any, flow: Dataflow, schemas: Mapping[str, Any],
     from pyspark.sql.types import StringType, StructField, StructType, TimestampType
 
     if op.join is not None:
-        from streamer.runtime.join import plan_join
+        from streamer.runtime.join_plan import plan_join
 
         join = plan_join(op, flow, schemas)
         return join.schema, join

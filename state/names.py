@@ -1,4 +1,4 @@
-"""Names of the states the built-in keyed operators keep (operators/registry.py), for the code
+"""Names of the states the built-in keyed operators keep (operators/kinds.py), for the code
 below operators that reads them back: savepoint export shows the per-epoch entries of
 `WINDOW_KEYS` as per-key partials, the chunks of `JOIN_CHUNKS` as buffered records, those of
 `DEDUPE_SEEN` as remembered keys and those of `SESSION_CHUNKS` as open sessions.

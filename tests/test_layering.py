@@ -65,8 +65,8 @@ INNER: dict[str, set[str]] = {
                             "connectors.files", "connectors.kafka", "connectors.postgres"},
 }
 #: Units that are one for now: the planner (runtime/plan.py) builds the stages and a keyed
-#: stage calls the keyed plan (runtime/keyed.py, runtime/local.py, runtime/join.py), so they
-#: import each other until the planner and its stages become one package.
+#: stage calls the keyed plan (runtime/keyed_plan.py, runtime/local.py, runtime/join_plan.py),
+#: so they import each other until the planner and its stages become one package.
 MERGED_UNITS = {"runtime.stages": "runtime"}
 #: Modules that are a unit of their own at their package's level.
 OWN_UNITS = {"streamer.connectors.registry": "connectors.registry"}
@@ -327,13 +327,8 @@ def test_no_runtime_function_is_over_the_line_limit() -> None:
                       + ", ".join(long))
 
 
-#: Private names still imported across modules, only where the importer or the owner is one of
-#: the keyed-operator modules being reworked (operators/keyed*.py), which make them public.
-PRIVATE_IMPORTS_LEFT = {
-    "streamer.operators.keyed": {"streamer.operators.keyed_kinds", "streamer.operators.keyed_rows"},
-    "streamer.operators.keyed_kinds": {"streamer.operators.keyed_rows"},
-    "streamer.operators.sessions": {"streamer.operators.keyed_rows"},
-}
+#: Private names still imported across modules (none left).
+PRIVATE_IMPORTS_LEFT: dict[str, set[str]] = {}
 
 
 def test_no_module_uses_a_private_name_of_another() -> None:
@@ -350,10 +345,8 @@ def test_no_module_uses_a_private_name_of_another() -> None:
 
 #: File names every package may have its own of: the package, its contract, its errors.
 SHARED_FILE_NAMES = {"__init__.py", "base.py", "exceptions.py"}
-#: Names still shared, each by a module being reworked (runtime/keyed.py, runtime/join.py),
-#: which moves into the planner's package under a name of its own.
-SHARED_NAMES_LEFT = {"keyed.py": {"runtime/keyed.py", "operators/keyed.py"},
-                     "join.py": {"runtime/join.py", "operators/join.py"}}
+#: Names still shared (none left).
+SHARED_NAMES_LEFT: dict[str, set[str]] = {}
 
 
 def test_no_two_modules_share_a_file_name() -> None:
@@ -396,8 +389,6 @@ def test_the_walk_sees_the_graph() -> None:
     assert unit_of("streamer.connectors.registry") == "connectors.registry"
     assert unit_of("streamer.connectors.files") == "connectors.files"
     assert unit_of("streamer.state.memory_files") == "state"
-    assert ("streamer.operators.keyed_rows", "_partials") in private_imports(
-        "streamer.operators.sessions", MODULES["streamer.operators.sessions"])
 
 
 def test_private_imports_sees_both_forms(tmp_path: Path) -> None:

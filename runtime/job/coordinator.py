@@ -48,7 +48,7 @@ from streamer.runtime.watermarks import MAX_WATERMARK
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from streamer.runtime.keyed import KeyedStage
+    from streamer.runtime.keyed_plan import KeyedStage
     from streamer.runtime.observe.prometheus import PrometheusExporter
     from streamer.runtime.plan import PhysicalPlan
 

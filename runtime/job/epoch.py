@@ -52,7 +52,7 @@ def _guarded(epoch: int, what: str, action: Callable[[], Any]) -> Any:
     from pyspark.errors import PySparkException
 
     from streamer.connectors.exceptions import ReadFailed
-    from streamer.runtime.keyed import SubtaskFailed
+    from streamer.runtime.keyed_plan import SubtaskFailed
     from streamer.spark_errors import spark_error_message, unreadable_file
 
     try:

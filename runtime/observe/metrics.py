@@ -60,7 +60,7 @@ class EpochMetrics:
     snapshot_ms: float | None = None
     #: Whether the epoch ran in the small-epoch mode (interpreted, no adaptive execution).
     small: bool = False
-    #: Keyed operators whose subtasks read the epoch's files themselves (runtime/keyed.py
+    #: Keyed operators whose subtasks read the epoch's files themselves (runtime/keyed_plan.py
     #: `direct_plan`), not through a Spark scan and shuffle.
     direct: list[str] = field(default_factory=list)
     #: Sources read, keyed operators run and sinks written as a local epoch

@@ -36,7 +36,7 @@ from streamer.operators.contract import EVERY_RECORD, LOCAL_EPOCHS, WHOLE_RECORD
 from streamer.operators.direct import DIRECT_AGGREGATES, ipc_bytes
 from streamer.operators.stateless import union
 from streamer.runtime.arrow_input import clear_other_epochs
-from streamer.runtime.keyed import DirectShape, KeyedResult, KeyedStage
+from streamer.runtime.keyed_plan import DirectShape, KeyedResult, KeyedStage
 from streamer.runtime.local import local_table
 from streamer.runtime.stages.base import DEAD, LATE, EpochContext, Stage
 from streamer.runtime.stages.sources import DirectSeen
@@ -64,11 +64,11 @@ class KeyedRun(ABC):
         """Run the subtasks for the epoch `ctx` over `present` (the input frames)."""
 
     def table_load(self, ctx: EpochContext) -> int | None:
-        """A table join's `reload:` table load read this epoch (`runtime.join.table_load`),
+        """A table join's `reload:` table load read this epoch (`runtime.join_plan.table_load`),
         or None."""
         if self.stage.join is None:
             return None
-        from streamer.runtime.join import table_load
+        from streamer.runtime.join_plan import table_load
 
         return table_load(self.stage.join, ctx.slices)
 
@@ -234,8 +234,8 @@ class KeyedOperatorStage(Stage):
     def run(self, ctx: EpochContext) -> None:
         """Run the operator's subtasks for the epoch; route late rows and side outputs."""
         stage, node_id = self.stage, self.node_id
-        if stage.join is not None:  # both sides as one frame (`runtime.join`)
-            from streamer.runtime.join import project_sides
+        if stage.join is not None:  # both sides as one frame (`runtime.join_plan`)
+            from streamer.runtime.join_plan import project_sides
 
             present, dead = project_sides(stage.join,
                                           *(ctx.frames.get(i) for i in stage.op.inputs))

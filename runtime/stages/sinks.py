@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamer.columns import COUNT_AS
 from streamer.operators.stateless import union
-from streamer.runtime.keyed import visible
+from streamer.runtime.keyed_plan import visible
 from streamer.runtime.local import LocalSeen, local_table
 from streamer.runtime.stages.base import OUT, EpochContext, Stage
 from streamer.runtime.stages.sources import SummedSeen

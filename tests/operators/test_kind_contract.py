@@ -1,4 +1,4 @@
-"""The keyed operator contract, tested once over every registered kind (operators/registry.py),
+"""The keyed operator contract, tested once over every registered kind (operators/kinds.py),
 as the state-backend contract is: each kind runs a small job whose state and timers cross a
 savepoint taken mid-run on RocksDB at parallelism 2, restored on the memory backend at
 parallelism 3, and the committed output equals an uninterrupted run's. A kind registered
@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from streamer.operators.registry import KINDS
+from streamer.operators.kinds import KINDS
 from streamer.pipeline.validate import load_pipeline
-from streamer.runtime.control import ControlChannel
-from streamer.runtime.coordinator import JobRunner, RunOptions
-from streamer.runtime.metrics import JsonReporter
+from streamer.runtime.job.control import ControlChannel
+from streamer.runtime.job.coordinator import JobRunner, RunOptions
+from streamer.runtime.observe.metrics import JsonReporter
 
 pytestmark = pytest.mark.spark
 

@@ -397,7 +397,7 @@ def test_what_fails_on_the_driver_fails_the_epoch_as_a_task_would(spark, tmp_pat
     Spark task gives, not an internal error."""
     from streamer.connectors.exceptions import ReadFailed
     from streamer.runtime.exceptions import JobFailedError
-    from streamer.runtime.keyed import SubtaskFailed
+    from streamer.runtime.keyed_plan import SubtaskFailed
 
     spec = load_pipeline_text(textwrap.dedent(BAD_FIELD.format(mode="guard", event_time="")))
     runner = JobRunner(spec, RunOptions(ui=False, checkpoints=False, fresh=True,

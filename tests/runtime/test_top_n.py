@@ -17,10 +17,10 @@ import pytest
 
 from streamer.pipeline.exceptions import PipelineError
 from streamer.pipeline.validate import load_pipeline_text
-from streamer.runtime.control import ControlChannel
-from streamer.runtime.coordinator import JobRunner, RunOptions
-from streamer.runtime.metrics import JsonReporter
-from streamer.savepoint.metadata import plan_restore, read_metadata
+from streamer.runtime.job.control import ControlChannel
+from streamer.runtime.job.coordinator import JobRunner, RunOptions
+from streamer.runtime.observe.metrics import JsonReporter
+from streamer.savepoint.savepoint_metadata import plan_restore, read_metadata
 
 pytestmark = pytest.mark.spark
 

@@ -26,5 +26,5 @@ def kind_of(name: str) -> KeyedKind:
     try:
         return KINDS[name]
     except KeyError:
-        msg = f"no keyed operator kind {name!r} is registered (operators.registry)"
+        msg = f"no keyed operator kind {name!r} is registered (operators.kinds)"
         raise LookupError(msg) from None

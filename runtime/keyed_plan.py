@@ -26,7 +26,7 @@ from streamer.operators.contract import COMBINES, Planning
 from streamer.operators.direct import DirectRead, JoinSide, ipc_bytes
 from streamer.operators.keyed import output_schema, run_task
 from streamer.operators.keyed_config import KeyedConfig
-from streamer.operators.registry import kind_of
+from streamer.operators.kinds import kind_of
 from streamer.pipeline.spec import JobSpec, OperatorSpec
 from streamer.runtime.subtasks import (
     claim_subtask,
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-    from streamer.runtime.join import JoinPlan
+    from streamer.runtime.join_plan import JoinPlan
 
 EPOCH_SEQ = C.EPOCH_SEQ
 
@@ -214,7 +214,7 @@ class KeyedStage(Planning):
             max_parallelism=self.max_parallelism, epoch=0, fire_up_to=0,
             fn_class=self.fn_class, join=op.join,
             join_columns=join.columns if join is not None else None, op=op)
-        #: join only: its sides' projection and bad-record routing (`runtime.join`).
+        #: join only: its sides' projection and bad-record routing (`runtime.join_plan`).
         self.join = join
 
     # ------------------------------------------------------------------ schemas
