@@ -130,7 +130,7 @@ def late_mask(join: Any, ts_ms: Any, watermark: int) -> Any:
     nothing can be: `runtime.join_plan.late_condition`'s rule, for the subtasks' own reads."""
     import numpy as np
 
-    if join.mode == "table" and join.as_of is None:
+    if (join.mode == "table" and join.as_of is None) or join.mode == "regular":
         return None
     if join.mode in ("interval", "table"):
         return ts_ms <= watermark
@@ -182,8 +182,8 @@ def late_condition(join: JoinSpec, watermark: int) -> Column | None:
     right records upsert the table whatever their time)."""
     from pyspark.sql import functions as F
 
-    if join.mode == "table" and join.as_of is None:
-        return None
+    if (join.mode == "table" and join.as_of is None) or join.mode == "regular":
+        return None  # (a regular join takes every record, late ones too)
     ts = F.col(EVENT_TIME_MS)
     if join.mode in ("interval", "table"):
         return ts <= F.lit(watermark)
@@ -217,7 +217,7 @@ def run_join(cfg: Any, backend: Any, rows: Any, out: Any) -> None:
 
     join = cfg.join
     table = rows.table
-    if join.mode == "interval":
+    if join.mode in ("interval", "regular"):  # (a regular join: an interval of +-ttl)
         run_interval(cfg, backend, table, out)
         return
     for name in STATES:  # (the record-by-record layout: window and table joins)

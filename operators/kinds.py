@@ -5,6 +5,7 @@ from __future__ import annotations
 from streamer.operators.contract import KeyedKind
 from streamer.operators.dedupe import DedupeKind
 from streamer.operators.join import JoinKind
+from streamer.operators.over import OverKind
 from streamer.operators.process import ProcessKind
 from streamer.operators.rolling import RollingKind
 from streamer.operators.topn import TopNKind
@@ -18,6 +19,7 @@ KINDS: dict[str, KeyedKind] = {kind.name: kind for kind in (
     JoinKind(),
     ProcessKind(),
     TopNKind(),
+    OverKind(),
 )}
 
 

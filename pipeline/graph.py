@@ -190,6 +190,8 @@ def _join_detail(o: OperatorSpec) -> str:
         how = (f"between [{format_duration_ms(j.lower_ms)}, {format_duration_ms(j.upper_ms)}]")
     elif j.mode == "table":
         how = "as of event time" if j.as_of else "current row"
+    elif j.mode == "regular":
+        how = f"ttl {format_duration_ms(j.ttl_ms)}" if j.ttl_ms is not None else "no ttl"
     else:
         w = j.window
         assert w is not None

@@ -26,6 +26,7 @@ from streamer.pipeline.model import (
     Str,
     Tagged,
 )
+from streamer.pipeline.over_spec import OVER, OVER_FUNCTIONS
 from streamer.pipeline.schema_base import (
     COLUMN_HINT,
     COLUMN_PATTERN,
@@ -274,7 +275,7 @@ JOIN = join_schema(WINDOW, _sliding_rule)
 
 
 OPERATOR_KINDS = ("filter", "select", "with_columns", "key_by", "join")
-KEYED_KINDS = ("window", "aggregate", "dedupe", "process", "top_n")
+KEYED_KINDS = ("window", "aggregate", "dedupe", "process", "top_n", "over")
 
 
 def _operator_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
@@ -296,6 +297,9 @@ def _operator_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
             ck.report((*path, "window"), f"a window join's window goes inside join: "
                       f"(join: {{window: ...}}); remove it from {what}", at_key=True)
         join = value["join"]
+        if "late" in value and isinstance(join, dict) and "regular" in join:
+            ck.report((*path, "late"), f"{what} is a regular join, which takes every record, "
+                      "late ones too; remove late", at_key=True)
         if "late" in value and isinstance(join, dict) and join.get("table") is True:
             ck.report((*path, "late"), f"{what} is a processing-time table join (table: "
                       "true), which has no late records (each left record joins the row its "
@@ -319,6 +323,9 @@ def _operator_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
         ck.report((*path, "window"), f"{what} has a window but no aggregate; add aggregate: "
                   "{name: count()} (or top_n: for the first rows per window)", at_key=True)
         return
+    if "over" in value:
+        _over_rules(value, path, ck, what)
+        return
     kinds = [k for k in ("aggregate", "dedupe", "process", "top_n") if k in value]
     if not kinds:
         ck.report(path, f"{what} has key_by but nothing to do per key; add one of window + "
@@ -330,6 +337,28 @@ def _operator_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
             {"tumbling", "sliding"} & set(value["window"])):
         ck.report((*path, "window"), f"{what}: a top-N per window needs a tumbling or sliding "
                   "window", at_key=True)
+
+
+def _over_rules(value: dict[str, Any], path: Path, ck: Checker, what: str) -> None:
+    """An OVER window: exactly one of rows and range, its aggregates, no other kind."""
+    over = value["over"]
+    if isinstance(over, dict) and len([k for k in ("rows", "range") if k in over]) != 1:
+        ck.report((*path, "over"), f"{what}: an OVER window needs exactly one of rows: <n> "
+                  "or range: <duration>")
+    for other in ("window", "dedupe", "process", "top_n"):
+        if other in value:
+            ck.report((*path, other), f"{what} is an OVER window, which cannot have "
+                      f"{other}; remove it", at_key=True)
+    aggregates = value.get("aggregate")
+    if not isinstance(aggregates, dict):
+        ck.report((*path, "over"), f"{what}: an OVER window needs aggregate: (e.g. "
+                  "{avg_price: avg(price)})", at_key=True)
+        return
+    for name, text in aggregates.items():
+        parsed = parse_aggregate(text) if isinstance(text, str) else None
+        if parsed is not None and parsed[0] not in OVER_FUNCTIONS:
+            ck.report((*path, "aggregate", name), f"an OVER window computes "
+                      f"{', '.join(OVER_FUNCTIONS)}; {parsed[0]}() is not one of them")
 
 
 OPERATOR = Obj(
@@ -354,6 +383,7 @@ OPERATOR = Obj(
                                  key_pattern=COLUMN_PATTERN, key_hint=COLUMN_HINT,
                                  min_items=1)),
         "top_n": Field(TOP_N),
+        "over": Field(OVER),
         "dedupe": Field(Obj({"within": Field(Duration("Forget a key after this long."),
                                              required=True)},
                             "Forward the first record per key.")),

@@ -7,6 +7,7 @@ from typing import Any
 
 from streamer.pipeline.model import (
     Checker,
+    Duration,
     Field,
     ListOf,
     Node,
@@ -22,7 +23,7 @@ from streamer.pipeline.units import parse_signed_duration_ms
 from streamer.pipeline.yaml_loader import Path
 
 JOIN_TYPES = ("inner", "left", "right", "full")
-JOIN_MODES = ("between", "window", "table")
+JOIN_MODES = ("between", "window", "table", "regular")
 
 
 def _key_columns(doc: str) -> OneOrList:
@@ -51,6 +52,12 @@ def _join_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
         ck.report((*path, "type"), f"a table join is inner or left, not {value['type']}: a "
                   "table has no unmatched rows to emit (its rows are upserts of the current "
                   "value of their key); use type: inner or left", at_key=True)
+    regular = value.get("regular")
+    if regular is True and value.get("type", "inner") != "inner":
+        ck.report((*path, "regular"), f"a regular join without a ttl keeps every record "
+                  f"forever, so an unmatched {value['type']} record would never be emitted; "
+                  "set regular: {ttl: <duration>} (an unmatched record is emitted with nulls "
+                  "once its ttl passes), or use type: inner")
     between = value.get("between")
     if isinstance(between, list) and len(between) != 2:
         ck.report((*path, "between"), f"between must be [lower, upper] (two durations), got "
@@ -91,6 +98,31 @@ class TableMode(Node):
                                          self.temporal.schema()]})
 
 
+class RegularMode(Node):
+    """`regular:` of a join: true (keep every record) or {ttl: duration}."""
+
+    def __init__(self, description: str) -> None:
+        self.description = description
+        self.ttl = Obj({"ttl": Field(Duration(
+            "How long a record is kept, in event time: it joins records up to this far "
+            "before or after it, and is forgotten (an outer side's unmatched record emitted "
+            "with nulls) once the watermark passes its time + ttl."), required=True)},
+            "A regular join with a state TTL.")
+
+    def check(self, value: Any, path: Path, ck: Checker) -> None:
+        """Report a value that is neither true nor {ttl: duration}."""
+        if isinstance(value, dict):
+            self.ttl.check(value, path, ck)
+        elif value is not True:
+            ck.report(path, f"{label(path)} must be true (keep every record of both sides) or "
+                      "{ttl: <duration>} (keep each that long), got "
+                      f"{type_name(value) if not isinstance(value, bool) else 'false'}")
+
+    def schema(self) -> dict[str, Any]:
+        """true, or the ttl mapping."""
+        return self._with_doc({"anyOf": [{"type": "boolean"}, self.ttl.schema()]})
+
+
 def _join_window(window: Obj, sliding_rule: Any) -> Obj:
     return Obj(
         {key: window.fields[key] for key in ("tumbling", "sliding")},
@@ -123,12 +155,17 @@ def join_schema(window: Obj, sliding_rule: Any) -> Obj:
                 "their key (latest event time wins, then arrival). true: each left record joins "
                 "its key's row when it is processed (a left join: nulls without one); "
                 "{as_of: event_time}: the row as of the left record's event time (temporal).")),
+            "regular": Field(RegularMode(
+                "Regular join (Flink SQL's plain JOIN): every record of one side joins every "
+                "record of the other with its key, whatever their times, late ones too. true "
+                "keeps every record (state grows with the input; inner joins only); {ttl: 1d} "
+                "keeps each that long in event time.")),
             "right_prefix": Field(Str("Prepended to the right side's column names in the output "
                                       "(resolves name clashes), e.g. 'payment_'.",
                                       pattern=r"[A-Za-z_][A-Za-z0-9_]*",
                                       pattern_hint=COLUMN_HINT)),
         },
-        "Joins two keyed inputs on event time: exactly one of between (interval join), window "
-        "(window join), table (table join: enrichment).",
+        "Joins two keyed inputs: exactly one of between (interval join), window (window join), "
+        "table (table join: enrichment), regular (a regular join).",
         rules=[_join_rules],
     )

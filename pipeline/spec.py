@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 from streamer.exceptions import ConfigError
 from streamer.pipeline.aggregate_calls import parse_aggregate, split_arguments
 from streamer.pipeline.exceptions import Location
+from streamer.pipeline.over_spec import OverSpec, build_over
 from streamer.pipeline.topn_spec import TopNSpec, build_top_n
 from streamer.pipeline.units import parse_duration_ms, parse_signed_duration_ms
 from streamer.pipeline.yaml_loader import Path, Positions
@@ -64,6 +65,7 @@ class WindowSpec:
     emit: str = "final"
 
 
+FOREVER_MS = 100 * 365 * 24 * 3600 * 1000  # (a regular join without a ttl: 100 years)
 #: Aggregates that take back a value as well as add one (a retraction of an update stream).
 RETRACTABLE = ("count", "sum", "avg")
 
@@ -93,7 +95,9 @@ class JoinSpec:
     left_key: tuple[str, ...]
     right_key: tuple[str, ...]
     type: str = "inner"  # inner | left | right | full
-    mode: str = "interval"  # interval | window | table
+    mode: str = "interval"  # interval | window | table | regular
+    #: Regular join: how long a record is kept in event time (None: forever).
+    ttl_ms: int | None = None
     #: Table join: None (processing-time enrichment) or "event_time" (temporal).
     as_of: str | None = None
     #: Interval join: right event time - left event time in [lower_ms, upper_ms].
@@ -141,6 +145,7 @@ class OperatorSpec:
     #: join only (`inputs` is then (left, right), `key_by` the left key columns).
     join: JoinSpec | None = None
     top_n: TopNSpec | None = None
+    over: OverSpec | None = None
 
     @property
     def stateful(self) -> bool:
@@ -157,6 +162,8 @@ class OperatorSpec:
             return "join"
         if self.top_n:
             return "top_n"
+        if self.over:
+            return "over"
         if self.window:
             return "window"
         if self.aggregates:
@@ -205,7 +212,7 @@ class OperatorSpec:
         if join is not None:
             if join.mode == "window" and join.window is not None:
                 return (join.window.size_ms or 0) + join.window.allowed_lateness_ms
-            if join.mode == "interval":
+            if join.mode in ("interval", "regular"):
                 return max(0, join.upper_ms, -join.lower_ms)
         return 0
 
@@ -481,17 +488,20 @@ def _build_join(raw: Mapping[str, Any], late: str | None) -> JoinSpec:
     lower = upper = 0
     window = None
     table = raw.get("table")
+    regular = raw.get("regular")
+    ttl = _ms(regular["ttl"], None) if isinstance(regular, dict) else None
     if "between" in raw:
         lower, upper = (parse_signed_duration_ms(v) or 0 for v in raw["between"])
+    elif regular is not None:  # an interval join of +-ttl, its bound forever without one
+        lower, upper = -(ttl if ttl is not None else FOREVER_MS), ttl or FOREVER_MS
     elif table is None:
         window = _build_window(raw["window"])
-    mode = "interval" if "between" in raw else "window" if table is None else "table"
-    return JoinSpec(left=raw["left"], right=raw["right"], left_key=left_key,
-                    right_key=right_key, type=raw.get("type", "inner"), mode=mode,
-                    as_of=table.get("as_of") if isinstance(table, dict) else None,
-                    lower_ms=lower,
-                    upper_ms=upper, window=window, late=late,
-                    right_prefix=raw.get("right_prefix", ""))
+    mode = ("interval" if "between" in raw else "regular" if regular is not None
+            else "window" if table is None else "table")
+    return JoinSpec(left=raw["left"], right=raw["right"], left_key=left_key, right_key=right_key,
+                    type=raw.get("type", "inner"), mode=mode, lower_ms=lower, upper_ms=upper,
+                    as_of=table.get("as_of") if isinstance(table, dict) else None, window=window,
+                    late=late, right_prefix=raw.get("right_prefix", ""), ttl_ms=ttl)
 
 
 def _build_operator(raw: Mapping[str, Any], path: Path) -> OperatorSpec:
@@ -520,6 +530,7 @@ def _build_operator(raw: Mapping[str, Any], path: Path) -> OperatorSpec:
         dedupe_within_ms=_ms(raw["dedupe"]["within"], None) if "dedupe" in raw else None,
         process=raw.get("process"), broadcast=raw.get("broadcast"),
         top_n=build_top_n(raw["top_n"]) if "top_n" in raw else None,
+        over=build_over(raw["over"], _ms) if "over" in raw else None,
         side_outputs=tuple((raw.get("side_outputs") or {}).items()), **base)
 
 

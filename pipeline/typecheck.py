@@ -188,6 +188,10 @@ class TypeChecker:
                             self.spec.positions.values else (*o.path, "top_n"),
                             f"the rank column {top_n.rank!r} of {owner} is already a column of "
                             "its input; name it otherwise with rank: <column>")
+        if o.over is not None and not node.event_time:
+            self.report((*o.path, "over"), f"{owner} is an OVER window, which orders each "
+                        "key's records by event time, but its input has none; set event_time: "
+                        "on the source (or window the records before it)")
         window = o.window
         if window is not None and window.kind != "count" and not node.event_time \
                 and window.time != "processing":
@@ -205,6 +209,8 @@ class TypeChecker:
             out = {**keys, **aggs}
         elif kind == "dedupe":
             out = cols
+        elif kind == "over" and cols is not None:
+            out = {**cols, **aggs}
         elif kind == "top_n" and cols is not None and o.top_n is not None:
             out = {**cols, o.top_n.rank: "int", **({"window_start": "timestamp",
                                                     "window_end": "timestamp"} if window else {})}

@@ -53,7 +53,7 @@ def operator_definition(op: OperatorSpec) -> dict[str, Any]:
         jw = j.window
         out["join"] = {"type": j.type, "left_key": list(j.left_key),
                        "right_key": list(j.right_key), "between": (
-                           [j.lower_ms, j.upper_ms] if j.mode == "interval" else None),
+                           [j.lower_ms, j.upper_ms] if j.mode in ("interval", "regular") else None),
                        "window": ({"kind": jw.kind, "size_ms": jw.size_ms,
                                    "slide_ms": jw.slide_ms} if jw is not None else None)}
         if j.mode == "table":  # (absent for interval and window joins: older savepoints match)

@@ -84,9 +84,7 @@ QUERIES = [
     Query("q3", "local item suggestion", ("person", "auction"), """
     SELECT P.name, P.city, P.state, A.id FROM auction A JOIN person P ON A.seller = P.id
     WHERE A.category = 10 AND (P.state = 'OR' OR P.state = 'ID' OR P.state = 'CA')""",
-          "q03_local_item_suggestion",
-          pending="a regular (unbounded) join: every auction with its seller, whenever each "
-                  "arrives"),
+          "q03_local_item_suggestion"),
     Query("q4", "average price for a category", ("auction", "bid"), f"""
     SELECT category, avg(price) AS avg_price FROM ({WINNERS}) WHERE rownum = 1
     GROUP BY category""", "q04_average_price_for_category", keys=("category",),
@@ -196,9 +194,7 @@ QUERIES = [
            A.date_time AS auction_date_time, A.expires, A.seller, A.category,
            A.extra AS auction_extra
     FROM bid B JOIN auction A ON B.auction = A.id WHERE A.category = 10""",
-          "q20_expand_bid_with_auction",
-          pending="a regular (unbounded) join: every bid with its auction, whenever each "
-                  "arrives"),
+          "q20_expand_bid_with_auction"),
     Query("q21", "add channel id", ("bid",), f"""
     SELECT auction, bidder, price, channel, channel_id FROM (
       SELECT auction, bidder, price, channel, {CHANNEL_ID} AS channel_id FROM bid)

@@ -53,6 +53,12 @@ CASES: dict[str, str] = {
     input: bids
     key_by: [auction]
     process: "contract_process:CountThenEmit\"""",
+    "over": """
+  - id: op
+    input: bids
+    key_by: [auction]
+    over: {rows: 3}
+    aggregate: {recent_avg: avg(price), recent_top: max(price), n: count()}""",
     "top_n": """
   - id: op
     input: bids
