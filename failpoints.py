@@ -1,7 +1,7 @@
 """Named crash points for the crash tests (like FoundationDB's and TiKV's fail points). A core
 module: the driver, keyed tasks (`operators`) and state snapshots (`state`) all reach them.
 
-`STREAMER_FAILPOINTS="after-metadata:3,mid-upload:2"` makes the run SIGKILL its driver process
+`STREAMER_TEST_FAILPOINTS="after-metadata:3,mid-upload:2"` makes the run SIGKILL its driver process
 (`streamer run`, and with it Spark) the first time the named point is reached for checkpoint or
 epoch number >= the given one (any number when it is left out). Points:
 
@@ -34,8 +34,8 @@ import os
 import signal
 import time
 
-ENV = "STREAMER_FAILPOINTS"
-DRIVER_PID_ENV = "STREAMER_DRIVER_PID"
+ENV = "STREAMER_TEST_FAILPOINTS"
+DRIVER_PID_ENV = "STREAMER_TEST_DRIVER_PID"
 #: The longest a `pause=` point holds (a test that never releases it fails, not hangs).
 PAUSE_MAX_S = 600.0
 

@@ -269,13 +269,13 @@ def test_local_recovery_copy_is_used_when_intact(spark, tmp_path: Path,
 
 def test_a_failed_epoch_restarts_from_the_last_checkpoint(
         spark, tmp_path: Path, expected: Counter[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    import streamer.storage_faults  # noqa: F401 - registers faulty:// in this process
+    import streamer.testing.storage_faults  # noqa: F401 - registers faulty:// in this process
 
     rules = tmp_path / "faults.json"
     # The third epoch's staged upload fails once (the sink stages in the driver).
     rules.write_text(json.dumps({"rules": [
         {"op": "write", "match": "*/_staging/epoch-00000003/*", "times": 1}]}))
-    monkeypatch.setenv("STREAMER_FAULTS", str(rules))
+    monkeypatch.setenv("STREAMER_TEST_FAULTS", str(rules))
     job = Job(tmp_path, interval="1ms", attempts=2)
     text = job.text(out=f"faulty://{job.out}")
     port = free_port()
@@ -301,13 +301,13 @@ def test_a_failed_epoch_restarts_from_the_last_checkpoint(
 
 def test_without_restart_attempts_a_failed_epoch_fails_the_run(
         spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import streamer.storage_faults  # noqa: F401
+    import streamer.testing.storage_faults  # noqa: F401
     from streamer.runtime.exceptions import JobFailedError
 
     rules = tmp_path / "faults.json"
     rules.write_text(json.dumps({"rules": [
         {"op": "write", "match": "*/_staging/epoch-00000003/*"}]}))
-    monkeypatch.setenv("STREAMER_FAULTS", str(rules))
+    monkeypatch.setenv("STREAMER_TEST_FAULTS", str(rules))
     job = Job(tmp_path, interval="1ms", attempts=0)
     with pytest.raises(JobFailedError, match="epoch 3 failed in writing sink 'out'"):
         job.run(spark, text=job.text(out=f"faulty://{job.out}"))

@@ -4,7 +4,7 @@ whose upload, `_metadata` write or clean-up fails is declined cleanly or complet
 runs on to the output of an uninterrupted run; a checkpoint that cannot be read back is
 reported and an earlier one is used, or the run fails with a one-line error.
 
-Each job runs as a process of its own: Spark's Python workers only see `STREAMER_FAULTS` when
+Each job runs as a process of its own: Spark's Python workers only see `STREAMER_TEST_FAULTS` when
 it is set before the session starts, so the variable names a rules file from the start and a
 test arms a fault at a chosen checkpoint by rewriting that file while the job runs.
 
@@ -71,7 +71,7 @@ sinks:
 
 
 class FaultyJob:
-    """The job in `root`: its pipeline, a rules file for `STREAMER_FAULTS`, its checkpoints
+    """The job in `root`: its pipeline, a rules file for `STREAMER_TEST_FAULTS`, its checkpoints
     (read by the test without faults) and its output."""
 
     def __init__(self, root: Path, backend: str = "rocksdb") -> None:
@@ -95,7 +95,8 @@ class FaultyJob:
     def run(self, *args: str, watch: Watch | None = None) -> Run:
         """`streamer run` of the job with the fault rules in force."""
         self.runs += 1
-        return run_streamer(self.pipeline, *args, env={"STREAMER_FAULTS": str(self.rules_file)},
+        return run_streamer(self.pipeline, *args,
+                            env={"STREAMER_TEST_FAULTS": str(self.rules_file)},
                             watch=watch, timeout=600,
                             stderr_file=self.root / f"run-{self.runs}.stderr")
 
