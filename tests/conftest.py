@@ -12,6 +12,18 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 
+#: Tests that need a server of their own are in the slow tier whatever their own time: the
+#: server's start (Kafka's JVM, MinIO, PostgreSQL, a Spark standalone cluster) is most of it.
+SERVER_MARKS = ("kafka", "postgres", "s3", "cluster")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that needs a server `slow` too (`-m "not slow"` is the fast tier)."""
+    for item in items:
+        if any(item.get_closest_marker(mark) for mark in SERVER_MARKS):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(autouse=True)
 def _job_storage(tmp_path_factory: pytest.TempPathFactory,
                  monkeypatch: pytest.MonkeyPatch) -> None:
