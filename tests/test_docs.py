@@ -65,6 +65,7 @@ def test_docs_build_strict_with_the_generated_reference(tmp_path: Path) -> None:
         assert (tmp_path / "site" / built).exists(), built
 
 
+@pytest.mark.slow
 def test_a_broken_link_or_anchor_fails_the_build(tmp_path: Path) -> None:
     shutil.copy(REPO / "mkdocs.yml", tmp_path / "mkdocs.yml")
     shutil.copytree(REPO / "docs", tmp_path / "docs")
@@ -254,6 +255,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", list(PAGES))
 def test_page_in_chromium_at_1280px(site: Path, page: str, tmp_path: Path) -> None:
     browser = chromium()

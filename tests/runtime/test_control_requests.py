@@ -170,6 +170,7 @@ MOMENTS = {"starting": "starting:0", "between-epochs": "epoch-start:2",
            "in-a-checkpoint": "after-snapshot:2"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(REQUESTS))
 @pytest.mark.parametrize("moment", list(MOMENTS))
 def test_a_request_is_honoured_once_whenever_it_arrives(

@@ -16,9 +16,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 from streamer_process import SCRUBBED, STREAMER, FilesOutput, crash, quick_jvm
 
 from streamer.runtime.standalone import session_members
+
+#: Every test runs `streamer run` in processes of its own (a JVM each).
+pytestmark = pytest.mark.slow
 
 PIPELINE = """
 name: lifecycle
