@@ -50,16 +50,19 @@ JOB = "crash"
 #: records per split, and per epoch over both splits: 10 epochs of data, the last one final
 LIMIT, PER_EPOCH = 600, 120
 
-#: The job of the campaign up to its sinks (name, storage, state backend; the datagen source; its
-#: windows, `per_window`), which the campaigns into other sinks share.
-JOB_HEAD = """\
+def job_head(storage: str = "{root}/storage", attempts: int = 0) -> str:
+    """The job of the campaign up to its sinks (name, storage, state backend; the datagen
+    source; its windows, `per_window`), shared by the campaigns into other sinks and by the
+    storage-fault scenarios (test_storage_faults.py, on `faulty://` storage with a restart).
+    A `str.format` template of `job`, `root`, `backend`, `limit` and `per_epoch`."""
+    return """\
 name: {job}
-storage: {root}/storage
+storage: STORAGE
 job:
   parallelism: 2
   checkpoint: {{interval: 1ms, retain: 2}}
   state: {{backend: {backend}, local_dir: {root}/local}}
-  restart: {{attempts: 0, delay: 0s}}
+  restart: {{attempts: ATTEMPTS, delay: 0s}}
 sources:
   - id: clicks
     type: datagen
@@ -78,7 +81,10 @@ operators:
     key_by: [user]
     window: {{tumbling: 5s}}
     aggregate: {{n: count(), spent: sum(amount), first: min(ts), last: max(ts)}}
-"""
+""".replace("STORAGE", storage).replace("ATTEMPTS", str(attempts))
+
+
+JOB_HEAD = job_head()
 
 PIPELINE = JOB_HEAD + """\
 sinks:

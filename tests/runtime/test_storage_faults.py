@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 from streamer_process import FilesOutput, Run, Watch, diff, quick_jvm, run_streamer
+from test_crash import job_head
 
 from streamer.checkpoint.metadata import CheckpointMetadata, CheckpointStore, Listed
 
@@ -35,32 +36,7 @@ JOB = "faults"
 LIMIT, PER_EPOCH = 480, 120
 EPOCHS = 2 * LIMIT // PER_EPOCH
 
-PIPELINE = """\
-name: {job}
-storage: faulty://{root}/storage
-job:
-  parallelism: 2
-  checkpoint: {{interval: 1ms, retain: 2}}
-  state: {{backend: {backend}, local_dir: {root}/local}}
-  restart: {{attempts: 1, delay: 0s}}
-sources:
-  - id: clicks
-    type: datagen
-    splits: 2
-    limit: {limit}
-    max_records_per_epoch: {per_epoch}
-    fields:
-      user: "concat('u', cast((offset * 7 + split) % 13 as string))"
-      amount: "cast(offset % 10 as double)"
-      ts: "timestamp_millis(1767225600000 + offset * 100)"
-    event_time: ts
-    watermark: {{max_out_of_orderness: 1s}}
-operators:
-  - id: per_window
-    input: clicks
-    key_by: [user]
-    window: {{tumbling: 5s}}
-    aggregate: {{n: count(), spent: sum(amount)}}
+PIPELINE = job_head(storage="faulty://{root}/storage", attempts=1) + """\
 sinks:
   - id: out
     type: files
