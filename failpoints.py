@@ -1,7 +1,7 @@
 """Named crash points for the crash tests (like FoundationDB's and TiKV's fail points). A core
 module: the driver, keyed tasks (`operators`) and state snapshots (`state`) all reach them.
 
-`STREAMER_FAILPOINTS="after-metadata:3,mid-upload:2"` makes the run SIGKILL its driver process
+`STREAMER_TEST_FAILPOINTS="after-metadata:3,mid-upload:2"` makes the run SIGKILL its driver process
 (`streamer run`, and with it Spark) the first time the named point is reached for checkpoint or
 epoch number >= the given one (any number when it is left out). Points:
 
@@ -24,6 +24,10 @@ A third part, `sleep=<seconds>`, makes the point stall instead of kill (`after-s
 holds the driver in a checkpoint): a stop that takes long, deterministically. `pause=<path>`
 holds it until the file `<path>` exists, having created `<path>.reached` on arrival (at most
 `PAUSE_MAX_S`): a test waits for the one, acts on the held job, then creates the other.
+`raise` makes it raise `FailPointError` in the process that reaches it, once per process (Bytewax's
+`ABORT`): a failure that the run's restarts recover from in place, for a recovery test that
+needs no SIGKILL, so no fresh JVM (`epoch-start:3:raise` fails epoch 3 once; its restart
+goes on).
 
 Unset (always, outside tests), `reached` is one dictionary lookup.
 """
@@ -34,15 +38,22 @@ import os
 import signal
 import time
 
-ENV = "STREAMER_FAILPOINTS"
-DRIVER_PID_ENV = "STREAMER_DRIVER_PID"
+ENV = "STREAMER_TEST_FAILPOINTS"
+DRIVER_PID_ENV = "STREAMER_TEST_DRIVER_PID"
 #: The longest a `pause=` point holds (a test that never releases it fails, not hangs).
 PAUSE_MAX_S = 600.0
+#: Points armed with `raise` that have raised in this process (each raises once).
+_raised: set[str] = set()
+
+
+class FailPointError(RuntimeError):
+    """Raised by a fail point armed with `raise` (tests only): the run fails as if the step at
+    that point had failed, and its restart policy decides what happens next."""
 
 
 def _armed() -> dict[str, tuple[int, str]]:
     """Each armed point: (the first number it acts at, its action: "" to kill,
-    `sleep=<seconds>` or `pause=<path>`)."""
+    `sleep=<seconds>`, `pause=<path>` or `raise`)."""
     spec = os.environ.get(ENV, "")
     points: dict[str, tuple[int, str]] = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
@@ -53,8 +64,8 @@ def _armed() -> dict[str, tuple[int, str]]:
 
 
 def reached(name: str, number: int = 0) -> None:
-    """Kill the driver (SIGKILL: no cleanup), stall or pause, if fail point `name` is armed
-    for `number`."""
+    """Kill the driver (SIGKILL: no cleanup), stall, pause or raise, if fail point `name` is
+    armed for `number`."""
     if ENV not in os.environ:
         return
     at, action = _armed().get(name, (None, ""))
@@ -65,6 +76,12 @@ def reached(name: str, number: int = 0) -> None:
         return
     if action.startswith("pause="):
         _pause(action.removeprefix("pause="))
+        return
+    if action == "raise":
+        if name not in _raised:
+            _raised.add(name)
+            msg = f"fail point {name!r} reached at {number} (armed with raise)"
+            raise FailPointError(msg)
         return
     pid = int(os.environ.get(DRIVER_PID_ENV) or os.getpid())
     os.kill(pid, signal.SIGKILL)

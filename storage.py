@@ -3,7 +3,7 @@ fsspec URL. It sits at the bottom of the package graph (next to `streamer.except
 `state.snapshot`, `checkpoint`, `savepoint` and `runtime.job.control` all write through it.
 
 `Storage(url)` works on any URL fsspec knows (`file://`, a plain local path, `memory://`, `s3://`,
-`hdfs://`, ... and `faulty://` from `streamer.storage_faults` in tests). It is cheap to build,
+`hdfs://`, ... and `faulty://` of `streamer.testing.storage_faults` in tests). It is cheap to build,
 so a Spark task rebuilds it from the URL string it was given (fsspec caches file-system objects
 per process).
 
@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import hashlib
-import importlib
 import json
 import os
 import posixpath
@@ -235,10 +234,6 @@ class Storage:
         text = os.fspath(url)
         if "://" not in text:  # a plain local path; tasks may run elsewhere: make it absolute
             text = "file://" + os.path.abspath(text)
-        if text.startswith("faulty://"):
-            # Registers the `faulty` protocol in this process too (Spark workers import lazily).
-            importlib.import_module("streamer.storage_faults")
-
         try:
             fs, root = url_to_fs(text)
         except Exception as exc:

@@ -27,7 +27,7 @@ from typing import Any
 from streamer.columns import META, ROW_KIND, ROW_META
 from streamer.exceptions import StreamerError
 
-STATE_BEHIND = "STREAMER_STATE_BEHIND"
+STATE_BEHIND = "streamer-state-behind"
 #: Starts the message of a subtask's failed restore. Keyed tasks run inside the Spark job of
 #: whatever consumes them (often a sink's write); the driver finds this text in Spark's error
 #: and reports the epoch as failed restoring the operator's subtask instead.

@@ -12,6 +12,18 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 
+#: Tests that need a server of their own are in the slow tier whatever their own time: the
+#: server's start (Kafka's JVM, MinIO, PostgreSQL, a Spark standalone cluster) is most of it.
+SERVER_MARKS = ("kafka", "postgres", "s3", "cluster")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that needs a server `slow` too (`-m "not slow"` is the fast tier)."""
+    for item in items:
+        if any(item.get_closest_marker(mark) for mark in SERVER_MARKS):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(autouse=True)
 def _job_storage(tmp_path_factory: pytest.TempPathFactory,
                  monkeypatch: pytest.MonkeyPatch) -> None:
@@ -35,12 +47,12 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """A real single-node Kafka 4 broker (KRaft) on 127.0.0.1, started once per session.
 
     Its jars come from Maven Central (`scripts/kafka_broker.py fetch`; CI fetches them first).
-    A broker that cannot start fails the tests that need it; `STREAMER_SKIP_KAFKA=1` skips
+    A broker that cannot start fails the tests that need it; `STREAMER_TEST_SKIP_KAFKA=1` skips
     them instead (for machines without Maven or network)."""
     import os
 
-    if os.environ.get("STREAMER_SKIP_KAFKA") == "1":
-        pytest.skip("STREAMER_SKIP_KAFKA=1")
+    if os.environ.get("STREAMER_TEST_SKIP_KAFKA") == "1":
+        pytest.skip("STREAMER_TEST_SKIP_KAFKA=1")
     from kafka_broker import KafkaBroker
 
     broker = KafkaBroker(tmp_path_factory.mktemp("kafka")).start()
@@ -53,12 +65,12 @@ def postgres() -> Iterator[object]:
     """A real PostgreSQL server (Debian's `postgresql` package) on 127.0.0.1, started once per
     session in a temporary directory (tests/postgres_server.py).
 
-    A server that cannot start fails the tests that need it; `STREAMER_SKIP_POSTGRES=1` skips
+    A server that cannot start fails the tests that need it; `STREAMER_TEST_SKIP_POSTGRES=1` skips
     them instead (for machines without the package)."""
     import os
 
-    if os.environ.get("STREAMER_SKIP_POSTGRES") == "1":
-        pytest.skip("STREAMER_SKIP_POSTGRES=1")
+    if os.environ.get("STREAMER_TEST_SKIP_POSTGRES") == "1":
+        pytest.skip("STREAMER_TEST_SKIP_POSTGRES=1")
     from postgres_server import PostgresServer
 
     server = PostgresServer().start()
@@ -72,12 +84,12 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     temporary data directory, started once per session, with the bucket `streamer` created.
 
     MinIO is built from its Go module once and cached (CI builds it first). A server that
-    cannot start fails the tests that need it; `STREAMER_SKIP_S3=1` skips them instead (for
+    cannot start fails the tests that need it; `STREAMER_TEST_SKIP_S3=1` skips them instead (for
     machines without Go or network)."""
     import os
 
-    if os.environ.get("STREAMER_SKIP_S3") == "1":
-        pytest.skip("STREAMER_SKIP_S3=1")
+    if os.environ.get("STREAMER_TEST_SKIP_S3") == "1":
+        pytest.skip("STREAMER_TEST_SKIP_S3=1")
     from s3_server import S3Server
 
     server = S3Server(tmp_path_factory.mktemp("minio")).start()

@@ -31,7 +31,7 @@ from typing import Any
 #: The Go module MinIO is built from, pinned to what the tests were written against (the
 #: module proxy's `latest` on 2026-11-23), so that CI builds the same server.
 MODULE = "github.com/minio/minio@v0.0.0-20260212201848-7aac2a2c5b7c"
-#: Where the built binary is cached (`STREAMER_MINIO` names another binary).
+#: Where the built binary is cached (`STREAMER_TEST_MINIO` names another binary).
 CACHE = Path(os.environ.get("STREAMER_CACHE", Path.home() / ".cache" / "streamer")) / "minio"
 ACCESS_KEY, SECRET_KEY = "streamer-test", "streamer-test-secret"
 
@@ -46,10 +46,10 @@ def go() -> str:
 
 
 def minio_binary(build: bool = True) -> Path:
-    """The MinIO server binary: `STREAMER_MINIO`, else the cached build (built when missing
+    """The MinIO server binary: `STREAMER_TEST_MINIO`, else the cached build (built when missing
     and `build`; idempotent: a cached binary is used as is)."""
-    if os.environ.get("STREAMER_MINIO"):
-        return Path(os.environ["STREAMER_MINIO"])
+    if os.environ.get("STREAMER_TEST_MINIO"):
+        return Path(os.environ["STREAMER_TEST_MINIO"])
     binary = CACHE / "bin" / "minio"
     if binary.exists() or not build:
         return binary

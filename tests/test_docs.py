@@ -57,11 +57,15 @@ def test_docs_build_strict_with_the_generated_reference(tmp_path: Path) -> None:
                if f"<code>{html.escape(p, quote=False)}</code>" not in page]
     assert missing == []
     assert (tmp_path / "site" / "reference" / "pipeline-v1.schema.json").exists()
+    environment = (tmp_path / "site" / "reference" / "environment" / "index.html").read_text()
+    assert "<code>STREAMER_STATE_DIR</code>" in environment
+    assert "<code>STREAMER_LOG_DIR</code>" in environment
     for built in ("index.html", "concepts/epochs/index.html", "operations/kafka/index.html",
                   "performance/index.html", "latency/index.html", "architecture/index.html"):
         assert (tmp_path / "site" / built).exists(), built
 
 
+@pytest.mark.slow
 def test_a_broken_link_or_anchor_fails_the_build(tmp_path: Path) -> None:
     shutil.copy(REPO / "mkdocs.yml", tmp_path / "mkdocs.yml")
     shutil.copytree(REPO / "docs", tmp_path / "docs")
@@ -96,7 +100,8 @@ def test_readme_links_point_at_docs_pages() -> None:
 FILE_NAME = re.compile(r"(?<![\w/.-])((?:\.{1,2}/)*(?:[\w.-]+/)*[\w-]+"
                        r"\.(?:md|py|ya?ml|json|toml|properties|sh|svg|css))\b")
 #: Pages the docs build generates (docs/hooks.py): cited, but not files in the repository.
-GENERATED = ("reference/pipeline-file.md", "reference/pipeline-v1.schema.json")
+GENERATED = ("reference/pipeline-file.md", "reference/pipeline-v1.schema.json",
+             "reference/environment.md")
 
 
 def cites_the_repository(name: str) -> bool:
@@ -268,6 +273,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", list(PAGES))
 def test_page_in_chromium_at_1280px(site: Path, page: str, tmp_path: Path) -> None:
     browser = chromium()

@@ -1,5 +1,5 @@
-"""Fail points that stall: `sleep=` for a while, `pause=` until the test lets the run go on
-(the kill action is exercised by the crash tests)."""
+"""Fail points that stall (`sleep=` for a while, `pause=` until the test lets the run go on) or
+raise once (`raise`); the kill action is exercised by the crash tests."""
 
 from __future__ import annotations
 
@@ -41,3 +41,14 @@ def test_pause_holds_until_the_gate_exists(monkeypatch: pytest.MonkeyPatch,
     held.join(timeout=5)
     assert released and released[0] >= opened
     failpoints.reached("starting")  # once open, it stays open
+
+
+def test_raise_fails_once_per_process_from_the_given_number_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(failpoints, "_raised", set())
+    monkeypatch.setenv(failpoints.ENV, "epoch-start:3:raise")
+    failpoints.reached("epoch-start", 2)
+    with pytest.raises(failpoints.FailPointError, match="'epoch-start' reached at 4"):
+        failpoints.reached("epoch-start", 4)
+    failpoints.reached("epoch-start", 4)  # the restart's second try goes on
+    failpoints.reached("epoch-start", 5)

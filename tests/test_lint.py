@@ -9,6 +9,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+#: mypy's incremental cache, kept where the machine keeps streamer's other downloads and builds
+#: (CI's too): a warm run takes under a second instead of ~20 s on 2 busy cores. mypy checks
+#: each module's hash against it, so a changed file is checked again; the cache only saves work.
+MYPY_CACHE = Path(os.environ.get("STREAMER_CACHE") or Path.home() / ".cache" / "streamer") / "mypy"
 
 
 def test_ruff_is_clean() -> None:
@@ -21,6 +25,6 @@ def test_mypy_is_clean(tmp_path: Path) -> None:
     (tmp_path / "streamer").symlink_to(REPO, target_is_directory=True)
     env = {**os.environ, "MYPYPATH": str(tmp_path)}
     out = subprocess.run([str(BIN / "mypy"), "--config-file", str(REPO / "pyproject.toml"),
-                          "--cache-dir", str(tmp_path / ".mypy_cache"), "-p", "streamer"],
+                          "--cache-dir", str(MYPY_CACHE), "-p", "streamer"],
                          cwd=tmp_path, capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stdout + out.stderr

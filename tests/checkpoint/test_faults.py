@@ -1,4 +1,4 @@
-"""The `faulty://` file system: rules from STREAMER_FAULTS fail chosen operations."""
+"""The `faulty://` file system: rules from STREAMER_TEST_FAULTS fail chosen operations."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import fsspec
 import pytest
 
 from streamer.storage import Storage, StorageError
-from streamer.storage_faults import FAULTS_ENV, FaultyFileSystem, InjectedFaultError
+from streamer.testing.storage_faults import FAULTS_ENV, FaultyFileSystem, InjectedFaultError
 
 Rules = Callable[..., None]
 
@@ -127,7 +127,7 @@ def test_a_partial_write_leaves_only_a_temporary_file(tmp_path: Path, fs: Faulty
 def test_counts_are_shared_by_processes(tmp_path: Path, fs: FaultyFileSystem,
                                         rules: Rules) -> None:
     rules({"op": "write", "match": "*/out/*", "times": 3})
-    code = ("import sys, fsspec, streamer.storage_faults as f\n"
+    code = ("import sys, fsspec, streamer.testing.storage_faults as f\n"
             "fs = fsspec.filesystem('faulty'); failed = 0\n"
             "for i in range(2):\n"
             "    try: fs.pipe_file(sys.argv[1] + f'/out/c{i}', b'x')\n"

@@ -27,7 +27,7 @@ from streamer.storage import (
 def storage(request: pytest.FixtureRequest, tmp_path: Path,
             monkeypatch: pytest.MonkeyPatch) -> Iterator[Storage]:
     """A fresh storage root on each kind of URL (faulty:// without rules acts as local)."""
-    monkeypatch.delenv("STREAMER_FAULTS", raising=False)
+    monkeypatch.delenv("STREAMER_TEST_FAULTS", raising=False)
     root = tmp_path / "store"
     if request.param == "memory":
         url = f"memory://chk-test-{uuid.uuid4().hex[:8]}"
@@ -155,12 +155,13 @@ def test_local_writes_leave_no_temporary_files(tmp_path: Path) -> None:
 
 
 def test_a_spark_worker_like_process_resolves_faulty_urls(tmp_path: Path) -> None:
-    """A fresh interpreter has not imported streamer.storage_faults: Storage does it."""
+    """A fresh interpreter has not imported streamer.testing.storage_faults: fsspec finds it
+    through the package's `fsspec.specs` entry point (storage.py knows no `faulty` scheme)."""
     url = f"faulty://{tmp_path}/s"
     code = ("import sys; from streamer.storage import Storage; "
             "s = Storage(sys.argv[1]); s.write_atomic('a/b', b'hi'); print(s.fs.protocol)")
     out = subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True,
-                         env={k: v for k, v in os.environ.items() if k != "STREAMER_FAULTS"},
+                         env={k: v for k, v in os.environ.items() if k != "STREAMER_TEST_FAULTS"},
                          check=True)
     assert out.stdout.strip() == "faulty"
     assert (tmp_path / "s" / "a" / "b").read_bytes() == b"hi"

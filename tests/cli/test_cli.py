@@ -220,6 +220,7 @@ def test_run_json_lines(spark, tmp_path: Path) -> None:
     assert events[-1]["status"] == "finished"
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 @pytest.mark.parametrize("pipeline", PIPELINES, ids=[p.stem for p in PIPELINES])
 def test_example_pipeline_tests_pass(spark, pipeline: Path) -> None:

@@ -211,7 +211,7 @@ def test_a_trigger_sent_as_a_slow_job_starts_returns_a_savepoint_that_restores(
     text = textwrap.dedent(SLOW_START).replace("LOCAL", str(tmp_path / "local"))
     path.write_text(text.replace("OUT", str(tmp_path / "out")))
     env = {**os.environ, "STREAMER_STORAGE": str(storage),
-           "STREAMER_FAILPOINTS": "starting:0:sleep=8"}
+           "STREAMER_TEST_FAILPOINTS": "starting:0:sleep=8"}
     proc = subprocess.Popen([sys.executable, "-m", "streamer.cli.main", "run", str(path),
                              "--json", "--no-ui"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
@@ -238,7 +238,7 @@ def test_a_trigger_sent_as_a_slow_job_starts_returns_a_savepoint_that_restores(
     path.write_text(text.replace("OUT", str(tmp_path / "restored")))
     restored = subprocess.run([sys.executable, "-m", "streamer.cli.main", "restore", saved,
                                str(path), "--json", "--no-ui"], capture_output=True,
-                              text=True, env={**env, "STREAMER_FAILPOINTS": ""},
+                              text=True, env={**env, "STREAMER_TEST_FAILPOINTS": ""},
                               cwd=tmp_path, timeout=300, check=False)
     assert restored.returncode == 0, restored.stderr
     assert final_counts(tmp_path / "restored") == want

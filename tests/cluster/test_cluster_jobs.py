@@ -191,7 +191,7 @@ def test_driver_crashes_on_the_cluster_keep_exactly_once(
     store = CheckpointStore(str(root / "storage"), JOB)
     log = []
     for point in (*KILLS, None):
-        env = {"STREAMER_FAILPOINTS": point} if point else {}
+        env = {"STREAMER_TEST_FAILPOINTS": point} if point else {}
         run = run_streamer(pipeline, *submit_args(standalone), env=env,
                            stderr_file=root / f"run-{len(log)}.stderr")
         latest = store.latest()

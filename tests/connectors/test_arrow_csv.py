@@ -99,6 +99,7 @@ def test_arrow_reads_as_spark_does_or_refuses(spark: Any, tmp_path: Path, lines:
     assert check(spark, tmp_path, lines) == outcome
 
 
+@pytest.mark.slow
 def test_header_delimiters_and_line_ends(spark: Any, tmp_path: Path) -> None:
     row = b"1,2,1.5,x,true,2026-01-01T00:00:00Z"
     # Without a header every line is a record; with one, the first non-empty line is not.
@@ -155,6 +156,7 @@ def rows_of(kinds: dict[str, Any]) -> Any:
     return st.lists(st.tuples(*[kinds[kind] for _, kind in COLUMNS]), min_size=1, max_size=6)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(rows_of(CLEAN))
 def test_generated_clean_files_are_read_alike(spark: Any, tmp_path: Path,

@@ -113,6 +113,7 @@ CASES: list[tuple[list[bytes], str]] = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("lines", "outcome"), CASES)
 def test_arrow_decodes_as_spark_does_or_refuses(spark: Any, lines: list[bytes],
                                                 outcome: str) -> None:
@@ -157,6 +158,7 @@ SETTINGS = settings(max_examples=25, deadline=None, database=None, derandomize=T
                     suppress_health_check=list(HealthCheck))
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(st.lists(st.fixed_dictionaries({}, optional={n: st.one_of(st.none(), TYPED[n])
                                                     for n, _ in COLUMNS}),
@@ -168,6 +170,7 @@ def test_generated_typed_lines(spark: Any, records: list[dict[str, Any]]) -> Non
     assert outcome == "same" or any(y < "1000" for y in years), records
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(st.lists(st.fixed_dictionaries({n: TYPED[n] for n, _ in COLUMNS if n != "b"}),
                 min_size=1, max_size=6))
@@ -178,6 +181,7 @@ def test_generated_lines_of_one_shape(spark: Any, records: list[dict[str, Any]])
     assert outcome == "same" or any(r["t"][:4] < "1000" for r in records), records
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(st.lists(st.dictionaries(st.sampled_from([n for n, _ in COLUMNS] + ["other"]),
                                 JSON_VALUES, max_size=4), min_size=1, max_size=6))
@@ -190,6 +194,7 @@ def test_generated_mixed_lines(spark: Any, records: list[dict[str, Any]]) -> Non
 FORMS = st.tuples(st.sampled_from(["T", " "]), st.integers(0, 6), st.booleans())
 
 
+@pytest.mark.slow
 @settings(max_examples=1500, deadline=None, database=None, derandomize=True,
           suppress_health_check=list(HealthCheck))
 @given(FORMS, st.lists(st.datetimes(min_value=__import__("datetime").datetime(1000, 1, 1)),

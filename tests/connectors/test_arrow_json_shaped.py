@@ -81,6 +81,7 @@ SETTINGS = settings(max_examples=1500, deadline=None, database=None, derandomize
                     suppress_health_check=list(HealthCheck))
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(shaped_files(), st.lists(st.tuples(st.integers(0, 400), st.one_of(
     st.sampled_from([c.encode() for c in '",:{} \\\t\n\r-.e0123456789ntu[]']),

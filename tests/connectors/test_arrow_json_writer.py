@@ -165,6 +165,7 @@ ROWS = st.lists(st.tuples(
               .map(lambda v: v.replace(tzinfo=UTC)))), min_size=1, max_size=8)
 
 
+@pytest.mark.slow
 def test_generated_rows_are_spark_bytes_or_refused(spark: Any, tmp_path: Path) -> None:
     outcomes: list[str] = []
 

@@ -135,6 +135,7 @@ def expected_totals() -> Counter[str]:
     return canonical({**r, "last": utc(r["last"])} for r in per.values())
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 def test_append_windows_and_merge_totals_exactly_once_over_epochs(
         spark: Any, tmp_path: Path) -> None:

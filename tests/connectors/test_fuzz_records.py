@@ -78,6 +78,7 @@ def good_lines(fmt: str, count: int) -> list[bytes]:
     return [f"{i},v{i}".encode() for i in range(count)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["jsonl", "csv"])
 @SETTINGS
 @given(damage=DAMAGE)
@@ -118,6 +119,7 @@ def parquet_bytes(first: int, count: int) -> bytes:
 PARQUET_DAMAGE = st.sampled_from(["none", "truncate", "random", "empty", "head"])
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(damage=st.lists(PARQUET_DAMAGE, min_size=3, max_size=3), cut=st.integers(1, 10_000),
        junk=st.binary(min_size=1, max_size=64))

@@ -67,6 +67,7 @@ def test_every_query_has_a_pipeline_and_pending_ones_say_why() -> None:
         assert "process:" not in path.read_text(), f"{path.name} uses a process function"
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 @pytest.mark.parametrize("query", RUNNABLE, ids=[q.name for q in RUNNABLE])
 def test_the_pipelines_tests_block_passes(spark, query) -> None:

@@ -88,6 +88,7 @@ def same(a: Any, b: Any) -> bool:
     return True
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chain", range(len(CHAINS)))
 def test_programs_compute_what_spark_computes(spark: Any, chain: int) -> None:
     from pyspark.sql.types import StructType

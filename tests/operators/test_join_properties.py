@@ -220,6 +220,7 @@ def _d(ms: int) -> str:
 
 
 # ----------------------------------------------------------------------------- properties
+@pytest.mark.slow
 @settings(max_examples=8, **PROPERTY)
 @given(epochs=two_streams(), job=JOB, bounds=BOUNDS, type=st.sampled_from(TYPES))
 @example(  # both sides of a pair in one epoch, at the same instant
@@ -231,6 +232,7 @@ def test_interval_join_matches_oracle(spark, tmp_path, epochs, job, bounds, type
     check_interval(spark, tmp_path, epochs, job, bounds=bounds, type=type, in_property=True)
 
 
+@pytest.mark.slow
 @settings(max_examples=5, **PROPERTY)
 @given(epochs=two_streams(), job=JOB, window=WINDOWS, type=st.sampled_from(TYPES))
 @example(  # rocksdb (the derandomized draws happen to be memory only), a sliding window
@@ -244,6 +246,7 @@ def test_window_join_matches_oracle(spark, tmp_path, epochs, job, window, type) 
     check_window(spark, tmp_path, epochs, job, window=window, type=type, in_property=True)
 
 
+@pytest.mark.slow
 @settings(max_examples=5, **PROPERTY)
 @given(epochs=two_streams(), job=JOB, temporal=st.booleans(),
        type=st.sampled_from(("inner", "left")))
@@ -265,6 +268,7 @@ def _rec(s: str, k: str, seconds: float, v: int) -> dict[str, Any]:
     return {"k": k, "v": v, "s": s, "ts": BASE + int(seconds * 1000)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("type", ["left", "full"])
 def test_outer_joins_across_epochs_with_a_late_record(spark, tmp_path, type) -> None:
     """Pairs made across epochs and within one, outer rows once the watermark passes the

@@ -330,6 +330,7 @@ def rec(k: str, seconds: float, v: int = 1) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- properties
+@pytest.mark.slow
 @settings(max_examples=12, **PROPERTY)
 @given(epochs=streams(), job=JOB, size_s=st.sampled_from([10, 30, 60]),
        lateness=st.sampled_from([0, 3000, 15_000]), emit=st.sampled_from(["final", "updates"]))
@@ -339,6 +340,7 @@ def test_tumbling_windows_match_oracle(spark, tmp_path, epochs, job, size_s, lat
                        slide=size_s * 1000, lateness=lateness, emit=emit, in_property=True)
 
 
+@pytest.mark.slow
 @settings(max_examples=12, **PROPERTY)
 @given(epochs=streams(), job=JOB,
        shape=st.sampled_from([(30_000, 10_000), (60_000, 20_000), (20_000, 5_000),
@@ -351,6 +353,7 @@ def test_sliding_windows_match_oracle(spark, tmp_path, epochs, job, shape, laten
                        slide=slide, lateness=lateness, emit=emit, in_property=True)
 
 
+@pytest.mark.slow
 @settings(max_examples=12, **PROPERTY)
 @given(epochs=streams(max_records=30), job=JOB, gap=SESSION_GAPS,
        lateness=st.sampled_from([0, 3000, 15_000]), emit=SESSION_EMITS)
@@ -389,6 +392,7 @@ def bridged_sessions(draw: Any) -> tuple[list[list[dict[str, Any]]], int]:
     return epochs, gap
 
 
+@pytest.mark.slow
 @settings(max_examples=10, **PROPERTY)
 @given(case=bridged_sessions(), job=JOB, lateness=st.sampled_from([0, 3000, 15_000]),
        emit=SESSION_EMITS, slack=st.sampled_from([0, 60_000]))
@@ -414,6 +418,7 @@ def distinct_ts_streams(draw: Any) -> list[list[dict[str, Any]]]:
     return epochs
 
 
+@pytest.mark.slow
 @settings(max_examples=10, **PROPERTY)
 @given(epochs=distinct_ts_streams(), job=JOB, count=st.integers(1, 4))
 def test_count_windows_match_oracle(spark, tmp_path, epochs, job, count) -> None:
@@ -425,6 +430,7 @@ def test_count_windows_match_oracle(spark, tmp_path, epochs, job, count) -> None
     assert_same("out", want, got["out"], describe(epochs, count=count, **job))
 
 
+@pytest.mark.slow
 @settings(max_examples=10, **PROPERTY)
 @given(epochs=streams(max_records=30), job=JOB)
 def test_rolling_aggregate_matches_oracle(spark, tmp_path, epochs, job) -> None:
@@ -436,6 +442,7 @@ def test_rolling_aggregate_matches_oracle(spark, tmp_path, epochs, job) -> None:
     assert_same("out", want, got["out"], describe(epochs, **job))
 
 
+@pytest.mark.slow
 @settings(max_examples=10, **PROPERTY)
 @given(epochs=streams(max_records=30), job=JOB, within_s=st.sampled_from([5, 20, 60]))
 def test_dedupe_matches_oracle(spark, tmp_path, epochs, job, within_s) -> None:
@@ -488,6 +495,7 @@ def test_a_record_exactly_at_a_window_boundary(spark, tmp_path, kind, size, slid
                        emit="final")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("behind_ms", [0, 1])
 @pytest.mark.parametrize("backend", ["memory", "rocksdb"])
 def test_lateness_boundary(spark, tmp_path, behind_ms, backend) -> None:
@@ -567,6 +575,7 @@ def test_an_epoch_without_records(spark, tmp_path) -> None:
     assert_same("out", want, got["out"], describe(epochs, **job))
 
 
+@pytest.mark.slow
 def test_records_filtered_out_before_a_window_still_move_the_watermark(spark, tmp_path) -> None:
     """The watermark is the source's: an epoch whose records a filter drops before the window
     still advances it, so a later record for a passed window is late."""

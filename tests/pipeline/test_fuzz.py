@@ -254,6 +254,7 @@ def test_odd_files_are_reported(case: str, tmp_path: Path) -> None:
     check_validate(path)
 
 
+@pytest.mark.slow
 def test_ten_thousand_operators(tmp_path: Path) -> None:
     lines = ["name: big", "sources:", "  - {id: gen, type: datagen, limit: 5, "
              "fields: {n: \"offset\"}}", "operators:"]
@@ -312,6 +313,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return work
 
 
+@pytest.mark.slow
 @pytest.mark.spark
 @settings(max_examples=12, deadline=None, database=None, derandomize=True,
           # no shrinking: each example is a Spark run; the failing example is printed as is

@@ -28,7 +28,7 @@ from streamer.runtime.cluster.standalone import session_members
 #: The `streamer` command of the interpreter running the tests (the project's venv).
 STREAMER = Path(sys.executable).with_name("streamer")
 #: Variables of the test process a run must not inherit (each test sets its own).
-SCRUBBED = ("STREAMER_FAULTS", "STREAMER_FAILPOINTS", "STREAMER_DRIVER_PID")
+SCRUBBED = ("STREAMER_TEST_FAULTS", "STREAMER_TEST_FAILPOINTS", "STREAMER_TEST_DRIVER_PID")
 
 
 def quick_jvm() -> str:

@@ -84,6 +84,7 @@ def expected(windowed: bool) -> dict:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("backend", "windowed"), [("rocksdb", True), ("memory", False)])
 def test_max_by_and_min_by_give_the_earliest_row_with_the_extreme_value(
         spark, tmp_path: Path, backend: str, windowed: bool) -> None:
@@ -147,6 +148,7 @@ def test_aggregates_a_type_cannot_take_are_refused_with_the_fix(spark, tmp_path:
     ]
 
 
+@pytest.mark.slow
 def test_key_by_nothing_is_one_global_window_per_time(spark, tmp_path: Path) -> None:
     """Nexmark Q7's shape: the highest bid of each window over all auctions (`key_by: []`),
     its row whole; the key column the engine adds for it never reaches the sink."""

@@ -89,6 +89,7 @@ def run_both(spark, tmp_path: Path, data: Path, case: str, *, extra: str = ""):
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_arrow_tasks_give_the_staged_output(spark, tmp_path: Path, monkeypatch,
                                             case: str) -> None:
@@ -105,6 +106,7 @@ def test_arrow_tasks_give_the_staged_output(spark, tmp_path: Path, monkeypatch,
     assert all(not m.arrow_decoded for m in off[3].metrics)
 
 
+@pytest.mark.slow
 def test_files_arrow_refuses_are_read_by_spark_in_the_same_epoch(spark, tmp_path: Path,
                                                                  monkeypatch) -> None:
     """One file with undecodable lines and one with a record without event time: both go
@@ -138,6 +140,7 @@ def test_files_arrow_refuses_are_read_by_spark_in_the_same_epoch(spark, tmp_path
     assert [m.arrow_decoded for m in reading] == [{"events": 1}, {"events": 1}, {"events": 1}]
 
 
+@pytest.mark.slow
 def test_an_expression_arrow_does_not_take_keeps_sparks_staging(spark, tmp_path: Path,
                                                                 monkeypatch) -> None:
     """`upper()` is not translated: the plan says so and Spark stages every epoch."""
@@ -256,6 +259,7 @@ def test_kafka_ranges_decoded_by_arrow_tasks(spark, kafka, tmp_path: Path,
                                                   {"events": 2}]
 
 
+@pytest.mark.slow
 def test_parquet_with_operators_goes_through_arrow_tasks(spark, tmp_path: Path,
                                                          monkeypatch) -> None:
     """A parquet source with a filter and derived columns: Arrow tasks read each file whose
@@ -307,6 +311,7 @@ def csv_events(directory: Path, files: int, rows: int, seed: int) -> Path:
     return directory / "csv"
 
 
+@pytest.mark.slow
 def test_csv_files_go_through_arrow_tasks(spark, tmp_path: Path, monkeypatch) -> None:
     """CSV files, decoded by Arrow where that is certainly Spark's reading: the same output,
     records, counts and dead letters as Spark's staging; a file with a short line (a bad

@@ -81,6 +81,7 @@ def run_both(spark, tmp_path: Path, data: Path, *, source_format: str = "jsonl",
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("source_format", "sink_format", "operators"), [
     ("jsonl", "jsonl", True), ("jsonl", "parquet", True), ("csv", "jsonl", True),
     ("parquet", "jsonl", False)])
@@ -119,6 +120,7 @@ def _as_csv(spark, parquet: Path, target: Path) -> Path:
     return target
 
 
+@pytest.mark.slow
 def test_refused_files_are_read_and_written_by_spark_in_the_same_epoch(
         spark, tmp_path: Path, monkeypatch) -> None:
     """A file with undecodable lines and one with a record without event time go to Spark,

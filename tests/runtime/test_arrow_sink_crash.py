@@ -5,7 +5,7 @@ every epoch (`small_epoch_rows: 0`, `local_rows: 0`, so every epoch takes the ta
 one file per epoch holds bad lines, so Spark writes its rows beside the tasks' files).
 `streamer run` is killed, every process at once, before an epoch's job (`epoch-start`),
 right after the tasks wrote the staging (`arrow-written`), between `_metadata` and the
-sink's commit, and at a random moment (seeded: `STREAMER_CRASH_SEED`), then run again until
+sink's commit, and at a random moment (seeded: `STREAMER_TEST_CRASH_SEED`), then run again until
 a run finishes. Every lap's committed output must equal an uninterrupted run's, row for row,
 and nothing staged may be left once a run finishes.
 """
@@ -25,7 +25,7 @@ from test_staged import json_events
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-KILLS = int(os.environ.get("STREAMER_ARROW_SINK_CRASH_KILLS", "4"))
+KILLS = int(os.environ.get("STREAMER_TEST_ARROW_SINK_CRASH_KILLS", "4"))
 KINDS = ("epoch-start", "arrow-written", "after-metadata", "random")
 JOB = "arrow-sink-crash"
 #: One JSON file of 200 events per epoch, the last one also the final epoch.
@@ -124,7 +124,7 @@ def test_sigkill_around_the_arrow_tasks_writes_then_rerun_commits_exactly_the_re
     lines = bad.read_text().splitlines()
     lines[7] = lines[7][:15]
     bad.write_text("\n".join(lines) + "\n")
-    print(f"arrow sink crash test seed {SEED} (STREAMER_CRASH_SEED), {KILLS} kills in "
+    print(f"arrow sink crash test seed {SEED} (STREAMER_TEST_CRASH_SEED), {KILLS} kills in "
           f"{tmp_path}")
     with ThreadPoolExecutor(max_workers=2) as pool:
         reference_f = pool.submit(reference_output, tmp_path / "reference", data / "jsonl")

@@ -112,6 +112,7 @@ def check_rules_in_order(rows: list[dict[str, Any]], parallelism: int) -> None:
     assert {subtask_of(r, parallelism) for r in rows} == set(range(parallelism))
 
 
+@pytest.mark.slow
 def test_every_subtask_applies_the_broadcast_records_then_a_savepoint_restores_them_all(
         spark: Any, tmp_path: Path) -> None:
     """2 subtasks on rocksdb, stopped with a savepoint after the last rule; restored at 3
@@ -134,6 +135,7 @@ def test_every_subtask_applies_the_broadcast_records_then_a_savepoint_restores_t
     assert sorted(r["n"] for r in job.rows()) == list(range(600))
 
 
+@pytest.mark.slow
 def test_broadcast_state_survives_a_stop_and_resume_from_a_checkpoint(
         spark: Any, tmp_path: Path) -> None:
     """3 subtasks on memory: stopped after epoch 2 (rules r0, r1 applied), resumed from the

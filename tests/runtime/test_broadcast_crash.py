@@ -4,7 +4,7 @@ rules, r0, r1 and r2 one per epoch in epochs 1-3, and 600 events, 100 per epoch,
 parallelism 2 on the memory backend -> jsonl, a checkpoint every epoch). `streamer run` is
 killed, every process at once, at fail points (inside a keyed task, in the middle of a
 snapshot upload, between `_metadata` and the sink commit) and at a random moment (seeded:
-`STREAMER_CRASH_SEED` repeats the choices; the seed and every run are in a failure's
+`STREAMER_TEST_CRASH_SEED` repeats the choices; the seed and every run are in a failure's
 message), and run again until a run finishes. Each event's row names the rules its subtask
 had and its key group: the committed rows must equal an uninterrupted run's, row for row, so
 every subtask applied every rule after each recovery, the restored ones included.
@@ -26,7 +26,7 @@ from test_crash import SEED, Lap, LapJob, check_campaign, crash_campaign
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-KILLS = int(os.environ.get("STREAMER_BROADCAST_CRASH_KILLS", "4"))
+KILLS = int(os.environ.get("STREAMER_TEST_BROADCAST_CRASH_KILLS", "4"))
 KINDS = ("in-task", "mid-upload", "after-metadata", "random")
 JOB = "bc-crash"
 #: 6 epochs of events (the rules in the first 3); no final epoch (no timers to fire).
@@ -81,7 +81,7 @@ def broadcast_job() -> LapJob:
 
 def test_sigkill_with_broadcast_state_then_every_subtask_applies_the_restored_rules(
         tmp_path: Path) -> None:
-    print(f"broadcast crash test seed {SEED} (STREAMER_CRASH_SEED), {KILLS} kills in "
+    print(f"broadcast crash test seed {SEED} (STREAMER_TEST_CRASH_SEED), {KILLS} kills in "
           f"{tmp_path}")
     with ThreadPoolExecutor(max_workers=2) as pool:
         reference_f = pool.submit(reference_output, tmp_path / "reference")

@@ -122,6 +122,7 @@ def expected_per_minute(rekey: bool) -> Counter:
                    for (key, start), v in found.items())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("backend", "parallelism", "rekey"), [
     ("memory", 1, False), ("rocksdb", 3, False), ("rocksdb", 2, True), ("memory", 4, True)])
 def test_a_window_over_a_window_counts_every_record(spark, tmp_path: Path, backend: str,
@@ -137,6 +138,7 @@ def test_a_window_over_a_window_counts_every_record(spark, tmp_path: Path, backe
     assert result.late == 0
 
 
+@pytest.mark.slow
 def test_a_window_join_of_a_windows_results_matches_every_record(spark, tmp_path: Path) -> None:
     out = tmp_path / "out"
     run(spark, f"""
@@ -211,6 +213,7 @@ def test_operator_watermarks_follow_their_inputs_and_survive_a_checkpoint() -> N
     assert again.for_operators() == tracker.for_operators()
 
 
+@pytest.mark.slow
 def test_a_window_over_a_process_functions_output_is_an_event_time_window(
         spark, tmp_path: Path) -> None:
     out = tmp_path / "out"
@@ -271,6 +274,7 @@ sinks:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("backend", "parallelism"), [("rocksdb", 3), ("memory", 2)])
 def test_an_aggregate_over_a_rolling_aggregates_updates_takes_back_the_old_values(
         spark, tmp_path: Path, backend: str, parallelism: int) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from streamer import failpoints
 from streamer.checkpoint.checkpoint_metadata import CheckpointError, CheckpointStore
 from streamer.pipeline.validate import load_pipeline_text
 from streamer.runtime.job.coordinator import JobRunner, RunOptions
@@ -229,6 +230,7 @@ def test_corrupt_state_file_falls_back_to_the_previous_checkpoint(
     assert set(committed(job.out)) == set(expected)
 
 
+@pytest.mark.slow
 def test_from_checkpoint_and_fresh(spark, tmp_path: Path, expected: Counter[str]) -> None:
     job = Job(tmp_path, interval="1h")
     first, _ = job.run(spark, max_epochs=1)
@@ -267,15 +269,44 @@ def test_local_recovery_copy_is_used_when_intact(spark, tmp_path: Path,
     assert committed(job.out) == expected
 
 
+@pytest.mark.slow
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["epoch-start:3", "after-snapshot:2", "after-metadata:2",
+                                   "mid-commit:2"])
+def test_a_run_aborted_at_a_fail_point_resumes_in_the_same_process_exactly_once(
+        spark, tmp_path: Path, expected: Counter[str], monkeypatch: pytest.MonkeyPatch,
+        point: str) -> None:
+    """A fail point armed with `raise` aborts the run inside the driver (Bytewax's `ABORT`:
+    no SIGKILL, so no fresh JVM); the next run, in the same process on the same Spark session,
+    resumes from the last checkpoint and commits every row exactly once, whichever side of
+    `_metadata` or the sink commit the first one stopped on. test_crash.py SIGKILLs at the
+    same points, which also proves that nothing depends on the driver's clean-up."""
+    monkeypatch.setattr(failpoints, "_raised", set())
+    monkeypatch.setenv(failpoints.ENV, f"{point}:raise")
+    monkeypatch.setenv(failpoints.DRIVER_PID_ENV, "")  # (the run sets it: undo it after)
+    job = Job(tmp_path, interval="1ms")
+    with pytest.raises(failpoints.FailPointError, match=point.split(":")[0]):
+        job.run(spark)
+    latest = job.store.latest()
+    assert latest is not None
+    assert sum(committed(job.out).values()) < sum(expected.values())
+    monkeypatch.delenv(failpoints.ENV)
+    result, events = job.run(spark)
+    assert result.status == "finished" and result.restored_from == latest.checkpoint_id
+    assert any(m.startswith(f"resuming from checkpoint {latest.checkpoint_id}")
+               for m in messages(events))
+    assert committed(job.out) == expected
+
+
 def test_a_failed_epoch_restarts_from_the_last_checkpoint(
         spark, tmp_path: Path, expected: Counter[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    import streamer.storage_faults  # noqa: F401 - registers faulty:// in this process
+    import streamer.testing.storage_faults  # noqa: F401 - registers faulty:// in this process
 
     rules = tmp_path / "faults.json"
     # The third epoch's staged upload fails once (the sink stages in the driver).
     rules.write_text(json.dumps({"rules": [
         {"op": "write", "match": "*/_staging/epoch-00000003/*", "times": 1}]}))
-    monkeypatch.setenv("STREAMER_FAULTS", str(rules))
+    monkeypatch.setenv("STREAMER_TEST_FAULTS", str(rules))
     job = Job(tmp_path, interval="1ms", attempts=2)
     text = job.text(out=f"faulty://{job.out}")
     port = free_port()
@@ -301,13 +332,13 @@ def test_a_failed_epoch_restarts_from_the_last_checkpoint(
 
 def test_without_restart_attempts_a_failed_epoch_fails_the_run(
         spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import streamer.storage_faults  # noqa: F401
+    import streamer.testing.storage_faults  # noqa: F401
     from streamer.runtime.exceptions import JobFailedError
 
     rules = tmp_path / "faults.json"
     rules.write_text(json.dumps({"rules": [
         {"op": "write", "match": "*/_staging/epoch-00000003/*"}]}))
-    monkeypatch.setenv("STREAMER_FAULTS", str(rules))
+    monkeypatch.setenv("STREAMER_TEST_FAULTS", str(rules))
     job = Job(tmp_path, interval="1ms", attempts=0)
     with pytest.raises(JobFailedError, match="epoch 3 failed in writing sink 'out'"):
         job.run(spark, text=job.text(out=f"faulty://{job.out}"))

@@ -117,6 +117,7 @@ else:
 """
 
 
+@pytest.mark.slow
 def test_simultaneous_claims_from_processes_have_one_winner(tmp_path: Path) -> None:
     for round_ in range(3):
         start = time.time() + 1.5  # every process spins until then, then claims

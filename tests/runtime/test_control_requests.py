@@ -170,6 +170,7 @@ MOMENTS = {"starting": "starting:0", "between-epochs": "epoch-start:2",
            "in-a-checkpoint": "after-snapshot:2"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", list(REQUESTS))
 @pytest.mark.parametrize("moment", list(MOMENTS))
 def test_a_request_is_honoured_once_whenever_it_arrives(
@@ -202,12 +203,12 @@ def test_a_request_sent_during_a_restart_is_honoured(
         spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
     """Epoch 3's staged output fails once: the job restarts (`job.restart`) from checkpoint
     2, and is held while it restores it."""
-    import streamer.storage_faults  # noqa: F401 - registers faulty:// in this process
+    import streamer.testing.storage_faults  # noqa: F401 - registers faulty:// in this process
 
     rules = tmp_path / "faults.json"
     rules.write_text(json.dumps({"rules": [
         {"op": "write", "match": "*/_staging/epoch-00000003/*", "times": 1}]}))
-    monkeypatch.setenv("STREAMER_FAULTS", str(rules))
+    monkeypatch.setenv("STREAMER_TEST_FAULTS", str(rules))
     job = Held(tmp_path)
     result = job.run(spark, monkeypatch, point="recovering:2", request=REQUESTS[kind],
                      text=job.text(out=f"faulty://{job.out}"))
@@ -220,12 +221,12 @@ def test_a_savepoint_accepted_before_a_failed_epoch_is_written_after_the_restart
         spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The request is taken at the boundary after epoch 2; epoch 3, which would write it,
     fails; the restarted job writes it (it stays owed), and it restores exactly."""
-    import streamer.storage_faults  # noqa: F401
+    import streamer.testing.storage_faults  # noqa: F401
 
     rules = tmp_path / "faults.json"
     rules.write_text(json.dumps({"rules": [
         {"op": "write", "match": "*/_staging/epoch-00000003/*", "times": 1}]}))
-    monkeypatch.setenv("STREAMER_FAULTS", str(rules))
+    monkeypatch.setenv("STREAMER_TEST_FAULTS", str(rules))
     job = Held(tmp_path)
     result = job.run(spark, monkeypatch, point="epoch-start:2", request=REQUESTS["savepoint"],
                      text=job.text(out=f"faulty://{job.out}"))

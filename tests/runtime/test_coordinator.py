@@ -170,6 +170,7 @@ def test_undecodable_record_without_on_error_fails_with_its_location(spark, tmp_
     assert not list((tmp_path / "out").glob("part-*")), "a failed epoch must not commit"
 
 
+@pytest.mark.slow
 def test_stop_request_ends_an_unbounded_job_at_an_epoch_boundary(spark, tmp_path: Path) -> None:
     out = tmp_path / "out"
     spec = load_pipeline_text(textwrap.dedent(f"""
@@ -198,6 +199,7 @@ def test_stop_request_ends_an_unbounded_job_at_an_epoch_boundary(spark, tmp_path
     assert len(numbers) == result.records_in == result.offsets["gen"]["0"]
 
 
+@pytest.mark.slow
 def test_watch_picks_up_files_that_appear_while_running(spark, tmp_path: Path) -> None:
     src, out = tmp_path / "in", tmp_path / "out"
     src.mkdir()
@@ -234,6 +236,7 @@ def test_watch_picks_up_files_that_appear_while_running(spark, tmp_path: Path) -
     assert result.epochs == 2
 
 
+@pytest.mark.slow
 def test_max_epochs_stops_a_smoke_run(spark, tmp_path: Path) -> None:
     _, result = run(spark, f"""
         name: t
@@ -310,6 +313,7 @@ SMALL_AND_LARGE = """
     """
 
 
+@pytest.mark.slow
 def test_small_epochs_run_interpreted_and_give_the_same_results(spark, tmp_path: Path,
                                                                 monkeypatch) -> None:
     """The small-epoch mode (no code generation, no adaptive execution, one shuffle
@@ -346,6 +350,7 @@ LAST_EPOCH_PATHS = {
     ("parquet", "{direct_read: false, staged_input: false}"): "spark"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("fmt", "execution"), sorted(LAST_EPOCH_PATHS))
 def test_the_epoch_with_the_last_records_ends_the_input(spark, tmp_path: Path, fmt,
                                                         execution) -> None:

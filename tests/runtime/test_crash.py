@@ -11,10 +11,10 @@ duplicated), with nothing staged left behind. Both state backends run the same s
 rocksdb writes jsonl (Spark writes the sink's files), memory parquet (the keyed tasks write
 them, `connectors/files_sink.TaskFile`), whose reference run has Spark write them.
 
-Kills per backend: `STREAMER_CRASH_KILLS` (default 8, so 16 in all: every fail point once and
+Kills per backend: `STREAMER_TEST_CRASH_KILLS` (default 8, so 16 in all: every fail point once and
 two random kills per backend; raise it for longer local runs). A lap runs the job from scratch
 to its end with at most one kill per epoch on average; laps follow each other until the kills
-are all done. The kills are chosen by a seeded RNG: `STREAMER_CRASH_SEED` repeats the same
+are all done. The kills are chosen by a seeded RNG: `STREAMER_TEST_CRASH_SEED` repeats the same
 choices (the moment of a random kill still depends on how fast epochs run). The seed and every
 run are printed, and repeated in every failure message.
 
@@ -44,22 +44,25 @@ from streamer.checkpoint.checkpoint_metadata import CheckpointStore
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-KILLS = int(os.environ.get("STREAMER_CRASH_KILLS", "8"))
-SEED = int(os.environ.get("STREAMER_CRASH_SEED") or random.SystemRandom().randrange(2**32))
+KILLS = int(os.environ.get("STREAMER_TEST_CRASH_KILLS", "8"))
+SEED = int(os.environ.get("STREAMER_TEST_CRASH_SEED") or random.SystemRandom().randrange(2**32))
 JOB = "crash"
 #: records per split, and per epoch over both splits: 10 epochs of data, the last one final
 LIMIT, PER_EPOCH = 600, 120
 
-#: The job of the campaign up to its sinks (name, storage, state backend; the datagen source; its
-#: windows, `per_window`), which the campaigns into other sinks share.
-JOB_HEAD = """\
+def job_head(storage: str = "{root}/storage", attempts: int = 0) -> str:
+    """The job of the campaign up to its sinks (name, storage, state backend; the datagen
+    source; its windows, `per_window`), shared by the campaigns into other sinks and by the
+    storage-fault scenarios (test_storage_faults.py, on `faulty://` storage with a restart).
+    A `str.format` template of `job`, `root`, `backend`, `limit` and `per_epoch`."""
+    return """\
 name: {job}
-storage: {root}/storage
+storage: STORAGE
 job:
   parallelism: 2
   checkpoint: {{interval: 1ms, retain: 2}}
   state: {{backend: {backend}, local_dir: {root}/local}}
-  restart: {{attempts: 0, delay: 0s}}
+  restart: {{attempts: ATTEMPTS, delay: 0s}}
 sources:
   - id: clicks
     type: datagen
@@ -78,7 +81,10 @@ operators:
     key_by: [user]
     window: {{tumbling: 5s}}
     aggregate: {{n: count(), spent: sum(amount), first: min(ts), last: max(ts)}}
-"""
+""".replace("STORAGE", storage).replace("ATTEMPTS", str(attempts))
+
+
+JOB_HEAD = job_head()
 
 PIPELINE = JOB_HEAD + """\
 sinks:
@@ -185,7 +191,7 @@ class Kill:
     def env(self) -> dict[str, str]:
         """The run's fail points."""
         return {} if self.point == "random" else {
-            "STREAMER_FAILPOINTS": f"{self.point}:{self.number}"}
+            "STREAMER_TEST_FAILPOINTS": f"{self.point}:{self.number}"}
 
 
 class RandomCrash:
@@ -320,7 +326,7 @@ class Campaign:
     @property
     def schedule(self) -> str:
         """The seed and every run, for failure messages."""
-        return "\n".join([f"seed {SEED} (STREAMER_CRASH_SEED={SEED} repeats the choices)",
+        return "\n".join([f"seed {SEED} (STREAMER_TEST_CRASH_SEED={SEED} repeats the choices)",
                           *self.log])
 
 
@@ -440,7 +446,7 @@ def campaigns(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
                 if getattr(item, "module", None) is request.module}
     backends = [backend for backend in BACKENDS if backend in selected]
     root = tmp_path_factory.mktemp("crash")
-    print(f"crash test seed {SEED} (STREAMER_CRASH_SEED), {KILLS} kills per backend in {root}")
+    print(f"crash test seed {SEED} (STREAMER_TEST_CRASH_SEED), {KILLS} kills per backend in {root}")
     with ThreadPoolExecutor(max_workers=1 + len(backends)) as pool:
         references = pool.submit(reference_outputs, root / "reference")
         runs = {backend: pool.submit(crash_campaign, backend, root / backend,

@@ -67,6 +67,7 @@ def pipeline(data: Path, out: Path, dlq: Path | None, window: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("window", [False, True], ids=["spark-scan", "subtask-read"])
 def test_a_damaged_page_becomes_a_dead_letter_naming_the_file(spark, tmp_path: Path,
                                                               window: bool) -> None:

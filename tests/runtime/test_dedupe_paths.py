@@ -107,6 +107,7 @@ def summary(result) -> list[tuple]:
     return [(m.records_in, m.records_out, m.watermark, m.operators) for m in result.metrics]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("fmt", "parallelism", "backend", "keys", "paths"), [
     ("parquet", 2, "rocksdb", "[id]", ("direct",)),
     ("parquet", 3, "memory", "[user, id]", ("direct",)),
@@ -134,6 +135,7 @@ def test_every_path_forwards_the_routed_plans_records(spark, tmp_path: Path, fmt
         assert summary(result) == summary(reference), path
 
 
+@pytest.mark.slow
 def test_a_job_switches_between_direct_and_routed_dedupe(spark, tmp_path: Path) -> None:
     """Stopped after two epochs read by the subtasks, resumed with Spark routing the rest
     (and the other way round): the same output as one uninterrupted run, so both paths

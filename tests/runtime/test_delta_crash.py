@@ -1,7 +1,7 @@
 """The crash test of test_crash.py into Delta tables: `streamer run` is SIGKILLed at the fail
 points that put a sink's two-phase commit at risk (`SINK_KINDS`: inside a keyed task, after
 the snapshots, between `_metadata` and the Delta commits, between the commits of the job's two
-sinks) and twice at random moments, 6 times in one lap (`STREAMER_DELTA_CRASH_KILLS`),
+sinks) and twice at random moments, 6 times in one lap (`STREAMER_TEST_DELTA_CRASH_KILLS`),
 restarted each time, and the tables then hold exactly what one uninterrupted run writes: the
 appended windows each once, and the merged rolling totals at their last value per key. (The
 other fail points are about the keyed stage, which test_crash.py's campaign covers.)
@@ -38,7 +38,7 @@ from test_crash import (
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-KILLS = int(os.environ.get("STREAMER_DELTA_CRASH_KILLS", "6"))
+KILLS = int(os.environ.get("STREAMER_TEST_DELTA_CRASH_KILLS", "6"))
 JOB = "dcrash"
 SINKS = {"windows": "windows", "totals_table": "totals"}  # sink id -> table directory
 
@@ -104,7 +104,7 @@ def delta_job() -> LapJob:
 
 def test_sigkill_into_delta_tables_then_they_hold_the_uninterrupted_runs_rows(
         tmp_path: Path) -> None:
-    print(f"delta crash test seed {SEED} (STREAMER_CRASH_SEED), {KILLS} kills in {tmp_path}")
+    print(f"delta crash test seed {SEED} (STREAMER_TEST_CRASH_SEED), {KILLS} kills in {tmp_path}")
     with ThreadPoolExecutor(max_workers=2) as pool:
         reference_f = pool.submit(reference_output, tmp_path / "reference")
         campaign_f = pool.submit(crash_campaign, "delta", tmp_path / "delta", delta_job(),

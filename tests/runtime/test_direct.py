@@ -148,6 +148,7 @@ CASES = {  # name: (parallelism, backend, keys, window)
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_direct_read_gives_the_spark_plans_output(spark, tmp_path: Path, monkeypatch,
                                                   case: str) -> None:
@@ -175,6 +176,7 @@ def test_direct_read_gives_the_spark_plans_output(spark, tmp_path: Path, monkeyp
     assert metrics["1"] == metrics["0"]
 
 
+@pytest.mark.slow
 def test_epochs_whose_files_have_no_time_zone_are_read_by_spark(spark, tmp_path: Path,
                                                                 monkeypatch) -> None:
     """A file whose timestamps carry no zone is read by Spark (which gives them its session
@@ -199,6 +201,7 @@ def test_epochs_whose_files_have_no_time_zone_are_read_by_spark(spark, tmp_path:
     assert outputs["0"] and outputs["1"] == outputs["0"]
 
 
+@pytest.mark.slow
 def test_a_checkpointed_job_can_switch_between_direct_and_spark_reads(
         spark, tmp_path: Path, monkeypatch) -> None:
     """Resume a job stopped after direct epochs with direct reads off: same output as one
@@ -296,6 +299,7 @@ def test_a_bigint_sum_past_64_bits_fails_as_sparks_does(spark, tmp_path: Path, m
     assert [json.loads(r)["units"] for r in committed_rows(tmp_path / "out-fits")] == [-(2**63)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("window", ["window: {tumbling: 1m}", "window: {session: {gap: 20s}}",
                                     ""])
 def test_a_bigint_sum_past_64_bits_across_epochs_fails_as_sparks_does(

@@ -102,6 +102,7 @@ class Job:
                          reporter=JsonReporter(Capture())).run()  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_savepoint_then_restore_at_another_parallelism_and_backend(
         spark: Any, tmp_path: Path) -> None:
     reference_job = Job(tmp_path / "reference")
@@ -236,6 +237,7 @@ sinks:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("table", ["true", "{as_of: event_time}"])
 def test_table_join_enriches_and_restores_at_another_parallelism_and_backend(
         spark: Any, tmp_path: Path, table: str) -> None:

@@ -4,12 +4,12 @@ interval join -> inner table join with a customers table, at parallelism 2 -> js
 checkpoint every epoch). `streamer run` is killed, every process at once, at fail points
 (`failpoints.py`: inside a keyed task, in the middle of a snapshot upload, between a
 checkpoint's `_metadata` and the sink commit) and at random moments (seeded: the seed and
-every run are printed and repeated in a failure's message; `STREAMER_CRASH_SEED` repeats the
+every run are printed and repeated in a failure's message; `STREAMER_TEST_CRASH_SEED` repeats the
 choices), and run again until a run finishes; every lap's committed output must equal an
 uninterrupted run's, row for row, with nothing staged left behind. The laps alternate the
 state backends (rocksdb, then memory).
 
-Kills: `STREAMER_JOIN_CRASH_KILLS` (default 5: each of the three fail points once, two random
+Kills: `STREAMER_TEST_JOIN_CRASH_KILLS` (default 5: each of the three fail points once, two random
 kills), at most 3 per lap of the job's 5 epochs (so two laps).
 """
 
@@ -27,7 +27,7 @@ from test_crash import BACKENDS, SEED, Lap, LapJob, check_campaign, crash_campai
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-KILLS = int(os.environ.get("STREAMER_JOIN_CRASH_KILLS", "5"))
+KILLS = int(os.environ.get("STREAMER_TEST_JOIN_CRASH_KILLS", "5"))
 KINDS = ("in-task", "mid-upload", "after-metadata", "random", "random")
 JOB = "join-crash"
 #: 4 epochs of data, the last one also the final one.
@@ -119,7 +119,7 @@ def join_job() -> LapJob:
 
 def test_sigkill_at_fail_points_and_random_moments_then_rerun_commits_exactly_the_reference(
         tmp_path: Path) -> None:
-    print(f"join crash test seed {SEED} (STREAMER_CRASH_SEED), {KILLS} kills in {tmp_path}")
+    print(f"join crash test seed {SEED} (STREAMER_TEST_CRASH_SEED), {KILLS} kills in {tmp_path}")
     with ThreadPoolExecutor(max_workers=2) as pool:
         reference_f = pool.submit(reference_output, tmp_path / "reference")
         campaign_f = pool.submit(crash_campaign, "join", tmp_path / "join", join_job(), KILLS,

@@ -146,6 +146,7 @@ def summary(result) -> list[tuple]:
             for m in result.metrics]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("path", "join", "parallelism", "backend"), [
     ("staged", "interval-left", 2, "rocksdb"),
     ("staged", "interval-full-string", 3, "memory"),
@@ -189,6 +190,7 @@ def parquet_rows(directory: Path) -> list[str]:
     return sorted(rows)
 
 
+@pytest.mark.slow
 def test_a_join_writes_its_local_parquet_sink_from_its_subtasks(spark, tmp_path: Path) -> None:
     from test_plan import stage
 
@@ -210,6 +212,7 @@ def test_a_join_writes_its_local_parquet_sink_from_its_subtasks(spark, tmp_path:
     assert summary(result) == summary(routed)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("kind", "backend"), [("between: [0s, 30s]", "rocksdb"),
                                                ("table: true", "memory")])
 def test_local_epochs_join_as_the_routed_plan(spark, tmp_path: Path, kind: str,

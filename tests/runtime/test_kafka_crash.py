@@ -1,6 +1,6 @@
 """The crash test of test_crash.py on Kafka -> keyed windows -> Kafka: `streamer run` is
 SIGKILLed at every fail point once (between `_metadata` and the Kafka transaction's commit
-among them) and twice at random moments, 8 times in one lap (`STREAMER_KAFKA_CRASH_KILLS`),
+among them) and twice at random moments, 8 times in one lap (`STREAMER_TEST_KAFKA_CRASH_KILLS`),
 restarted each time, and a `read_committed` consumer of the output topic then sees exactly the
 records of one uninterrupted run, each once.
 
@@ -27,7 +27,7 @@ from test_crash import EPOCHS, KINDS, SEED, Lap, LapJob, check_campaign, crash_c
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.kafka]
 
-KILLS = int(os.environ.get("STREAMER_KAFKA_CRASH_KILLS", "8"))
+KILLS = int(os.environ.get("STREAMER_TEST_KAFKA_CRASH_KILLS", "8"))
 JOB = "kcrash"
 PER_PARTITION, PER_EPOCH = 600, 60
 BASE_MS = 1767225600000
@@ -123,7 +123,7 @@ def kafka_job(kafka: Any, source: str) -> LapJob:
 def test_sigkill_kafka_to_windows_to_kafka_then_read_committed_sees_each_record_once(
         kafka: Any, tmp_path: Path) -> None:
     source = fill_source(kafka)
-    print(f"kafka crash test seed {SEED} (STREAMER_CRASH_SEED), {KILLS} kills in {tmp_path}")
+    print(f"kafka crash test seed {SEED} (STREAMER_TEST_CRASH_SEED), {KILLS} kills in {tmp_path}")
     with ThreadPoolExecutor(max_workers=2) as pool:
         reference_f = pool.submit(reference_output, tmp_path / "reference", kafka, source)
         campaign_f = pool.submit(crash_campaign, "kafka", tmp_path / "kafka",

@@ -112,6 +112,7 @@ WINDOWED = """
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("window", ["tumbling: 1m", "sliding: {size: 1m, slide: 20s}",
                                     "session: {gap: 5s}"])
 def test_memory_and_rocksdb_backends_give_identical_windows(spark, tmp_path, window) -> None:
@@ -163,6 +164,7 @@ def test_dedupe_forwards_the_first_record_per_key(spark, tmp_path: Path) -> None
     assert sorted((r["id"], r["seen"]) for r in rows) == [(i, i) for i in range(10)]
 
 
+@pytest.mark.slow
 def test_count_windows_and_processing_time_windows(spark, tmp_path: Path) -> None:
     counted, timed = tmp_path / "counted", tmp_path / "timed"
     run(spark, f"""
@@ -239,6 +241,7 @@ def test_a_retried_task_replays_its_output_instead_of_applying_the_epoch_twice(t
     assert [(r["k"], r["n"]) for r in outputs(replace(cfg, epoch=2))] == [("a", 4)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("per_epoch", [10_000, 700])
 def test_process_function_matches_a_brute_force_evaluation(spark, tmp_path, per_epoch) -> None:
     repo = Path(__file__).resolve().parents[2]

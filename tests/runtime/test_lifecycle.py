@@ -16,9 +16,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 from streamer_process import SCRUBBED, STREAMER, FilesOutput, crash, quick_jvm
 
 from streamer.runtime.cluster.standalone import session_members
+
+#: Every test runs `streamer run` in processes of its own (a JVM each).
+pytestmark = pytest.mark.slow
 
 PIPELINE = """
 name: lifecycle
@@ -145,7 +149,7 @@ def test_sigterm_cancels_past_the_shutdown_timeout(tmp_path: Path) -> None:
     storage = tmp_path / "storage"
     # The stop's final checkpoint (the only one: an hour apart) stalls far past the timeout.
     run = Proc(write_job(tmp_path, shutdown_timeout="2s", interval="1h"), storage, "run",
-               STREAMER_FAILPOINTS="after-snapshot:0:sleep=600")
+               STREAMER_TEST_FAILPOINTS="after-snapshot:0:sleep=600")
     try:
         run.wait_for(lambda events: sum(e.get("event") == "epoch" for e in events) >= 2)
         run.proc.send_signal(signal.SIGTERM)
@@ -262,7 +266,8 @@ def test_a_run_taken_over_stops_without_committing(tmp_path: Path) -> None:
 
     storage = tmp_path / "storage"
     # Checkpoint every epoch; epoch 3 waits 20 s at its start, where the pause finds it.
-    run = Proc(write_job(tmp_path), storage, "run", STREAMER_FAILPOINTS="epoch-start:3:sleep=20")
+    run = Proc(write_job(tmp_path), storage, "run",
+               STREAMER_TEST_FAILPOINTS="epoch-start:3:sleep=20")
     try:
         run.wait_for(lambda events: any(e.get("event") == "epoch" and e.get("epoch", 0) >= 2
                                         for e in events))
@@ -316,7 +321,7 @@ def test_a_cancel_that_hangs_exits_143_at_once(tmp_path: Path) -> None:
 
     storage = tmp_path / "storage"
     run = Proc(write_job(tmp_path, shutdown_timeout="2s", interval="1h"), storage, "run",
-               STREAMER_FAILPOINTS="after-snapshot:0:sleep=600,cancelling:0:sleep=600")
+               STREAMER_TEST_FAILPOINTS="after-snapshot:0:sleep=600,cancelling:0:sleep=600")
     try:
         run.wait_for(lambda events: sum(e.get("event") == "epoch" for e in events) >= 2)
         began = time.monotonic()

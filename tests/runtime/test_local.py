@@ -226,6 +226,7 @@ KEYED_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["rocksdb", "memory"])
 @pytest.mark.parametrize("case", list(KEYED_CASES))
 def test_a_local_keyed_epoch_runs_in_the_driver_or_one_plain_job_and_equals_the_spark_path(

@@ -2,7 +2,7 @@
 points that put a sink's two-phase commit at risk (`SINK_KINDS`: inside a keyed task, after
 the snapshots, between `_metadata` and the sinks' transactions, between the first sink's
 transaction and the second's) and twice at random moments, 6 times in one lap
-(`STREAMER_PG_CRASH_KILLS`), restarted each time, and the database then holds exactly the rows
+(`STREAMER_TEST_PG_CRASH_KILLS`), restarted each time, and the database then holds exactly the rows
 of one uninterrupted run. (The other fail points are about the keyed stage, which
 test_crash.py's campaign covers.)
 
@@ -42,7 +42,7 @@ from test_crash import (
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.postgres]
 
-KILLS = int(os.environ.get("STREAMER_PG_CRASH_KILLS", "6"))
+KILLS = int(os.environ.get("STREAMER_TEST_PG_CRASH_KILLS", "6"))
 JOB = "pgcrash"
 SINKS = ("final", "updates")
 
@@ -118,7 +118,8 @@ def postgres_job(postgres: Any) -> LapJob:
 
 def test_sigkill_into_postgres_then_the_tables_hold_exactly_the_reference_rows(
         postgres: Any, tmp_path: Path) -> None:
-    print(f"postgres crash test seed {SEED} (STREAMER_CRASH_SEED), {KILLS} kills in {tmp_path}")
+    print(f"postgres crash test seed {SEED} (STREAMER_TEST_CRASH_SEED), {KILLS} kills in "
+          f"{tmp_path}")
     with ThreadPoolExecutor(max_workers=2) as pool:
         reference_f = pool.submit(reference_output, tmp_path / "reference", postgres)
         campaign_f = pool.submit(crash_campaign, "postgres", tmp_path / "postgres",

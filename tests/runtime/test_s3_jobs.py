@@ -2,7 +2,7 @@
 fixture), end to end through the CLI.
 
 - The crash campaign of test_crash.py (SIGKILLs at every fail point once and twice at random
-  moments, `STREAMER_CRASH_KILLS`, default 8) with the job registry, the control channel, the
+  moments, `STREAMER_TEST_CRASH_KILLS`, default 8) with the job registry, the control channel, the
   checkpoints (incremental RocksDB SSTs) and the jsonl sink on S3: the committed output (what
   the sink's manifests name) equals an uninterrupted local run's, nothing staged, partial or
   unnamed is left in the output, and nothing in the checkpoint storage is unreferenced by the

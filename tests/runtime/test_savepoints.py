@@ -161,6 +161,7 @@ def stop_with_savepoint(job: Job, spark: Any, text: str, *, drain: bool = False,
     return result.savepoints[0]
 
 
+@pytest.mark.slow
 def test_trigger_keeps_the_job_running_and_restore_unchanged(
         spark: Any, tmp_path: Path, reference: Counter[str]) -> None:
     job = Job(tmp_path)
@@ -223,6 +224,7 @@ def test_stop_with_savepoint_with_and_without_drain(
         assert committed(job.out) == reference
 
 
+@pytest.mark.slow
 def test_added_filter_changes_output_only_where_it_applies(
         spark: Any, tmp_path: Path, reference: Counter[str]) -> None:
     job = Job(tmp_path)
@@ -247,6 +249,7 @@ def test_added_filter_changes_output_only_where_it_applies(
     assert got != reference and got != filtered
 
 
+@pytest.mark.slow
 def test_added_operator_starts_empty_and_removed_one_is_refused_unless_allowed(
         spark: Any, tmp_path: Path) -> None:
     job = Job(tmp_path)

@@ -47,6 +47,7 @@ sinks:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["direct", "routed"])
 def test_savepoint_then_restore_at_another_parallelism_and_backend(spark, tmp_path: Path,
                                                                    path: str) -> None:

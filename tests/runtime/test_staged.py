@@ -74,6 +74,7 @@ def rows_of(out: Path, sink: str) -> list[str]:
     return sorted(json.dumps(r, sort_keys=True, default=str) for r in rows)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_staged_input_gives_the_spark_plans_output(spark, tmp_path: Path, monkeypatch,
                                                    case: str) -> None:
@@ -132,6 +133,7 @@ def test_staged_files_of_ended_epochs_are_removed(spark, tmp_path: Path) -> None
     assert not list((tmp_path / "state").rglob("_staged"))
 
 
+@pytest.mark.slow
 def test_a_checkpointed_job_can_switch_between_staged_and_routed_epochs(
         spark, tmp_path: Path, monkeypatch) -> None:
     """Stopped after staged epochs, resumed with staged input off (set by the variable):

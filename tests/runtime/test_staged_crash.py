@@ -5,7 +5,7 @@ a 1-minute tumbling window at parallelism 2 on RocksDB -> jsonl, a checkpoint ev
 `small_epoch_rows: 0` and `local_rows: 0`, so every epoch stages its input). `streamer run` is
 killed, every process at once, right after the staging write (`staged`), inside a subtask
 before its state commit (`in-task`), between `_metadata` and the sink commit, and at a random
-moment (seeded: `STREAMER_CRASH_SEED` repeats the choices; the seed and every run are in a
+moment (seeded: `STREAMER_TEST_CRASH_SEED` repeats the choices; the seed and every run are in a
 failure's message), and run again until a run finishes. Every lap's committed output must
 equal an uninterrupted run's, row for row; nothing staged is left, in the sink or under the
 state directory (`_staged`), once a run finishes.
@@ -27,7 +27,7 @@ from test_staged import json_events
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-KILLS = int(os.environ.get("STREAMER_STAGED_CRASH_KILLS", "4"))
+KILLS = int(os.environ.get("STREAMER_TEST_STAGED_CRASH_KILLS", "4"))
 KINDS = ("staged", "in-task", "after-metadata", "random")
 JOB = "staged-crash"
 #: One JSON file of 200 events per epoch, the last one also the final epoch.
@@ -115,7 +115,7 @@ def test_sigkill_around_the_staging_write_then_rerun_commits_exactly_the_referen
         tmp_path: Path) -> None:
     data = tmp_path / "data"
     json_events(data, files=FILES, rows=ROWS, seed=11)
-    print(f"staged crash test seed {SEED} (STREAMER_CRASH_SEED), {KILLS} kills in {tmp_path}")
+    print(f"staged crash test seed {SEED} (STREAMER_TEST_CRASH_SEED), {KILLS} kills in {tmp_path}")
     with ThreadPoolExecutor(max_workers=2) as pool:
         reference_f = pool.submit(reference_output, tmp_path / "reference", data / "jsonl")
         campaign_f = pool.submit(crash_campaign, "staged", tmp_path / "staged",

@@ -4,7 +4,7 @@ whose upload, `_metadata` write or clean-up fails is declined cleanly or complet
 runs on to the output of an uninterrupted run; a checkpoint that cannot be read back is
 reported and an earlier one is used, or the run fails with a one-line error.
 
-Each job runs as a process of its own: Spark's Python workers only see `STREAMER_FAULTS` when
+Each job runs as a process of its own: Spark's Python workers only see `STREAMER_TEST_FAULTS` when
 it is set before the session starts, so the variable names a rules file from the start and a
 test arms a fault at a chosen checkpoint by rewriting that file while the job runs.
 
@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 from streamer_process import FilesOutput, Run, Watch, diff, quick_jvm, run_streamer
+from test_crash import job_head
 
 from streamer.checkpoint.checkpoint_metadata import CheckpointMetadata, CheckpointStore, Listed
 
@@ -35,32 +36,7 @@ JOB = "faults"
 LIMIT, PER_EPOCH = 480, 120
 EPOCHS = 2 * LIMIT // PER_EPOCH
 
-PIPELINE = """\
-name: {job}
-storage: faulty://{root}/storage
-job:
-  parallelism: 2
-  checkpoint: {{interval: 1ms, retain: 2}}
-  state: {{backend: {backend}, local_dir: {root}/local}}
-  restart: {{attempts: 1, delay: 0s}}
-sources:
-  - id: clicks
-    type: datagen
-    splits: 2
-    limit: {limit}
-    max_records_per_epoch: {per_epoch}
-    fields:
-      user: "concat('u', cast((offset * 7 + split) % 13 as string))"
-      amount: "cast(offset % 10 as double)"
-      ts: "timestamp_millis(1767225600000 + offset * 100)"
-    event_time: ts
-    watermark: {{max_out_of_orderness: 1s}}
-operators:
-  - id: per_window
-    input: clicks
-    key_by: [user]
-    window: {{tumbling: 5s}}
-    aggregate: {{n: count(), spent: sum(amount)}}
+PIPELINE = job_head(storage="faulty://{root}/storage", attempts=1) + """\
 sinks:
   - id: out
     type: files
@@ -71,7 +47,7 @@ sinks:
 
 
 class FaultyJob:
-    """The job in `root`: its pipeline, a rules file for `STREAMER_FAULTS`, its checkpoints
+    """The job in `root`: its pipeline, a rules file for `STREAMER_TEST_FAULTS`, its checkpoints
     (read by the test without faults) and its output."""
 
     def __init__(self, root: Path, backend: str = "rocksdb") -> None:
@@ -95,7 +71,8 @@ class FaultyJob:
     def run(self, *args: str, watch: Watch | None = None) -> Run:
         """`streamer run` of the job with the fault rules in force."""
         self.runs += 1
-        return run_streamer(self.pipeline, *args, env={"STREAMER_FAULTS": str(self.rules_file)},
+        return run_streamer(self.pipeline, *args,
+                            env={"STREAMER_TEST_FAULTS": str(self.rules_file)},
                             watch=watch, timeout=600,
                             stderr_file=self.root / f"run-{self.runs}.stderr")
 

@@ -92,6 +92,7 @@ def run(spark, tmp_path: Path, case: str, mode: str, fmt: str = "parquet"):
     return runner, result, out, files
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_task_written_parquet_equals_sparks(spark, tmp_path: Path, monkeypatch,
                                             case: str) -> None:
@@ -119,6 +120,7 @@ def test_task_written_parquet_equals_sparks(spark, tmp_path: Path, monkeypatch,
     assert found["1"]["footers"] == found["0"]["footers"]  # Spark's schema and version
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_task_written_jsonl_is_sparks_bytes(spark, tmp_path: Path, monkeypatch,
                                              case: str) -> None:

@@ -90,6 +90,7 @@ def digests() -> dict[str, dict[str, str]]:
     return {name: tree_digest(FIXTURES / name) for name in NAMES}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["rocksdb", "memory"])
 @pytest.mark.parametrize("parallelism", [2, 3])
 @pytest.mark.parametrize("name", NAMES)
@@ -114,6 +115,7 @@ def test_an_e06dd5a_savepoint_restores_and_finishes_the_output_exactly(
     assert tree_digest(FIXTURES / name) == digests[name]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["interval_join"])
 def test_streamer_restore_in_a_process_of_its_own(tmp_path: Path, name: str) -> None:
     """`streamer restore SAVEPOINT FILE --parallelism 1` on the fixture's own pipeline file,
@@ -133,6 +135,7 @@ def test_streamer_restore_in_a_process_of_its_own(tmp_path: Path, name: str) -> 
     assert counted(before, after) == counted(load(fixture, "expected.json"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_without_the_savepoints_state_the_output_differs(
         spark: Any, tmp_path: Path, name: str) -> None:

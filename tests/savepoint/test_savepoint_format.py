@@ -291,6 +291,7 @@ def test_handle_describes_the_files_written(backends: Backends, tmp_path: Path) 
 
 
 # ------------------------------------------------------------------------------ rescaling
+@pytest.mark.slow
 @pytest.mark.parametrize("new_parallelism", [4, 1])
 @pytest.mark.parametrize("kind", ["memory", "rocksdb"])
 def test_restore_at_another_parallelism_redistributes_key_groups(
@@ -546,6 +547,7 @@ _values = st.recursive(
     max_leaves=12)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(_values)
 def test_every_encoded_value_decodes_to_the_same_value_of_the_same_type(value: Any) -> None:

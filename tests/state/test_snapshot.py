@@ -36,7 +36,7 @@ from streamer.state.snapshot import (
     take_snapshot,
 )
 from streamer.storage import Storage, sha256_file
-from streamer.storage_faults import FAULTS_ENV
+from streamer.testing.storage_faults import FAULTS_ENV
 
 STATES = (StateDescriptor("value", "value"), StateDescriptor("acc", "aggregating"),
           StateDescriptor("items", "list"), StateDescriptor("attrs", "map"))

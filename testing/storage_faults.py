@@ -1,15 +1,15 @@
 """`faulty://`: the local file system with storage faults injected by rules, for tests.
 
 `faulty://<absolute local path>` reads and writes that local path, except that operations chosen
-by rules fail with `OSError` (errno EIO). Importing this module registers the protocol with
-fsspec; `streamer.storage.Storage` imports it whenever it sees a `faulty://` URL, so
-Spark's Python workers resolve it too. Those workers see `STREAMER_FAULTS` only if it was set
-before the SparkSession (its JVM) started, or passed as `spark.executorEnv.STREAMER_FAULTS`
+by rules fail with `OSError` (errno EIO). fsspec finds the protocol through the `fsspec.specs`
+entry point `faulty` (pyproject.toml) in every process, Spark's Python workers too, and importing
+this module registers it as well. Those workers see `STREAMER_TEST_FAULTS` only if it was set
+before the SparkSession (its JVM) started, or passed as `spark.executorEnv.STREAMER_TEST_FAULTS`
 (measured: a variable set later is absent in local-mode workers). So point the variable at a
 fixed file early and change the rules by rewriting that file.
 
-**Rules** are read from the JSON file named by the environment variable `STREAMER_FAULTS`, again
-on every operation, so a test can change them while a job runs (no variable or no file: no
+**Rules** are read from the JSON file named by the environment variable `STREAMER_TEST_FAULTS`,
+again on every operation, so a test can change them while a job runs (no variable or no file: no
 faults). Example::
 
     {"rules": [{"op": "write", "match": "*/shared/*", "times": 2},
@@ -55,7 +55,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 #: The environment variable naming the rules file.
-FAULTS_ENV = "STREAMER_FAULTS"
+FAULTS_ENV = "STREAMER_TEST_FAULTS"
 #: The operation kinds a rule can name.
 OPS = ("write", "read", "delete", "list", "any")
 
@@ -157,7 +157,7 @@ def fault(op: str, path: str, index: int) -> InjectedFaultError:
 
 
 class FaultyFileSystem(LocalFileSystem):
-    """The local file system, with the faults of `STREAMER_FAULTS` injected (protocol
+    """The local file system, with the faults of `STREAMER_TEST_FAULTS` injected (protocol
     `faulty`).
     """
 
