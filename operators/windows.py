@@ -53,8 +53,8 @@ class WindowKind(KeyedKind):
         """Count windows go record by record in order, and a `late:` output is a Spark
         frame of its own: neither takes local epochs."""
         window = op.window
-        if window is not None and (window.kind == "count" or window.late):
-            return "a count window, or a late: output"
+        if window is not None and (window.kind in ("count", "until") or window.late):
+            return "a count or until window, or a late: output"
         return None
 
     def row_input(self, cfg: KeyedConfig) -> bool:
@@ -107,6 +107,14 @@ class WindowKind(KeyedKind):
             if event:
                 df = df.filter(F.col(WINDOW_START) + F.lit(size - 1 + lateness)
                                > F.lit(watermark))
+        elif window.kind == "until":  # a window per key and close time, ending there
+            close = F.expr(f"unix_millis(`{window.until}`)")
+            if event:  # (a record without a close time can never be emitted: late)
+                df, late, late_seen = plan.split_late(
+                    df, F.coalesce(close + F.lit(lateness - 1) <= F.lit(watermark), F.lit(True)),
+                    epoch, bool(window.late))
+            df = df.withColumn(WINDOW_START, close).filter(F.col(WINDOW_START).isNotNull())
+            group.append(F.col(WINDOW_START))
         elif window.kind == "session":
             gap = window.gap_ms or 0
             if event:

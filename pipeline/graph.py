@@ -166,7 +166,7 @@ def _operator_detail(o: OperatorSpec) -> str:
                 "sliding": lambda: f"{format_duration_ms(w.size_ms or 0)}/"
                                    f"{format_duration_ms(w.slide_ms or 0)}",
                 "session": lambda: f"gap {format_duration_ms(w.gap_ms or 0)}",
-                "count": lambda: str(w.count)}[w.kind]()
+                "count": lambda: str(w.count), "until": lambda: f"until {w.until}"}[w.kind]()
         aggs = ", ".join(f"{a.name}={a.function}({a.arg or ''})" for a in o.aggregates)
         return f"{w.kind} {size}: {aggs}"
     if o.aggregates:

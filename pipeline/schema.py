@@ -214,6 +214,9 @@ WINDOW = Obj(
                                                     "without a record."), required=True)},
                              "Per-key windows closed by a gap of inactivity.")),
         "count": Field(Int("A window per key of this many records.", minimum=1)),
+        "until": Field(Str("A window per key closing at this timestamp column's time (e.g. "
+                           "an auction's expires): emitted once the watermark passes it.",
+                           pattern=COLUMN_PATTERN, pattern_hint=COLUMN_HINT)),
         "time": Field(Str("Event time or processing time (default event when the input has "
                           "an event time).",
                           enum=("event", "processing"))),
@@ -224,8 +227,8 @@ WINDOW = Obj(
         "emit": Field(Str("`final`: once per window; `updates`: also after every epoch in "
                           "which it changed (default final).", enum=("final", "updates"))),
     },
-    "A keyed window; exactly one of tumbling, sliding, session, count.",
-    rules=[exactly_one(("tumbling", "sliding", "session", "count"), "window")],
+    "A keyed window; exactly one of tumbling, sliding, session, count, until.",
+    rules=[exactly_one(("tumbling", "sliding", "session", "count", "until"), "window")],
 )
 
 

@@ -54,7 +54,7 @@ class SourceSpec:
 class WindowSpec:
     """A keyed window definition."""
 
-    kind: str  # tumbling | sliding | session | count
+    kind: str  # tumbling | sliding | session | count | until
     size_ms: int | None = None
     slide_ms: int | None = None
     gap_ms: int | None = None
@@ -63,6 +63,7 @@ class WindowSpec:
     allowed_lateness_ms: int = 0
     late: str | None = None
     emit: str = "final"
+    until: str | None = None  # (until: the column of each record's close time)
 
 
 FOREVER_MS = 100 * 365 * 24 * 3600 * 1000  # (a regular join without a ttl: 100 years)
@@ -479,6 +480,8 @@ def _build_window(raw: Mapping[str, Any]) -> WindowSpec:
                           slide_ms=_ms(raw["sliding"]["slide"], None), **common)
     if "session" in raw:
         return WindowSpec("session", gap_ms=_ms(raw["session"]["gap"], None), **common)
+    if "until" in raw:
+        return WindowSpec("until", until=raw["until"], **common)
     return WindowSpec("count", count=raw["count"], **common)
 
 

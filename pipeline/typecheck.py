@@ -193,6 +193,12 @@ class TypeChecker:
                         "key's records by event time, but its input has none; set event_time: "
                         "on the source (or window the records before it)")
         window = o.window
+        if window is not None and window.until is not None and self._column(
+                window.until, cols, (*o.path, "window", "until"),
+                f"the until column {window.until!r} of {owner}") and cols is not None \
+                and cols.get(window.until) not in (None, "timestamp"):
+            self.report((*o.path, "window", "until"), f"the until column {window.until!r} of "
+                        f"{owner} is {cols[window.until]}, not a timestamp; cast it")
         if window is not None and window.kind != "count" and not node.event_time \
                 and window.time != "processing":
             self._no_event_time(o, node)

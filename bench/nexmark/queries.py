@@ -98,11 +98,10 @@ QUERIES = [
     ON C.starttime = M.starttime AND C.endtime = M.endtime AND C.num >= M.maxn""",
           "q05_hot_items"),
     Query("q6", "average selling price by seller", ("auction", "bid"), f"""
-    SELECT seller, avg(price) OVER (PARTITION BY seller ORDER BY bid_date_time, id
+    SELECT seller, avg(price) OVER (PARTITION BY seller ORDER BY expires, _close_seq
                                     ROWS BETWEEN 10 PRECEDING AND CURRENT ROW) AS avg_price
-    FROM ({WINNERS}) WHERE rownum = 1""", "q06_average_selling_price_by_seller",
-          pending="a per-record close time (expires) for the winning bids, then an OVER window "
-                  "of the last 10 rows per seller",
+    FROM (SELECT *, id AS _close_seq FROM ({WINNERS})) WHERE rownum = 1""",
+          "q06_average_selling_price_by_seller",
           sss_na="row_number and OVER windows over a stream"),
     Query("q7", "highest bid", ("bid",), """
     SELECT B.auction, B.price, B.bidder, B.date_time, B.extra FROM bid B JOIN (
