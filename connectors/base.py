@@ -115,6 +115,19 @@ class Source(ABC):
         return False
 
     @property
+    def task_reads(self) -> str | None:
+        """Which reads Python tasks can make of this source's slices themselves (the Arrow
+        input path, `runtime.arrow_input`): "files" (local JSON lines), "csv", "parquet"
+        (local files) or "kafka" (JSON values of offset ranges); None: only Spark reads it."""
+        return None
+
+    @property
+    def parquet_files(self) -> bool:
+        """Whether its slices are local parquet files, which keyed subtasks may read
+        themselves (a direct read, `runtime.stages.keyed_stage.direct_plan`)."""
+        return self.task_reads == "parquet"
+
+    @property
     @abstractmethod
     def bounded(self) -> bool:
         """True when the source ends (datagen with `limit`, files without `watch`)."""
@@ -206,3 +219,26 @@ class Sink(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources."""
+
+
+class WritesTaskFiles(ABC):
+    """A sink whose staging files a keyed operator's tasks can write themselves (Flink's
+    `SupportsCommitter` is the same kind of declared ability): the runtime asks
+    `task_files_refused` at plan time, gives the tasks `task_target` each epoch, and hands
+    what they wrote to `tasks_wrote`."""
+
+    #: The file format the tasks write ("parquet", "jsonl", ...), for the plan's words.
+    format: str
+
+    @abstractmethod
+    def task_files_refused(self, schema: StructType) -> str | None:
+        """Why tasks cannot write rows of `schema` for this sink (None: they can)."""
+
+    @abstractmethod
+    def task_target(self, epoch: int, schema: StructType) -> Any:
+        """Where the tasks of `epoch` write (picklable), or None to let Spark write."""
+
+    @abstractmethod
+    def tasks_wrote(self, epoch: int, run: Any, beside: DataFrame | None = None) -> Any:
+        """Run `run` (the job whose tasks write) and stage what they wrote, with the rows of
+        `beside` (written by Spark); the handle `commit` takes."""

@@ -280,10 +280,10 @@ class Analyzer:
         self.event_time[o.id] = True
         if join.left not in self.schemas or join.right not in self.schemas:
             return  # an upstream problem is already reported
-        for side in ("left", "right"):
-            if not self.event_time.get(getattr(join, side), False):
+        for side, ref in (("left", join.left), ("right", join.right)):
+            if not self.event_time.get(ref, False):
                 self.report((*o.path, "join", side), f"the {side} input "
-                            f"{getattr(join, side)!r} of join {o.id!r} has no event time; a "
+                            f"{ref!r} of join {o.id!r} has no event time; a "
                             "join matches records by event time: set event_time: (and a "
                             "watermark) on its source")
         _, problems, fields = join_columns(join, self.schemas[join.left],
@@ -356,11 +356,11 @@ def analyze(spec: PipelineSpec, spark: SparkSession, sources: dict[str, Source],
     az = Analyzer(spec, spark, sources)
     for node in flow.nodes:
         if node.role == "source":
-            az.source(node.spec)  # type: ignore[arg-type]
+            az.source(node.source)
         elif node.role == "operator":
-            az.operator(node.spec)  # type: ignore[arg-type]
+            az.operator(node.operator)
         else:
-            az.sink(node.spec)  # type: ignore[arg-type]
+            az.sink(node.sink)
     if az.problems:
         raise PipelineError(az.problems)
     return az.schemas

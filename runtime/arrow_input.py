@@ -144,15 +144,8 @@ def plan_arrow_input(spark: SparkSession, flow: Dataflow, node_id: str,
 def _source_kind(source: Any) -> str | None:
     """"files" (JSON lines), "csv", "parquet", "kafka", or None for a source the tasks do
     not read."""
-    spec = source.spec
-    if spec.type == "files" and getattr(source, "format", None) in ("jsonl", "csv", "parquet") \
-            and getattr(source, "local", False) and not spec.option("reload"):
-        return {"jsonl": "files"}.get(source.format, source.format)
-    if spec.type == "kafka" and getattr(source, "format", None) == "json" and getattr(
-            source, "client", None) == "confluent" and not getattr(source, "key", None) \
-            and not getattr(source, "record_timestamp", None):
-        return "kafka"
-    return None
+    reads: str | None = source.task_reads  # (declared by the source: `Source.task_reads`)
+    return reads
 
 
 @dataclass(frozen=True)

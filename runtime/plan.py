@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamer.columns import CHANGE, EVENT_TIME, HIDDEN_PREFIX
 from streamer.connectors.arrow.arrow_json import TYPES
+from streamer.connectors.base import WritesTaskFiles
 from streamer.pipeline.spec import ExecutionSpec
 from streamer.runtime.arrow_input import ArrowInput, plan_arrow_input
 from streamer.runtime.keyed_plan import DirectShape, KeyedStage
@@ -135,7 +136,7 @@ def plan_stages(spec: PipelineSpec, flow: Dataflow, spark: SparkSession,
         else:
             head = node.inputs[0] if len(node.inputs) == 1 else None
             chain = chained.get(head) if head is not None else None
-            if chain is not None and len(flow.consumers(head)) == 1:  # type: ignore[arg-type]
+            if chain is not None and head is not None and len(flow.consumers(head)) == 1:
                 chain.ops.append(node.operator)
                 chain.node_id = node.id
             else:
@@ -314,18 +315,16 @@ def _task_written_sink(spec: PipelineSpec, flow: Dataflow, node_id: str, stage: 
         return None, "its output is read by more than one sink or by an operator"
     sink_id = consumers[0].id
     sink = sinks.get(sink_id)
-    refused = getattr(sink, "task_files_refused", None)
-    if refused is None:
+    if not isinstance(sink, WritesTaskFiles):
         return None, (f"sink {sink_id!r} is not a local parquet or jsonl files sink, nor an "
                       "exactly-once Kafka sink")
-    why = refused(stage.visible_schema)
+    why = sink.task_files_refused(stage.visible_schema)
     if why is not None:
         return None, why
     if flow.node(sink_id).inputs != (node_id,) or sink_id in spec.dead_letter_sinks:
         return None, f"sink {sink_id!r} reads other inputs too"
-    assert sink is not None
     what = ("an exactly-once Kafka sink" if sink.spec.type == "kafka"
-            else f"a local {getattr(sink, 'format', '')} files sink")
+            else f"a local {sink.format} files sink")
     return sink_id, f"its only consumer is {what}"
 
 
@@ -346,8 +345,8 @@ def _arrow_sink(spec: PipelineSpec, flow: Dataflow, spark: SparkSession, node: N
     from streamer.operators.arrow_sql import arrow_type
 
     sink = sinks[node.id]
-    refused = getattr(sink, "task_files_refused", None)
-    if refused is None or len(node.inputs) != 1 or node.id in spec.dead_letter_sinks:
+    if not isinstance(sink, WritesTaskFiles) or len(node.inputs) != 1 \
+            or node.id in spec.dead_letter_sinks:
         return None
     upstream = flow.node(node.inputs[0])
     if upstream.role == "operator" and upstream.kind == "keyed":
@@ -360,7 +359,7 @@ def _arrow_sink(spec: PipelineSpec, flow: Dataflow, spark: SparkSession, node: N
         return "on a cluster the executors do not share the driver's disk"
     schema = StructType([f for f in schemas[upstream.id].fields
                          if not f.name.startswith(HIDDEN_PREFIX)])
-    why = refused(schema)
+    why = sink.task_files_refused(schema)
     if why is not None:
         return why
     out = []
@@ -422,7 +421,8 @@ def _sink_stage(node: Node, sink: Sink, keyed: Any,
                                 "small epochs, by Spark's writer)", sink, node.inputs)
     for stage in keyed:
         if stage.task_sink is not None and stage.task_sink[0] == node.id:
-            how = ("local parquet" if getattr(sink, "format", "") == "parquet" else
+            how = ("local parquet" if isinstance(sink, WritesTaskFiles)
+                   and sink.format == "parquet" else
                    "Kafka records staged for the commit's transaction, values in Spark's "
                    "to_json bytes; rows the encoder refuses go through Spark"
                    if sink.spec.type == "kafka" else

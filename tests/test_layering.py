@@ -406,3 +406,16 @@ def test_private_imports_sees_both_forms(tmp_path: Path) -> None:
         ("streamer.state.memory_files", "_read_record"),
         ("streamer.state.rocksdb_parking", "_PARKED"),
         ("streamer.state.memory_files", "_PROCESS_CACHE")}
+
+
+def test_runtime_declares_what_it_asks_and_ignores_no_type() -> None:
+    """The runtime asks sources, sinks, stages and keyed kinds what they declare
+    (`Source.task_reads`, `WritesTaskFiles`, `Stage.node_ids`, `KeyedKind.capabilities`):
+    no `getattr(x, "name")` probe of a capability, and no `type: ignore`."""
+    probe = re.compile(r"getattr\([^,()]+,\s*['\"]")
+    found = []
+    for path in sorted((REPO / "runtime").rglob("*.py")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if "type: ignore" in line or probe.search(line):
+                found.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
+    assert not found, "\n".join(found)

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamer.columns import HIDDEN_PREFIX
 from streamer.connectors.arrow.arrow_json_writer import JsonLines, jvm_prints_shortest, unsupported
-from streamer.connectors.base import ConnectorContext, Sink
+from streamer.connectors.base import ConnectorContext, Sink, WritesTaskFiles
 from streamer.connectors.exceptions import ConnectorError
 from streamer.connectors.files import manifests
 from streamer.connectors.files.files_source import is_local, spark_path
@@ -285,7 +285,7 @@ class TaskFile:
                 os.remove(path)
 
 
-class FilesSink(Sink):
+class FilesSink(Sink, WritesTaskFiles):
     """Writes each epoch's rows as files under `path`, visible once the epoch commits."""
 
     def __init__(self, spec: SinkSpec, ctx: ConnectorContext) -> None:

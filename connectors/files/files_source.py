@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import glob as globlib
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -41,6 +40,7 @@ from streamer.connectors.base import (
     SourceSlice,
 )
 from streamer.connectors.exceptions import ConnectorError, DecodeError
+from streamer.connectors.files.parquet_footers import parquet_footer_schema
 from streamer.connectors.files.s3a import is_s3, spark_url
 from streamer.connectors.formats import CORRUPT_COLUMN, column, decode_json_lines, guard_or_split
 
@@ -57,68 +57,6 @@ SPLIT = "files"
 _SPLIT_COLUMN = "__streamer_file"
 #: A parquet record's row index in its file (`SourceRead.position`).
 _ROW_COLUMN = "__streamer_row"
-
-
-def parquet_footer_schema(paths: Sequence[str]) -> StructType | None:
-    """The schema Spark infers for the local parquet files `paths`, read from their footers
-    without asking Spark (which plans a scan for it: ~90 ms a source, every run), or None
-    when Spark must say: a file that does not open, files whose columns differ (Spark picks
-    one; which one is Spark's business), a nested column, or a column type outside the
-    plain ones whose mapping is fixed (Spark's ParquetToSparkSchemaConverter with its
-    default settings; tests/connectors/test_files_source.py compares every one of them
-    with Spark's answer). Every field is nullable, as Spark's file sources make them."""
-    import pyarrow.parquet as pq
-    from pyspark.sql.types import StructField, StructType
-
-    found: list[tuple[str, Any]] | None = None
-    for path in paths:
-        try:
-            schema = pq.ParquetFile(path).schema
-        except Exception:  # (Spark reports it in its own words)
-            return None
-        fields = []
-        for i in range(len(schema)):
-            column = schema.column(i)
-            dtype = None if column.max_repetition_level or "." in column.path else \
-                _parquet_type(column)
-            if dtype is None:
-                return None
-            fields.append((column.name, dtype))
-        if len({n.lower() for n, _ in fields}) != len(fields) or (
-                found is not None and found != fields):
-            return None
-        found = fields
-    if not found:
-        return None
-    return StructType([StructField(n, t, True) for n, t in found])
-
-
-def _parquet_type(column: Any) -> Any:
-    """The Spark type of a flat parquet column (`pyarrow.parquet.ColumnSchema`), or None."""
-    from pyspark.sql import types as T
-
-    physical, logical = column.physical_type, column.logical_type
-    kind = logical.type
-    if kind == "NONE":
-        return {"BOOLEAN": T.BooleanType(), "INT32": T.IntegerType(), "INT64": T.LongType(),
-                "FLOAT": T.FloatType(), "DOUBLE": T.DoubleType()}.get(physical)
-    if kind == "STRING" and physical == "BYTE_ARRAY":
-        return T.StringType()
-    if kind == "DATE" and physical == "INT32":
-        return T.DateType()
-    if kind == "DECIMAL" and 0 < column.precision <= 38:
-        return T.DecimalType(column.precision, column.scale)
-    info = json.loads(logical.to_json())
-    if kind == "INT":
-        width, signed = info.get("bitWidth"), info.get("isSigned")
-        return {(8, True): T.ByteType(), (16, True): T.ShortType(), (32, True): T.IntegerType(),
-                (64, True): T.LongType(), (8, False): T.ShortType(),
-                (16, False): T.IntegerType(), (32, False): T.LongType(),
-                (64, False): T.DecimalType(20, 0)}.get((width, signed))
-    if kind == "TIMESTAMP" and physical == "INT64" and info.get("isAdjustedToUTC") and \
-            info.get("timeUnit") in ("milliseconds", "microseconds"):
-        return T.TimestampType()
-    return None
 
 
 def spark_path(local_path: str, *, for_read: bool = True) -> str:
@@ -265,6 +203,15 @@ class FilesSource(Source):
         self._unreadable: dict[str, str] = {}
 
     # ------------------------------------------------------------------------- listing
+    @property
+    def task_reads(self) -> str | None:
+        """Local JSON lines ("files"), CSV or parquet files, unless the files are reloaded
+        as a table (`Source.task_reads`)."""
+        if self.format in ("jsonl", "csv", "parquet") and self.local \
+                and not self.spec.option("reload"):
+            return {"jsonl": "files"}.get(self.format, self.format)
+        return None
+
     @property
     def bounded(self) -> bool:
         """Bounded unless `watch: true` or `reload: true`."""

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from streamer.connectors.base import ConnectorContext
+from streamer.connectors.base import ConnectorContext, WritesTaskFiles
 from streamer.connectors.exceptions import ConnectorError
 from streamer.connectors.formats import column, timestamps_as_iso
 from streamer.connectors.kafka.kafka_source import client_config, quiet_logger
@@ -51,8 +51,11 @@ TIMEOUT_S = 120.0
 _KEY, _VALUE = "__streamer_key", "__streamer_value"
 
 
-class KafkaSink(StagedTableSink):
+class KafkaSink(StagedTableSink, WritesTaskFiles):
     """Writes rows as JSON records to one topic."""
+
+    #: What its tasks stage (`WritesTaskFiles`): records, not files of a format.
+    format = "kafka"
 
     destination = "Kafka"
 

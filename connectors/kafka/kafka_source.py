@@ -190,6 +190,15 @@ class KafkaSource(Source):
         return self.client == "confluent"
 
     @property
+    def task_reads(self) -> str | None:
+        """JSON values read with the confluent client, without `key` or `record_timestamp`
+        columns: "kafka" (`Source.task_reads`)."""
+        if self.format == "json" and self.client == "confluent" and not self.key \
+                and not self.record_timestamp:
+            return "kafka"
+        return None
+
+    @property
     def bounded(self) -> bool:
         """Bounded with `bounded: true`."""
         return self.is_bounded

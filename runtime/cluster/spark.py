@@ -110,7 +110,8 @@ def check_master(master: str, timeout: float = 5.0) -> None:
             with socket.create_connection((host, int(port)), timeout=timeout):
                 return
         except (OSError, ValueError) as exc:
-            problems.append(f"{address}: {getattr(exc, 'strerror', None) or exc}")
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            problems.append(f"{address}: {why}")
     msg = (f"cannot reach the Spark master {master} ({'; '.join(problems)}); start the "
            "cluster, or check --master")
     raise MasterUnreachableError(msg)

@@ -30,6 +30,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from streamer.exceptions import ConfigError
+from streamer.pipeline.spec import PipelineSpec
 
 #: Folders of the repository root (= the package) that are not part of the runtime.
 _NOT_SHIPPED = {"tests", "bench", "pipelines", "build", "dist", ".venv", "out"}
@@ -187,24 +188,22 @@ def submit(pipeline: Path, run_args: Sequence[str], options: SubmitOptions,
                 interrupted = True
 
 
-def submit_job(spec: object, pipeline: Path, run_args: Sequence[str], options: SubmitOptions,
+def submit_job(spec: PipelineSpec, pipeline: Path, run_args: Sequence[str], options: SubmitOptions,
                *, debug: bool = False) -> int:
     """Submit the loaded pipeline `spec` (from `pipeline`) with `streamer run` options
     `run_args`; the driver's exit code."""
-    name = str(getattr(spec, "name", "job"))
+    name = spec.name
     args = [*(["--debug"] if debug else []), "run", str(pipeline.resolve()), *run_args]
     return submit(pipeline, args, options, submit_conf(spec), app_name=f"streamer:{name}")
 
 
-def submit_conf(spec: object) -> dict[str, str]:
+def submit_conf(spec: PipelineSpec) -> dict[str, str]:
     """The pipeline's `spark:` block plus what its connectors need at the session's start (the
     Kafka connector's and S3A's jars on `spark.jars`, the `fs.s3a.*` settings): under
     spark-submit the session exists before the driver's code runs, so they go on the command
     line."""
     from streamer.connectors.registry import session_conf
-    from streamer.pipeline.spec import PipelineSpec
 
-    conf = {str(k): str(v) for k, v in (getattr(spec, "spark", {}) or {}).items()}
-    if isinstance(spec, PipelineSpec):
-        conf.update(session_conf(spec, conf))
+    conf = {str(k): str(v) for k, v in (spec.spark or {}).items()}
+    conf.update(session_conf(spec, conf))
     return conf

@@ -151,7 +151,7 @@ class EpochRunner:
     def _persist_shared(self, ctx: EpochContext, stage: Stage) -> None:
         """Read once, write to several consumers: keep the epoch's rows for the second."""
         assert self.job.plan is not None
-        ids = getattr(stage, "node_ids", (stage.node_id,))
+        ids = stage.node_ids
         for node_id in ids:
             df = ctx.frames.get(node_id)
             if df is not None and self.job.plan.consumers.get(node_id, 0) > 1:

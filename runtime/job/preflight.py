@@ -11,6 +11,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from streamer.exceptions import StreamerError
 from streamer.pipeline.spec import PipelineSpec, SourceSpec
@@ -179,7 +180,9 @@ def _new_files(source: SourceSpec, done: set[str]) -> bool:
     from streamer.connectors.files.files_source import FilesSource
 
     try:
-        listed = FilesSource(source, ConnectorContext(spark=None, job_name=""))  # type: ignore[arg-type]
+        # (Listing files needs no Spark session: the context holds none.)
+        no_spark: Any = None
+        listed = FilesSource(source, ConnectorContext(spark=no_spark, job_name=""))
         return bool(set(listed.list_files()) - done)
     except Exception:
         return True

@@ -148,6 +148,11 @@ class Stage(ABC):
         #: Strategies that do not apply, each with why (set by the planner).
         self.not_used: list[dict[str, str]] = []
 
+    @property
+    def node_ids(self) -> tuple[str, ...]:
+        """The dataflow nodes the stage runs (a stateless chain runs several)."""
+        return (self.node_id,)
+
     @abstractmethod
     def run(self, ctx: EpochContext) -> None:
         """Run the stage for one epoch: read inputs from `ctx`, leave the output there."""

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from streamer import failpoints
 from streamer.columns import CHANGE, EVENT_TIME, GLOBAL_KEY, HIDDEN_PREFIX, JOIN_SIDE
+from streamer.connectors.base import WritesTaskFiles
 from streamer.operators.contract import EVERY_RECORD, LOCAL_EPOCHS, WHOLE_RECORDS
 from streamer.operators.direct import DIRECT_AGGREGATES, ipc_bytes
 from streamer.operators.stateless import union
@@ -252,8 +253,9 @@ class KeyedOperatorStage(Stage):
         write_to = None
         if self.task_sink is not None:
             sink_id, sink = self.task_sink
+            assert isinstance(sink, WritesTaskFiles)  # (the planner chose it for that)
             write_to = ctx.guard(f"writing sink {sink_id!r}", partial(
-                sink.task_target, ctx.epoch, stage.visible_schema))  # type: ignore[attr-defined]
+                sink.task_target, ctx.epoch, stage.visible_schema))
         how, collected = self.choose(ctx, present)
         result = ctx.guard(f"operator {node_id!r}", partial(
             how.run, ctx, present, fire, tasks, write_to, collected))
@@ -343,8 +345,7 @@ def direct_plan(stage: KeyedStage, source: Any, source_schema: StructType,
     op, spec = stage.op, source.spec
     if op.inputs != (spec.id,) or consumers != 1:
         return "the source has other readers, or the operator other inputs"
-    if spec.type != "files" or getattr(source, "format", None) != "parquet" or not getattr(
-            source, "local", False):
+    if not source.parquet_files:
         return "the source is not local parquet files"
     ts_column = (spec.event_time or "").strip() if stage.domain == "event" else None
     return _direct_shape(stage, spec.id, source_schema, ts_column)
@@ -373,8 +374,7 @@ def join_direct_plan(stage: KeyedStage, sources: Any, schemas: Any,
         spec = source.spec
         if consumers(source_id) != 1 or join.left == join.right:
             return f"source {source_id!r} has other readers"
-        if spec.type != "files" or getattr(source, "format", None) != "parquet" or not getattr(
-                source, "local", False) or spec.option("reload"):
+        if not source.parquet_files:
             return f"source {source_id!r} is not local parquet files (or it reloads)"
         own = cols.of_side(index)
         ts = (spec.event_time or "").strip() if stage.domain == "event" else None

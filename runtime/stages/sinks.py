@@ -18,6 +18,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from streamer.columns import COUNT_AS
+from streamer.connectors.base import WritesTaskFiles
 from streamer.operators.stateless import union
 from streamer.runtime.keyed_plan import visible
 from streamer.runtime.local import LocalSeen, local_table
@@ -96,8 +97,10 @@ class SubtaskWrittenSink(SparkWriterSink):
             super().run(ctx)
             return
         run_job, metas = found
+        sink = self.sink
+        assert isinstance(sink, WritesTaskFiles)  # (the planner chose it for that)
         ctx.handles[self.node_id] = ctx.guard(f"writing sink {self.node_id!r}", partial(
-            self.sink.tasks_wrote, ctx.epoch, run_job))  # type: ignore[attr-defined]
+            sink.tasks_wrote, ctx.epoch, run_job))
         ctx.seen_out[self.node_id] = TaskRows(metas)
         for meta in metas:  # (a jsonl sink's rows the encoder left to Spark's writer)
             if meta.get("sink_refused"):
@@ -128,8 +131,10 @@ class ArrowWrittenSink(SparkWriterSink):
                 obs, F.count(F.lit(1)).alias("n"), F.count(F.lit(1)).alias(f"n_{OUT}")))
             seen = SummedSeen([seen, obs])
         ctx.seen_out[self.node_id] = seen
+        sink = self.sink
+        assert isinstance(sink, WritesTaskFiles)  # (the planner chose it for that)
         ctx.handles[self.node_id] = ctx.guard(f"writing sink {self.node_id!r}", partial(
-            self.sink.tasks_wrote, ctx.epoch, _nothing, beside))  # type: ignore[attr-defined]
+            sink.tasks_wrote, ctx.epoch, _nothing, beside))
 
 
 def _nothing() -> None:

@@ -307,7 +307,7 @@ def test_parquet_footer_schema_is_the_one_spark_infers(spark: Any, tmp_path: Pat
     """The footers' schema equals Spark's own inference for every plain type, and is None
     (Spark infers) for anything else: nested, time zone-less or nanosecond timestamps,
     binary, differing files, a file that is not parquet."""
-    from streamer.connectors.files.files_source import parquet_footer_schema
+    from streamer.connectors.files.parquet_footers import parquet_footer_schema
 
     pq.write_table(_typed_table(), tmp_path / "plain.parquet")
     pq.write_table(_typed_table(), tmp_path / "plain2.parquet")
