@@ -87,6 +87,7 @@ def run_over(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]], out: An
     due = backend.due_timers(cfg.domain, cfg.fire_up_to, remove=True)
     if due:
         _emit_due(cfg, backend, [(t.key_group, t.key, NS_ROLLING) for t in due], columns, out)
+    order = [columns.index(c) for c in op.over.order_by]
     by_cell: dict[tuple[int, bytes, bytes], list[list[Any]]] = {}
     for row in rows:
         cell = (row[KEY_GROUP], key_to_bytes([row[k] for k in cfg.keys]), NS_ROLLING)
@@ -99,7 +100,8 @@ def run_over(cfg: KeyedConfig, backend: Any, rows: list[dict[str, Any]], out: An
     stored = backend.get_many(PENDING, cells)
     puts, timers = [], []
     for cell, old in zip(cells, stored, strict=True):
-        waiting = sorted([*(old or []), *by_cell[cell]], key=lambda r: (r[0], r[1]))
+        waiting = sorted([*(old or []), *by_cell[cell]],
+                         key=lambda r: (r[0], *(_nulls_first(r[2][i]) for i in order), r[1]))
         puts.append((*cell, waiting))
         if not old or waiting[0][0] < old[0][0]:  # (a new earliest record: its timer)
             timers.append((cell[0], waiting[0][0], cell[1], NS_ROLLING))
@@ -152,6 +154,11 @@ def _emit_due(cfg: KeyedConfig, backend: Any, cells: list[tuple[int, bytes, byte
     backend.put_many(ROWS, put_rows)
     if timers:
         backend.add_timers(cfg.domain, timers)
+
+
+def _nulls_first(value: Any) -> tuple[bool, Any]:
+    """A sort key that puts None first, as Spark SQL's ascending order does."""
+    return (value is not None, value)
 
 
 def _aggregate(function: str, values: list[Any]) -> Any:

@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from streamer.pipeline.model import Duration, Field, Int, Obj
+from streamer.pipeline.model import Duration, Field, Int, Obj, OneOrList, Str
+from streamer.pipeline.schema_base import COLUMN_HINT, COLUMN_PATTERN
 
 #: The aggregate functions an OVER window computes.
 OVER_FUNCTIONS = ("count", "sum", "avg", "min", "max")
@@ -30,6 +31,10 @@ OVER = Obj(
         "range": Field(Duration("The aggregates cover the key's records at most this long "
                                 "before the current one's event time, and it (RANGE BETWEEN "
                                 "... PRECEDING AND CURRENT ROW).")),
+        "order_by": Field(OneOrList(Str(pattern=COLUMN_PATTERN, pattern_hint=COLUMN_HINT),
+                                    "Columns that order records of the same event time "
+                                    "(ascending; then arrival), so ties come out the same in "
+                                    "every run.", noun="column")),
     },
     "An OVER window per key: each record with aggregates over the records before it; exactly "
     "one of rows, range.",
@@ -42,10 +47,14 @@ class OverSpec:
 
     rows: int | None = None
     range_ms: int | None = None
+    #: What orders records of one event time (then arrival).
+    order_by: tuple[str, ...] = ()
 
 
 def build_over(raw: Mapping[str, Any], ms: Any) -> OverSpec:
     """The spec of a validated `over:` mapping (`ms` parses a duration)."""
+    order = raw.get("order_by") or ()
+    order_by = tuple(order) if isinstance(order, list) else (order,)
     if "rows" in raw:
-        return OverSpec(rows=int(raw["rows"]))
-    return OverSpec(range_ms=ms(raw["range"], None))
+        return OverSpec(rows=int(raw["rows"]), order_by=order_by)
+    return OverSpec(range_ms=ms(raw["range"], None), order_by=order_by)

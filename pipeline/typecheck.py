@@ -188,6 +188,10 @@ class TypeChecker:
                             self.spec.positions.values else (*o.path, "top_n"),
                             f"the rank column {top_n.rank!r} of {owner} is already a column of "
                             "its input; name it otherwise with rank: <column>")
+        for i, column in enumerate(o.over.order_by if o.over is not None else ()):
+            at = (*o.path, "over", "order_by", i)
+            self._column(column, cols, at if at in self.spec.positions.values else (
+                *o.path, "over", "order_by"), f"order_by column {column!r} of {owner}")
         if o.over is not None and not node.event_time:
             self.report((*o.path, "over"), f"{owner} is an OVER window, which orders each "
                         "key's records by event time, but its input has none; set event_time: "
