@@ -53,8 +53,8 @@ class OverSpec:
 
 def build_over(raw: Mapping[str, Any], ms: Any) -> OverSpec:
     """The spec of a validated `over:` mapping (`ms` parses a duration)."""
-    order = raw.get("order_by") or ()
-    order_by = tuple(order) if isinstance(order, list) else (order,)
+    order = raw.get("order_by")
+    order_by = () if order is None else tuple(order) if isinstance(order, list) else (order,)
     if "rows" in raw:
         return OverSpec(rows=int(raw["rows"]), order_by=order_by)
     return OverSpec(range_ms=ms(raw["range"], None), order_by=order_by)
