@@ -40,10 +40,10 @@ from streamer.runtime.metrics import (
     QuietReporter,
     Reporter,
     TeeReporter,
-    plural,
 )
 from streamer.runtime.recovery import Recovery
 from streamer.runtime.watermarks import MAX_WATERMARK
+from streamer.text import plural
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
