@@ -151,9 +151,11 @@ def _starts_block(block: int, number: int, position: int) -> bool:
     return number == 1 if block == 0 else position > block
 
 
-def _number_lines(name: str, rows: list[dict[str, Any]]) -> None:
+def _number_lines(name: str, rows: list[dict[str, Any]],
+                  used: dict[tuple[str, int, str], int]) -> None:
     """Give each row (a dead letter of file `name`, in the order Spark read it) the number
-    of its line: the n-th line with its text in its block, for the n-th such row."""
+    of its line: the n-th line with its text in its block, for the n-th such row (`used`:
+    how many of each were numbered in the task's earlier batches)."""
     blocks = sorted({row["block"] for row in rows})
     wanted = {row["record"] for row in rows if row["record"] is not None}
     first: dict[int, int] = {}
@@ -163,14 +165,13 @@ def _number_lines(name: str, rows: list[dict[str, Any]]) -> None:
             first[blocks[len(first)]] = number
         if text in wanted:
             found.setdefault(text, []).append(number)
-    used: dict[tuple[int, str], int] = {}
     for row in rows:
         block = row["block"]
         numbers = found.get(row["record"], [])
         if block not in first or not numbers:
             continue
-        nth = used.get((block, row["record"]), 0)
-        used[(block, row["record"])] = nth + 1
+        nth = used.get((name, block, row["record"]), 0)
+        used[(name, block, row["record"])] = nth + 1
         at = bisect.bisect_left(numbers, first[block]) + nth
         if at < len(numbers):
             row["offset"] = str(numbers[at])
@@ -207,10 +208,11 @@ def _csv_fits(fields: Sequence[tuple[str, str]], values: list[str],
 
 
 def _match_decoded(name: str, rows: list[dict[str, Any]], fields: Sequence[tuple[str, str]],
-                   delimiter: str) -> None:
+                   delimiter: str, after: dict[tuple[str, int], int]) -> None:
     """As `_number_lines`, for rows whose record is the JSON of a CSV line's decoded columns
     (a null event time's dead letter): within its block, the first line after the previous
-    row's that may have decoded to it."""
+    row's (`after`: the last line matched in each block by the task's earlier batches)
+    that may have decoded to it."""
     pending: dict[int, list[dict[str, Any]]] = {}
     for row in rows:
         pending.setdefault(row["block"], []).append(row)
@@ -218,12 +220,14 @@ def _match_decoded(name: str, rows: list[dict[str, Any]], fields: Sequence[tuple
     blocks, active = sorted(pending), []
     for number, position, text in _lines(name):
         while blocks and _starts_block(blocks[0], number, position):
-            active.append(pending[blocks.pop(0)])
+            active.append((blocks[0], pending[blocks.pop(0)]))
         values = next(csv.reader([text], delimiter=delimiter), []) if active else []
-        for waiting in active:
-            if _csv_fits(fields, values, records[id(waiting[0])]):
+        for block, waiting in active:
+            if number > after.get((name, block), 0) and _csv_fits(
+                    fields, values, records[id(waiting[0])]):
                 waiting.pop(0)["offset"] = str(number)
-        active = [waiting for waiting in active if waiting]
+                after[(name, block)] = number
+        active = [(block, waiting) for block, waiting in active if waiting]
         if not active and not blocks:
             return
 
@@ -235,24 +239,24 @@ def explain_batches(batches: Iterator[pa.RecordBatch], fields: Sequence[tuple[st
     the failing field as `error`, one row out per row in."""
     import pyarrow as pa
 
-    read = [(batch, _rows(batch)) for batch in batches]  # (one task's dead letters: few)
-    if lines:
+    used: dict[tuple[str, int, str], int] = {}  # (what the task's earlier batches found)
+    after: dict[tuple[str, int], int] = {}
+    for batch in batches:
+        rows = _rows(batch)
         by_file: dict[str, list[dict[str, Any]]] = {}
-        for _, rows in read:
-            for row in rows:
-                if row["split"]:
-                    by_file.setdefault(row["split"], []).append(row)
-        for name, rows in by_file.items():
-            for row in rows:  # (no line found: no offset, rather than a byte)
+        for row in rows if lines else ():
+            if row["split"]:
+                by_file.setdefault(row["split"], []).append(row)
+        for name, found in by_file.items():
+            for row in found:  # (no line found: no offset, rather than a byte)
                 row["block"], row["offset"] = _block(row["offset"]), None
             try:
                 if fmt == "csv" and not reasons:
-                    _match_decoded(name, rows, fields, delimiter)
+                    _match_decoded(name, found, fields, delimiter, after)
                 else:
-                    _number_lines(name, rows)
+                    _number_lines(name, found, used)
             except OSError:
                 pass
-    for batch, rows in read:
         for row in rows if reasons else ():
             better = (csv_problem(fields, row["record"], delimiter) if fmt == "csv"
                       else json_problem(fields, row["record"]))
