@@ -91,15 +91,17 @@ def validate(
         except StreamerError as exc:
             err_console().print(f"[red]error[/red] {file}: {exc}")
             failed += 1
+    spark = None
     if loaded and not no_spark:
+        from streamer.runtime.job.checks import analysis_session, analyze_spec
+
         err_console().print(f"checking expressions with Spark's analyzer ({len(loaded)} "
                             f"file{'s' if len(loaded) != 1 else ''}; --no-spark skips this)")
+        spark = analysis_session(loaded[0][1])  # one session for every file
     for file, spec in loaded:
-        if not no_spark:
-            from streamer.runtime.job.checks import analyze_spec
-
+        if spark is not None:
             try:
-                analyze_spec(spec)
+                analyze_spec(spec, spark)
             except PipelineError as exc:
                 print_error(exc)
                 failed += 1

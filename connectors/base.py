@@ -15,7 +15,7 @@ idempotent (it may be called again for the same epoch after a crash); `abort` di
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -99,6 +99,13 @@ class SourceRead:
     #: record that fails after decoding (its event time is null); the runtime drops them.
     #: None: the source gives no position (the dead letter's split and offset are null).
     position: tuple[str, str] | None = None
+    #: With `position`, a column of `records` with each record's text as read (a line of a
+    #: file), the record of such a dead letter; the runtime drops it. None: the record is
+    #: the JSON of its decoded columns.
+    raw_record: str | None = None
+    #: With `position`, what turns such dead letters' positions into ones a user can find
+    #: (a file's block into the line: `dead_letters.explain`), or None: they are.
+    locate: Callable[[DataFrame], DataFrame] | None = None
 
 
 class Source(ABC):

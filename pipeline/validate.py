@@ -16,6 +16,7 @@ from streamer.pipeline.schema import PIPELINE
 from streamer.pipeline.spec import RETRACTABLE, PipelineSpec, build_spec
 from streamer.pipeline.typecheck import check_types
 from streamer.pipeline.yaml_loader import Path, Positions, load_file, load_text
+from streamer.text import a_noun
 
 
 def _problems(ck: Checker, positions: Positions) -> list[Problem]:
@@ -40,9 +41,6 @@ def _items(data: Mapping[str, Any], section: str) -> list[tuple[int, dict[str, A
         return []
     return [(i, raw) for i, raw in enumerate(value) if isinstance(raw, dict)]
 
-
-def _a(kind: str) -> str:
-    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
 
 
 def check_references(data: Mapping[str, Any], ck: Checker) -> None:
@@ -70,7 +68,7 @@ def check_references(data: Mapping[str, Any], ck: Checker) -> None:
             if node_id in kinds:
                 duplicated.add(node_id)
                 ck.report((section, i, "id"), f"duplicate id {node_id!r}; it is already the id "
-                          f"of {_a(kinds[node_id])} — ids must be unique across sources, "
+                          f"of {a_noun(kinds[node_id])} — ids must be unique across sources, "
                           "operators and sinks")
                 continue
             kinds[node_id] = kind
@@ -200,7 +198,7 @@ def check_references(data: Mapping[str, Any], ck: Checker) -> None:
                 sinks = [k for k, v in kinds.items() if v == "sink"]
                 dead_letter_unresolved += 1
                 problem = ("is not defined" if ref not in kinds
-                           else f"is {_a(kinds[ref])}, not a sink")
+                           else f"is {a_noun(kinds[ref])}, not a sink")
                 hint = did_you_mean(ref, sinks, listing="sinks") if ref not in kinds else ""
                 ck.report(path, f"{what} {ref!r} of {owner} {problem}; name a sink{hint}")
                 continue
@@ -222,7 +220,7 @@ def check_references(data: Mapping[str, Any], ck: Checker) -> None:
                 dead_letter_unresolved += 1
                 sinks = [k for k, v in kinds.items() if v == "sink"]
                 problem = ("is not defined" if ref not in kinds
-                           else f"is {_a(kinds[ref])}, not a sink")
+                           else f"is {a_noun(kinds[ref])}, not a sink")
                 hint = did_you_mean(ref, sinks, listing="sinks") if ref not in kinds else ""
                 ck.report(path, f"side output {name!r} of {owner} names {ref!r}, which "
                           f"{problem}; name a sink{hint}")
@@ -386,7 +384,7 @@ def check_update_streams(spec: PipelineSpec, ck: Checker) -> None:
             what = {"aggregate": "rolling aggregate", "process": "process function",
                     "top_n": "top-N"}.get(
                 str(op.keyed_kind), str(op.keyed_kind))
-            ck.report(path, f"{head}; {_a(what)} would take every update as a new "
+            ck.report(path, f"{head}; {a_noun(what)} would take every update as a new "
                       "record (only a rolling aggregate of count, sum or avg takes "
                       f"retractions). Key and window the records before {origin!r} "
                       f"instead, or send {origin!r} to a sink")

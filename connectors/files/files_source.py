@@ -15,7 +15,8 @@ Hadoop connector for them; this is meant for tests and small inputs.
 
 A dead letter's `split` is the file and its `offset` the line (1-based, as editors count; a
 header counts): Spark 4.3 gives a text or CSV line no position, so the extra pass over a file
-is made only for files with dead letters (`connectors.dead_letters`).
+is made only for files with dead letters (`connectors.dead_letters`). A parquet record's
+offset is its row index in the file.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ SPLIT = "files"
 _SPLIT_COLUMN = "__streamer_file"
 #: A parquet record's row index in its file (`SourceRead.position`).
 _ROW_COLUMN = "__streamer_row"
+#: A text record's file block and line (`SourceRead.position`, `SourceRead.raw_record`).
+_BLOCK_COLUMN, _RAW_COLUMN = "__streamer_block", "__streamer_line"
 
 
 def spark_path(local_path: str, *, for_read: bool = True) -> str:
@@ -395,19 +398,24 @@ class FilesSource(Source):
         reader = self.ctx.spark.read
         if self.format == "text":  # every line is a record; nothing can fail to decode
             return SourceRead(records=reader.text(paths).withColumnRenamed("value", "line"))
-        # With an event time, each record keeps its file for a dead letter of a null one.
-        position = (_SPLIT_COLUMN, _SPLIT_COLUMN) if self.spec.event_time else None
-        if self.format == "jsonl":
-            from pyspark.sql import functions as F
+        # With an event time, each record keeps its file, block and text for a dead letter
+        # of a null one (`dead_letters.explained` turns the block into the line).
+        from pyspark.sql import functions as F
 
+        from streamer.connectors.dead_letters import explained
+
+        position = (_SPLIT_COLUMN, _BLOCK_COLUMN) if self.spec.event_time else None
+        split, block = self._split_column(local), F.col("_metadata.file_block_start")
+        where = [split.alias(_SPLIT_COLUMN), block.cast("string").alias(_BLOCK_COLUMN)]
+        if self.format == "jsonl":
             text = reader.text(paths)
-            split = self._split_column(local)
-            lines = text.select(F.col("value"), split.alias("split"), split.alias("offset"),
-                                *([split.alias(_SPLIT_COLUMN)] if position else []))
-            decoded = decode_json_lines(self.ctx.spark, lines, schema, self.spec,
-                                        extra=(_SPLIT_COLUMN,) if position else ())
-            decoded.position = position
-            return self._explained(decoded, schema)
+            lines = text.select(F.col("value"), split.alias("split"), block.alias("offset"),
+                                *([*where, F.col("value").alias(_RAW_COLUMN)] if position
+                                  else []))
+            decoded = decode_json_lines(self.ctx.spark, lines, schema, self.spec, extra=(
+                _SPLIT_COLUMN, _BLOCK_COLUMN, _RAW_COLUMN) if position else ())
+            return explained(decoded, schema, "jsonl", position, _RAW_COLUMN if position
+                             else None)
         from pyspark.sql.types import StringType, StructField, StructType
 
         with_corrupt = StructType([*schema.fields, StructField(CORRUPT_COLUMN, StringType())])
@@ -415,22 +423,11 @@ class FilesSource(Source):
                .option("sep", self.delimiter).option("mode", "PERMISSIVE")
                .option("columnNameOfCorruptRecord", CORRUPT_COLUMN).csv(paths))
         names = schema.fieldNames()
-        df = raw.select(*[column(n) for n in names], column(CORRUPT_COLUMN),
-                        self._split_column(local).alias(_SPLIT_COLUMN))
-        decoded = guard_or_split(df, self.spec, CORRUPT_COLUMN, _SPLIT_COLUMN, _SPLIT_COLUMN,
+        df = raw.select(*[column(n) for n in names], column(CORRUPT_COLUMN), *where)
+        decoded = guard_or_split(df, self.spec, CORRUPT_COLUMN, _SPLIT_COLUMN, _BLOCK_COLUMN,
                                  CORRUPT_COLUMN, raw_file_scan=True,
-                                 columns=[*names, _SPLIT_COLUMN] if position else names)
-        decoded.position = position
-        return self._explained(decoded, schema)
-
-    def _explained(self, decoded: SourceRead, schema: StructType) -> SourceRead:
-        """`decoded` with dead letters that give the line and the field that failed."""
-        if decoded.dead_letters is not None:
-            from streamer.connectors.dead_letters import explain
-
-            decoded.dead_letters = explain(decoded.dead_letters, schema, self.format,
-                                           delimiter=self.delimiter)
-        return decoded
+                                 columns=[*names, *(position or ())])
+        return explained(decoded, schema, "csv", position, None, self.delimiter)
 
     def parquet_problem(self, name: str, schema: StructType) -> str | None:
         """Why the parquet file `name` cannot be read with `schema`, or None if it can."""

@@ -51,6 +51,18 @@ DEFAULT_CONF: dict[str, str] = {
 }
 
 
+#: What a session that only analyzes changes (`runtime.checks.analysis_session`): it runs no
+#: shuffle worth splitting and needs no Hive catalog.
+ANALYSIS_CONF: dict[str, str] = {
+    "spark.sql.shuffle.partitions": "1",
+    "spark.sql.catalogImplementation": "in-memory",
+}
+#: Its driver JVM's flags: the C1 compiler only (analysis is seconds of cold code, where
+#: C2's compile time never pays back), the serial GC (no GC threads to start on a small
+#: heap) and the JDK's class data sharing archive. bench/validate.py measures the gain.
+ANALYSIS_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xshare:auto"
+
+
 def java_version(java: str) -> int | None:
     """The major version of the `java` executable, or None when it cannot be run."""
     try:

@@ -23,6 +23,26 @@ def shared_session(spec: PipelineSpec | None = None) -> SparkSession:
     return create_session("streamer-check", None, dict(spec.spark) if spec else {}, ui=False)
 
 
+def analysis_session(spec: PipelineSpec) -> SparkSession:
+    """A session that only analyzes (`streamer validate`; it runs no job of the pipeline,
+    at most a schema inference): one core, one shuffle partition, no UI, no Hive catalog,
+    and a driver JVM that starts fast (`ANALYSIS_JAVA_OPTIONS`). The pipeline's spark:
+    block applies over these; the JVM flags are added to its driver options. Start it once
+    per invocation: every file's analysis reuses it."""
+    from streamer.runtime.cluster.spark import (
+        ANALYSIS_CONF,
+        ANALYSIS_JAVA_OPTIONS,
+        DEFAULT_CONF,
+        create_session,
+    )
+
+    conf = {**ANALYSIS_CONF, **spec.spark}
+    key = "spark.driver.extraJavaOptions"
+    conf[key] = f"{conf.get(key) or DEFAULT_CONF[key]} {ANALYSIS_JAVA_OPTIONS}"
+    return create_session("streamer-check", conf.pop("spark.master", "local[1]"), conf,
+                          ui=False)
+
+
 def analyze_spec(spec: PipelineSpec, spark: SparkSession | None = None) -> None:
     """Check every expression of `spec` against its input schema; raise `PipelineError`."""
     from streamer.connectors.base import ConnectorContext

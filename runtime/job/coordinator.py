@@ -41,9 +41,9 @@ from streamer.runtime.observe.metrics import (
     QuietReporter,
     Reporter,
     TeeReporter,
-    plural,
 )
 from streamer.runtime.watermarks import MAX_WATERMARK
+from streamer.text import plural
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -16,6 +16,8 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from streamer.text import plural
+
 
 @dataclass
 class EpochMetrics:
@@ -261,11 +263,6 @@ def watermark_time(ms: int | None) -> str:
     if ms >= 2**61:
         return "+inf"
     return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
-
-
-def plural(n: int, noun: str) -> str:
-    """`1 epoch`, `2 epochs`, `1,000 dead letters`: a count and its noun."""
-    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
 def _seconds(s: float) -> str:

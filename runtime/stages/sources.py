@@ -82,7 +82,7 @@ class ScanSource(Stage):
             obs = Observation(f"in_{self.node_id}_{ctx.epoch}")
             ctx.seen_in[self.node_id] = obs
             records = records.observe(obs, *stats)
-        dropped = {read.split_column, *(read.position or ())} - {None, EVENT_TIME}
+        dropped = {read.split_column, *(read.position or ()), read.raw_record} - {None, EVENT_TIME}
         if dropped:
             records = records.drop(*dropped)
         ctx.frames[self.node_id] = records

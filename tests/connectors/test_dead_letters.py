@@ -4,6 +4,7 @@ paths are in test_files_source.py, test_kafka.py and runtime/test_bad_records.py
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -57,3 +58,40 @@ def test_each_dead_letter_gets_its_line_and_identical_lines_get_one_each(
         ("2", "not JSON: Expecting value: line 1 column 1 (char 0)"),
         ("5", "field 'n': \"x\" is not an int"),
         ("4", "not JSON: Expecting value: line 1 column 1 (char 0)")]
+
+
+SCHEMA = pa.schema([(c, pa.string()) for c in ("source", "split", "offset", "record", "error")])
+
+
+def explained(rows: list[dict], batches: list[int], fields: tuple, fmt: str,
+              reasons: bool = True) -> list[str | None]:
+    """The offsets `explain_batches` gives `rows`, fed to it as one task's batches of the
+    given sizes."""
+    given, start = [], 0
+    for size in batches:
+        given.append(pa.RecordBatch.from_pylist(rows[start:start + size], SCHEMA))
+        start += size
+    return [r["offset"] for b in explain_batches(iter(given), fields, fmt, ",", True, reasons)
+            for r in b.to_pylist()]
+
+
+def test_identical_lines_in_two_blocks_and_two_batches_get_their_own_lines(
+        tmp_path: Path) -> None:
+    path = tmp_path / "a.jsonl"  # bytes: line 1 at 0, 2 at 9, 3 at 13, 4 at 17, 5 at 26
+    path.write_text('{"n": 1}\nbad\nbad\n{"n": 2}\nbad\n')
+    # Spark's block at byte 14 starts inside line 3: its first line is line 4.
+    rows = [{"source": "s", "split": str(path), "offset": block, "record": "bad",
+             "error": "cannot decode"} for block in ("0", "0", "14")]
+    assert explained(rows, [1, 2], (("n", "int"),), "jsonl") == ["2", "3", "5"]
+    assert explained(rows, [3], (("n", "int"),), "jsonl") == ["2", "3", "5"]
+
+
+def test_a_csv_record_without_event_time_is_found_by_its_columns(tmp_path: Path) -> None:
+    path = tmp_path / "a.csv"
+    path.write_text("user,n,ts\nu1,5,\nu2,6,2026-01-01T00:00:00Z\nu1,5,2026-01-01T00:00:01Z\n"
+                    "u1,5,\n")
+    record = json.dumps({"user": "u1", "n": 5, "ts": None})
+    rows = [{"source": "s", "split": str(path), "offset": "0", "record": record,
+             "error": "field 'ts': null event time"}] * 2
+    fields = (("user", "string"), ("n", "int"), ("ts", "timestamp"))
+    assert explained(rows, [1, 1], fields, "csv", reasons=False) == ["2", "5"]

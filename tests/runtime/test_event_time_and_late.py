@@ -91,9 +91,12 @@ def test_an_event_time_that_cannot_be_computed_is_a_dead_letter(spark, tmp_path:
     dead = committed(dlq)
     assert sorted(json.loads(r["record"])["t"] or "" for r in dead) == sorted(
         [*GARBAGE, ""])
-    assert {r["error"] for r in dead} == {
-        "event time is null or cannot be computed: `to_timestamp(t)`"}
-    assert all(r["source"] == "events" and r["split"].endswith("a.jsonl") for r in dead), dead
+    assert sorted(r["error"] for r in dead) == sorted(
+        f"event time `to_timestamp(t)` is null or cannot be computed (field 't': {value})"
+        for value in [*[json.dumps(text) for text in GARBAGE], "null"])
+    lines = (data / "a.jsonl").read_text().splitlines()  # each names its line
+    assert all(r["source"] == "events" and r["split"].endswith("a.jsonl")
+               and lines[int(r["offset"]) - 1] == r["record"] for r in dead), dead
     assert result.dead_letters == 3 and result.records_in == len(good)
 
 

@@ -7,7 +7,8 @@ from typing import Any
 
 from rich.console import Console
 
-from streamer.runtime.observe.metrics import EpochMetrics, LiveReporter, plural
+from streamer.runtime.observe.metrics import EpochMetrics, LiveReporter
+from streamer.text import plural
 
 
 class Clock:
