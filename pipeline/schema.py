@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamer.pipeline.aggregate_calls import AGGREGATES, parse_aggregate, split_arguments
+from streamer.pipeline.aggregate_calls import AGGREGATES, parse_call, split_arguments
 from streamer.pipeline.model import (
     AnyValue,
     Bool,
@@ -249,23 +249,30 @@ class AggregateFn(Str):
         super().check(value, path, ck)
         if not isinstance(value, str) or not value.strip():
             return
-        call = parse_aggregate(value)
+        call = parse_call(value)
         if call is None:
-            ck.report(path, f"aggregate {value!r} must be a call such as count() or sum(x)")
+            ck.report(path, f"aggregate {value!r} must be a call such as count() or sum(x), "
+                      "optionally followed by filter (where <condition>)")
             return
-        name, arg = call
-        if name not in AGGREGATES:
+        name, arg = call.resolved, call.arg
+        args = split_arguments(arg) if arg is not None else []
+        if call.distinct and call.function != "count":
+            ck.report(path, f"{call.function}(distinct ...) is not supported; only "
+                      "count(distinct x) counts distinct values")
+        elif name not in AGGREGATES:
             from streamer.pipeline.model import did_you_mean
             ck.report(path, f"unknown aggregate function {name!r}"
                       f"{did_you_mean(name, list(AGGREGATES), listing='valid functions')}")
+        elif AGGREGATES[name] == -1 and (not args or not all(args)):
+            ck.report(path, "count(distinct ...) needs one or more columns or expressions, "
+                      "e.g. count(distinct bidder)")
         elif AGGREGATES[name] == 1 and arg is None:
             ck.report(path, f"{name}() needs a column or expression, e.g. {name}(amount)")
-        elif AGGREGATES[name] == 2 and (arg is None or len(split_arguments(arg)) != 2
-                                        or not all(split_arguments(arg))):
+        elif AGGREGATES[name] == 2 and (arg is None or len(args) != 2 or not all(args)):
             ck.report(path, f"{name}() takes the value and what orders it, e.g. "
                       f"{name}(bid, price): the bid with the {name[:3]}imum price")
         elif AGGREGATES[name] == 0 and arg is not None:
-            ck.report(path, f"count() takes no argument; use count_distinct({arg}) to count "
+            ck.report(path, f"count() takes no argument; use count(distinct {arg}) to count "
                       "distinct values")
 
 
@@ -345,7 +352,9 @@ OPERATOR = Obj(
                                   "global window or aggregate, run by one subtask).",
                                   noun="column", allow_empty=True)),
         "window": Field(WINDOW),
-        "aggregate": Field(MapOf(AggregateFn(), "Output column: aggregate function.",
+        "aggregate": Field(MapOf(AggregateFn(), "Output column: aggregate function, e.g. "
+                                 "count(), sum(x), count(distinct x), optionally with "
+                                 "filter (where <condition>).",
                                  key_pattern=COLUMN_PATTERN, key_hint=COLUMN_HINT,
                                  min_items=1)),
         "dedupe": Field(Obj({"within": Field(Duration("Forget a key after this long."),

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from streamer.exceptions import ConfigError
-from streamer.pipeline.aggregate_calls import parse_aggregate, split_arguments
+from streamer.pipeline.aggregate_calls import parse_call, split_arguments
 from streamer.pipeline.exceptions import Location
 from streamer.pipeline.units import parse_duration_ms, parse_signed_duration_ms
 from streamer.pipeline.yaml_loader import Path, Positions
@@ -69,12 +69,14 @@ RETRACTABLE = ("count", "sum", "avg")
 
 @dataclass(frozen=True)
 class AggregateSpec:
-    """One output column of an aggregate: `name: function(arg)`."""
+    """One output column of an aggregate: `name: function(arg) [filter (where ...)]`."""
 
     name: str
     function: str
     #: The argument text as written (`max_by(bid, price)`: "bid, price").
     arg: str | None
+    #: The condition of `filter (where ...)`: only the rows for which it holds count.
+    filter: str | None = None
 
     @property
     def args(self) -> tuple[str, ...]:
@@ -503,9 +505,9 @@ def _build_operator(raw: Mapping[str, Any], path: Path) -> OperatorSpec:
                             **base)
     aggregates = []
     for name, text in (raw.get("aggregate") or {}).items():
-        parsed = parse_aggregate(text)
-        assert parsed is not None  # validated
-        aggregates.append(AggregateSpec(name, parsed[0], parsed[1]))
+        call = parse_call(text)
+        assert call is not None  # validated
+        aggregates.append(AggregateSpec(name, call.resolved, call.arg, call.filter))
     return OperatorSpec(
         kind="keyed", key_by=_inputs(raw["key_by"]),
         window=_build_window(raw["window"]) if "window" in raw else None,
