@@ -121,12 +121,12 @@ def test_the_analyzer_checks_filters_and_distinct_arguments(spark) -> None:
     assert problems[0] == (
         "p.yaml:12:20: the filter of aggregate 'a' of operator 'agg' must be a condition (true "
         "or false), but 'price' is bigint; compare it, e.g. filter (where price > 0)")
-    assert problems[1].startswith("p.yaml:10:57: the filter of aggregate 'b' of operator "
+    assert problems[1].startswith("p.yaml:12:56: the filter of aggregate 'b' of operator "
                                   "'agg': ") and "nope" in problems[1]
     assert problems[2:] == [
-        "p.yaml:10:99: aggregate 'c' of operator 'agg': count(distinct ...) cannot compare "
+        "p.yaml:12:97: aggregate 'c' of operator 'agg': count(distinct ...) cannot compare "
         "values of type map<string,int>; count(distinct to_json(tags))",
-        "p.yaml:11:4: aggregate 'd' of operator 'agg': count(distinct ...) cannot compare "
+        "p.yaml:12:124: aggregate 'd' of operator 'agg': count(distinct ...) cannot compare "
         "values of type map<string,int>; count(distinct to_json(tags))"]
 
 
