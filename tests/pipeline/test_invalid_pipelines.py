@@ -1583,7 +1583,8 @@ CASES = [
             type: console
             input: w
         """,
-        ["p.yaml:10:25: aggregate 'max(x) - min(x)' must be a call such as count() or sum(x)"],
+        ["p.yaml:10:25: aggregate 'max(x) - min(x)' must be a call such as count() or sum(x), "
+         "optionally followed by filter (where <condition>)"],
         id="aggregate-expression-of-two-calls",
     ),
     pytest.param(
