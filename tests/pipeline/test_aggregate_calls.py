@@ -6,6 +6,8 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from streamer.pipeline.aggregate_calls import AggregateCall, parse_call
 from streamer.pipeline.exceptions import PipelineError
@@ -143,3 +145,21 @@ def test_session_windows_refuse_a_distinct_count_of_several_columns(spark) -> No
         "p.yaml:13:20: aggregate 'n' of operator 'agg': count(distinct) of several columns is "
         "not supported in session windows yet; count one column, e.g. count(distinct "
         "concat_ws('|', bidder, price))"]
+
+
+_EXPR = st.sampled_from(["x", "f(a, b)", "price * 2", "'a,)'", "cast(y as double)", "`odd col`"])
+
+
+@given(function=st.sampled_from(["count", "sum", "max_by", "count_distinct"]),
+       args=st.lists(_EXPR, max_size=3), distinct=st.booleans(),
+       condition=st.none() | st.sampled_from(["p < 10", "s = ')'", "g(a, (b)) and c"]),
+       upper=st.booleans())
+def test_a_written_call_parses_back(function: str, args: list[str], distinct: bool,
+                                    condition: str | None, upper: bool) -> None:
+    arg = ", ".join(args) or None
+    words = ("DISTINCT ", " FILTER (WHERE ") if upper else ("distinct ", " filter (where ")
+    text = f"{function}({words[0] if distinct and arg else ''}{arg or ''})"
+    if condition is not None:
+        text += f"{words[1]}{condition})"
+    assert parse_call(text) == AggregateCall(function, arg, distinct and arg is not None,
+                                             condition)
