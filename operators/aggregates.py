@@ -10,7 +10,7 @@ do not depend on how an epoch was cut.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from streamer.pipeline.spec import AggregateSpec
@@ -184,10 +184,18 @@ def accumulator(spec: AggregateSpec, ts: str, seq: str, sign: str | None = None
     columns used to order `first`, `last` and `collect_list`. `sign` (an expression of 1 or
     -1): the input is an update stream whose rows of -1 take their values back; only the
     aggregates of `pipeline.spec.RETRACTABLE` take it (their partials are then signed sums,
-    which the same merges add)."""
+    which the same merges add). An aggregate's `filter` applies to its partials' SQL."""
+    acc = _signed(spec, sign) if sign is not None else _plain(spec, ts, seq)
+    if spec.filter is None:
+        return acc
+    # Flink's and Spark's `agg(...) filter (where c)`: the partial sees only the rows where c
+    # holds (not where it is false or null), so the merges and finals are unchanged.
+    return replace(acc, sql=tuple(f"{sql} filter (where {spec.filter})" for sql in acc.sql))
+
+
+def _plain(spec: AggregateSpec, ts: str, seq: str) -> Accumulator:
+    """`accumulator` over an append-only input, without the filter."""
     fn, x = spec.function, spec.arg
-    if sign is not None:
-        return _signed(spec, sign)
     if fn == "count":
         return Accumulator(spec, ("count(1)",), _add, lambda p: p[0] or 0, lambda a: a or 0,
                            "count(1)", _zero_for_null, _zero_for_null)
@@ -233,6 +241,12 @@ def accumulator(spec: AggregateSpec, ts: str, seq: str, sign: str | None = None
                    f"struct({order}, {sign}{ts}, {sign}{seq}))",),
             _by(fn == "max_by"), lambda p: _t(p[0]) if p[0] is not None else None,
             lambda a: a[3] if a else None, f"{fn}({value}, {order})")
+    if fn == "count_distinct" and len(spec.args) > 1:
+        # As SQL's count(distinct a, b): the combinations in which no value is null.
+        nulls = " or ".join(f"({a}) is null" for a in spec.args)
+        return Accumulator(spec, (f"collect_set(if({nulls}, null, struct({x})))",), _union,
+                           lambda p: frozenset(map(_t, p[0] or ())), lambda a: len(a or ()),
+                           f"count(distinct {x})")
     if fn == "count_distinct":
         return Accumulator(spec, (f"collect_set({x})",), _union,
                            lambda p: frozenset(p[0] or ()), lambda a: len(a or ()),

@@ -331,6 +331,9 @@ def read_direct(cfg: Any, d: DirectRead, subtask: int) -> tuple[Any, dict[str, A
         aggregations.append((WINDOW_END, "max"))
     j = 0
     for spec in cfg.aggregates:
+        if spec.filter is not None:  # (the planner reads these with Spark: `direct_shape`)
+            msg = f"direct read of {cfg.uid!r}: aggregate {spec.name!r} has a filter"
+            raise RuntimeError(msg)
         for fn, arg in _partial_functions(spec.function, spec.arg):
             name = f"__in{j}"
             if arg is None:

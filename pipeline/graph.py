@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamer.pipeline.spec import OperatorSpec, PipelineSpec, SinkSpec, SourceSpec
+from streamer.pipeline.spec import AggregateSpec, OperatorSpec, PipelineSpec, SinkSpec, SourceSpec
 from streamer.pipeline.units import format_duration_ms
 
 Spec = SourceSpec | OperatorSpec | SinkSpec
@@ -149,6 +149,12 @@ def _source_detail(s: SourceSpec) -> str:
     return str(s.option("topic") or s.option("topics"))
 
 
+def _aggregate_text(a: AggregateSpec) -> str:
+    """`name=function(arg)`, with its filter (`count(distinct x)` as `count_distinct(x)`)."""
+    where = f" filter (where {a.filter})" if a.filter else ""
+    return f"{a.name}={a.function}({a.arg or ''}){where}"
+
+
 def _operator_detail(o: OperatorSpec) -> str:
     if o.kind == "filter":
         return o.filter or ""
@@ -167,11 +173,10 @@ def _operator_detail(o: OperatorSpec) -> str:
                                    f"{format_duration_ms(w.slide_ms or 0)}",
                 "session": lambda: f"gap {format_duration_ms(w.gap_ms or 0)}",
                 "count": lambda: str(w.count), "until": lambda: f"until {w.until}"}[w.kind]()
-        aggs = ", ".join(f"{a.name}={a.function}({a.arg or ''})" for a in o.aggregates)
+        aggs = ", ".join(map(_aggregate_text, o.aggregates))
         return f"{w.kind} {size}: {aggs}"
     if o.aggregates:
-        return "rolling: " + ", ".join(f"{a.name}={a.function}({a.arg or ''})"
-                                       for a in o.aggregates)
+        return "rolling: " + ", ".join(map(_aggregate_text, o.aggregates))
     if o.dedupe_within_ms is not None:
         return f"dedupe within {format_duration_ms(o.dedupe_within_ms)}"
     if o.broadcast:

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamer.pipeline.aggregate_calls import AGGREGATES, parse_aggregate, split_arguments
+from streamer.pipeline.aggregate_calls import (
+    AGGREGATES,
+    parse_aggregate,
+    parse_call,
+    split_arguments,
+)
 from streamer.pipeline.model import (
     AnyValue,
     Bool,
@@ -39,6 +44,7 @@ from streamer.pipeline.schema_base import (
     exactly_one,
     named,
 )
+from streamer.pipeline.schema_execution import EXECUTION
 from streamer.pipeline.schema_joins import join_schema
 from streamer.pipeline.schema_sinks import SINK
 from streamer.pipeline.topn_spec import TOP_N
@@ -254,23 +260,30 @@ class AggregateFn(Str):
         super().check(value, path, ck)
         if not isinstance(value, str) or not value.strip():
             return
-        call = parse_aggregate(value)
+        call = parse_call(value)
         if call is None:
-            ck.report(path, f"aggregate {value!r} must be a call such as count() or sum(x)")
+            ck.report(path, f"aggregate {value!r} must be a call such as count() or sum(x), "
+                      "optionally followed by filter (where <condition>)")
             return
-        name, arg = call
-        if name not in AGGREGATES:
+        name, arg = call.resolved, call.arg
+        args = split_arguments(arg) if arg is not None else []
+        if call.distinct and call.function != "count":
+            ck.report(path, f"{call.function}(distinct ...) is not supported; only "
+                      "count(distinct x) counts distinct values")
+        elif name not in AGGREGATES:
             from streamer.pipeline.model import did_you_mean
             ck.report(path, f"unknown aggregate function {name!r}"
                       f"{did_you_mean(name, list(AGGREGATES), listing='valid functions')}")
+        elif AGGREGATES[name] == -1 and (not args or not all(args)):
+            ck.report(path, "count(distinct ...) needs one or more columns or expressions, "
+                      "e.g. count(distinct bidder)")
         elif AGGREGATES[name] == 1 and arg is None:
             ck.report(path, f"{name}() needs a column or expression, e.g. {name}(amount)")
-        elif AGGREGATES[name] == 2 and (arg is None or len(split_arguments(arg)) != 2
-                                        or not all(split_arguments(arg))):
+        elif AGGREGATES[name] == 2 and (arg is None or len(args) != 2 or not all(args)):
             ck.report(path, f"{name}() takes the value and what orders it, e.g. "
                       f"{name}(bid, price): the bid with the {name[:3]}imum price")
         elif AGGREGATES[name] == 0 and arg is not None:
-            ck.report(path, f"count() takes no argument; use count_distinct({arg}) to count "
+            ck.report(path, f"count() takes no argument; use count(distinct {arg}) to count "
                       "distinct values")
 
 
@@ -382,7 +395,9 @@ OPERATOR = Obj(
                                   "global window or aggregate, run by one subtask).",
                                   noun="column", allow_empty=True)),
         "window": Field(WINDOW),
-        "aggregate": Field(MapOf(AggregateFn(), "Output column: aggregate function.",
+        "aggregate": Field(MapOf(AggregateFn(), "Output column: aggregate function, e.g. "
+                                 "count(), sum(x), count(distinct x), optionally with "
+                                 "filter (where <condition>).",
                                  key_pattern=COLUMN_PATTERN, key_hint=COLUMN_HINT,
                                  min_items=1)),
         "top_n": Field(TOP_N),
@@ -410,54 +425,6 @@ OPERATOR = Obj(
 )
 
 # -------------------------------------------------------------------------------- top level
-EXECUTION = Obj(
-    {
-        "small_epoch_rows": Field(Int(
-            "Epochs with at most this many input rows run in the small-epoch mode: "
-            "interpreted Spark expressions (no code generation), no adaptive execution, one "
-            "shuffle partition, and keyed records routed to their subtask before they are "
-            "aggregated. Default 20000; 0 turns the mode off. $STREAMER_SMALL_EPOCH_ROWS "
-            "overrides it.", minimum=0,
-            hint="set a number of rows, or 0 to turn the small-epoch mode off")),
-        "local_rows": Field(Int(
-            "A source slice of at most this many rows (over all its splits) is read on the "
-            "driver as a local relation, and its epoch runs without Spark jobs where it can "
-            "(a local epoch). Default 1000; 0 = never. $STREAMER_LOCAL_ROWS overrides it.",
-            minimum=0, hint="set a number of rows, or 0 to never read a slice on the driver")),
-        "direct_read": Field(Bool(
-            "Keyed subtasks (rolling aggregates, tumbling and sliding windows) read a local "
-            "parquet files source themselves, and take a local epoch's rows collected on the "
-            "driver; false leaves both to Spark. Default true. $STREAMER_DIRECT_READ "
-            "overrides it.")),
-        "driver_subtasks": Field(Bool(
-            "In local mode (local[*]) a local epoch runs the keyed subtasks in the driver "
-            "process, one after the other, instead of as a Spark job; false always runs a "
-            "Spark job. No effect on a cluster. Default true. $STREAMER_DRIVER_SUBTASKS "
-            "overrides it.")),
-        "task_sink": Field(Bool(
-            "A keyed operator's tasks write the staging files of a local parquet or jsonl "
-            "files sink that reads only that operator (with pyarrow, in the bytes Spark's "
-            "writer gives; jsonl rows they cannot be sure of go to Spark's writer); false has "
-            "Spark write them. "
-            "Default true. $STREAMER_TASK_SINK overrides it.")),
-        "staged_input": Field(Bool(
-            "In local mode, a rolling aggregate, a tumbling, sliding or session window or a "
-            "dedupe whose input Spark computes (a JSON, CSV or Kafka source, or a filter or "
-            "derived column before it) has Spark write that input once per epoch as local "
-            "parquet files, which its subtasks read themselves, in place of Spark's partial "
-            "aggregation and shuffles. Small epochs keep the Spark path. No effect on a "
-            "cluster. Default true. $STREAMER_STAGED_INPUT overrides it.")),
-        "arrow_input": Field(Bool(
-            "Where such staged input comes from local JSON-lines, CSV or parquet files or Kafka "
-            "JSON values, Python tasks read and decode them with Arrow and run the event time "
-            "and the filters and derived columns before the keyed operator, for the files, "
-            "ranges and expressions where Arrow's result is certainly Spark's (any other is "
-            "read by Spark as before, in the same epoch). Default true. "
-            "$STREAMER_ARROW_INPUT overrides it.")),
-    },
-    "Engine settings: how epochs run, not what they compute (results are the same either "
-    "way). The environment variables named here override them for one run.",
-)
 
 METRICS = Obj(
     {

@@ -15,39 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from streamer.exceptions import ConfigError
-from streamer.pipeline.aggregate_calls import parse_aggregate, split_arguments
+from streamer.pipeline.aggregate_calls import parse_call, split_arguments
 from streamer.pipeline.exceptions import Location
 from streamer.pipeline.over_spec import OverSpec, build_over
+from streamer.pipeline.source_spec import SourceSpec, WatermarkSpec
 from streamer.pipeline.topn_spec import TopNSpec, build_top_n
 from streamer.pipeline.units import parse_duration_ms, parse_signed_duration_ms
 from streamer.pipeline.yaml_loader import Path, Positions
-
-
-@dataclass(frozen=True)
-class WatermarkSpec:
-    """Bounded out-of-orderness watermark of a source."""
-
-    max_out_of_orderness_ms: int = 0
-    idle_timeout_ms: int | None = None
-
-
-@dataclass(frozen=True)
-class SourceSpec:
-    """A source: common keys plus the type-specific ones in `options`."""
-
-    id: str
-    type: str
-    uid: str
-    schema: tuple[tuple[str, str], ...] | None
-    event_time: str | None
-    watermark: WatermarkSpec | None
-    on_error: str | None
-    options: Mapping[str, Any]
-    path: Path
-
-    def option(self, name: str, default: Any = None) -> Any:
-        """A type-specific setting, or `default`."""
-        return self.options.get(name, default)
 
 
 @dataclass(frozen=True)
@@ -73,12 +47,14 @@ RETRACTABLE = ("count", "sum", "avg")
 
 @dataclass(frozen=True)
 class AggregateSpec:
-    """One output column of an aggregate: `name: function(arg)`."""
+    """One output column of an aggregate: `name: function(arg) [filter (where ...)]`."""
 
     name: str
     function: str
     #: The argument text as written (`max_by(bid, price)`: "bid, price").
     arg: str | None
+    #: The condition of `filter (where ...)`: only the rows for which it holds count.
+    filter: str | None = None
 
     @property
     def args(self) -> tuple[str, ...]:
@@ -523,9 +499,9 @@ def _build_operator(raw: Mapping[str, Any], path: Path) -> OperatorSpec:
                             **base)
     aggregates = []
     for name, text in (raw.get("aggregate") or {}).items():
-        parsed = parse_aggregate(text)
-        assert parsed is not None  # validated
-        aggregates.append(AggregateSpec(name, parsed[0], parsed[1]))
+        call = parse_call(text)
+        assert call is not None  # validated
+        aggregates.append(AggregateSpec(name, call.resolved, call.arg, call.filter))
     return OperatorSpec(
         kind="keyed", key_by=_inputs(raw["key_by"]),
         window=_build_window(raw["window"]) if "window" in raw else None,

@@ -375,10 +375,15 @@ def check_update_streams(spec: PipelineSpec, ck: Checker) -> None:
             if op.keyed_kind == "aggregate" and by_id[origin].keyed_kind in RETRACTING:
                 for agg in op.aggregates:
                     if agg.function not in RETRACTABLE:
+                        why = (" (it keeps each distinct value once, not how many rows "
+                               "have it)" if agg.function == "count_distinct" else "")
+                        shown = ("count(distinct ...)" if agg.function == "count_distinct"
+                                 else f"{agg.function}()")
                         ck.report((*op.path, "aggregate", agg.name),
-                                  f"{head}; its aggregate {agg.name!r} = {agg.function}() "
-                                  "cannot take an old value back when a key's value changes; "
-                                  f"use {', '.join(f + '()' for f in RETRACTABLE)} over "
+                                  f"{head}; its aggregate {agg.name!r} = {shown} "
+                                  "cannot take an old value back when a key's value "
+                                  f"changes{why}; use "
+                                  f"{', '.join(f + '()' for f in RETRACTABLE)} over "
                                   f"updates, or key and window the records before {origin!r}")
                 break
             what = {"aggregate": "rolling aggregate", "process": "process function",

@@ -254,9 +254,11 @@ class Analyzer:
                     fix = (f"use max_by({arg}, <column>) or min_by({arg}, <column>) for the "
                            "row with the largest or smallest value of a column"
                            if agg.function in ("min", "max") else
-                           f"count_distinct(to_json({arg}))" if agg.function == "count_distinct"
+                           f"count(distinct to_json({arg}))" if agg.function == "count_distinct"
                            else "order by an atomic column, e.g. a field of it")
-                    self.report(path, f"{what}: {agg.function}() cannot compare values of type "
+                    shown = ("count(distinct ...)" if agg.function == "count_distinct"
+                             else f"{agg.function}()")
+                    self.report(path, f"{what}: {shown} cannot compare values of type "
                                 f"{kind.simpleString()}; {fix}")
                     return False
         if agg.function in ("max_by", "min_by") and o.window is not None and (
@@ -264,9 +266,32 @@ class Analyzer:
             self.report(path, f"{what}: {agg.function}() is not supported in session windows "
                         "yet; use a tumbling or sliding window, or a rolling aggregate")
             return False
+        if agg.function == "count_distinct" and len(agg.args) > 1 and o.window is not None \
+                and o.window.kind == "session":
+            self.report(path, f"{what}: count(distinct) of several columns is not supported "
+                        "in session windows yet; count one column, e.g. count(distinct "
+                        f"concat_ws('|', {agg.arg}))")
+            return False
+        if agg.filter is not None and not self.condition(df, agg, path, what):
+            return False
         acc = accumulator(agg, "0", "0")
         return all(self.try_expr(df, sql, path, what) is not None
                    for sql in (*acc.sql, acc.type_sql))
+
+    def condition(self, df: DataFrame, agg: AggregateSpec, path: Path, what: str) -> bool:
+        """Check an aggregate's `filter (where ...)`: a boolean expression of the input's
+        columns, and no aggregate of its own."""
+        assert agg.filter is not None
+        out = self.try_expr(df, agg.filter, path, f"the filter of {what}")
+        if out is None:
+            return False
+        kind = out.schema.fields[0].dataType
+        if kind.simpleString() != "boolean":
+            self.report(path, f"the filter of {what} must be a condition (true or false), but "
+                        f"{agg.filter!r} is {kind.simpleString()}; compare it, e.g. filter "
+                        f"(where {agg.filter} > 0)")
+            return False
+        return True
 
     def join(self, o: OperatorSpec) -> None:
         """Check a join's key columns, their types and the output's names (clashes); its

@@ -41,7 +41,8 @@ def operator_definition(op: OperatorSpec) -> dict[str, Any]:
         window = {"kind": w.kind, "size_ms": w.size_ms, "slide_ms": w.slide_ms,
                   "gap_ms": w.gap_ms, "count": w.count, "time": w.time or "event"}
     out: dict[str, Any] = {"kind": op.keyed_kind, "key_by": list(op.key_by), "window": window,
-                           "aggregates": [[a.name, a.function, a.arg]
+                           "aggregates": [[a.name, a.function, a.arg,
+                                           *([a.filter] if a.filter else [])]
                                           for a in op.aggregates],
                            "dedupe": op.dedupe_within_ms is not None, "process": op.process}
     if op.broadcast is not None:  # (absent without: older savepoints still match)

@@ -432,6 +432,8 @@ def _direct_shape(stage: KeyedStage, source_id: str, schema: StructType,
     for agg in op.aggregates:
         if agg.function not in DIRECT_AGGREGATES:
             return f"aggregate {agg.function}"
+        if agg.filter is not None:
+            return f"aggregate {agg.name!r} has a filter"
         if agg.arg is not None:
             kind = types[agg.arg].simpleString() if agg.arg in types else None
             if kind not in _NUMERIC and not (kind == "timestamp" and agg.function in (

@@ -1540,7 +1540,7 @@ CASES = [
             type: console
             input: w
         """,
-        ["p.yaml:10:20: count() takes no argument; use count_distinct(x) to count distinct "
+        ["p.yaml:10:20: count() takes no argument; use count(distinct x) to count distinct "
          "values"],
         id="count-with-argument",
     ),
@@ -1561,7 +1561,8 @@ CASES = [
             type: console
             input: w
         """,
-        ["p.yaml:10:24: aggregate 'sum x' must be a call such as count() or sum(x)",
+        ["p.yaml:10:24: aggregate 'sum x' must be a call such as count() or sum(x), "
+         "optionally followed by filter (where <condition>)",
          "p.yaml:10:34: 'n' must be a string, got 5"],
         id="malformed-aggregates",
     ),
@@ -1582,7 +1583,8 @@ CASES = [
             type: console
             input: w
         """,
-        ["p.yaml:10:25: aggregate 'max(x) - min(x)' must be a call such as count() or sum(x)"],
+        ["p.yaml:10:25: aggregate 'max(x) - min(x)' must be a call such as count() or sum(x), "
+         "optionally followed by filter (where <condition>)"],
         id="aggregate-expression-of-two-calls",
     ),
     pytest.param(

@@ -141,8 +141,8 @@ def test_aggregates_a_type_cannot_take_are_refused_with_the_fix(spark, tmp_path:
         "p.yaml:12:49: aggregate 'm' of operator 'best': min() cannot compare values of type "
         "map<string,bigint>; use max_by(tags, <column>) or min_by(tags, <column>) for the "
         "row with the largest or smallest value of a column",
-        "p.yaml:12:63: aggregate 'd' of operator 'best': count_distinct() cannot compare "
-        "values of type map<string,bigint>; count_distinct(to_json(tags))",
+        "p.yaml:12:63: aggregate 'd' of operator 'best': count(distinct ...) cannot compare "
+        "values of type map<string,bigint>; count(distinct to_json(tags))",
         "p.yaml:13:20: aggregate 'w' of operator 'best': max_by() cannot compare values of "
         "type struct<p:bigint>; order by an atomic column, e.g. a field of it",
     ]
