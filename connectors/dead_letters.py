@@ -298,7 +298,12 @@ def explain(dead: DataFrame, schema: StructType, fmt: str, *, delimiter: str = "
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         return explain_batches(batches, fields, fmt, delimiter, lines, reasons)
 
-    return dead.mapInArrow(run, dead.schema)
+    from pyspark.sql.types import StructField, StructType
+
+    # (Every column nullable: a line that cannot be found, such as one of a file another
+    # process's memory:// holds, leaves its offset null.)
+    out = StructType([StructField(f.name, f.dataType, True) for f in dead.schema.fields])
+    return dead.mapInArrow(run, out)
 
 
 def explained(read: SourceRead, schema: StructType, fmt: str,

@@ -111,7 +111,7 @@ def test_a_distinct_count_over_updates_is_refused_with_the_fix() -> None:
 
 @pytest.mark.spark
 def test_the_analyzer_checks_filters_and_distinct_arguments(spark) -> None:
-    from streamer.runtime.checks import analyze_spec
+    from streamer.runtime.job.checks import analyze_spec
 
     spec = load_pipeline_text(textwrap.dedent(pipeline(
         'a: "count(*) filter (where price)", b: "sum(price) filter (where nope > 1)", '
@@ -134,7 +134,7 @@ def test_the_analyzer_checks_filters_and_distinct_arguments(spark) -> None:
 
 @pytest.mark.spark
 def test_session_windows_refuse_a_distinct_count_of_several_columns(spark) -> None:
-    from streamer.runtime.checks import analyze_spec
+    from streamer.runtime.job.checks import analyze_spec
 
     spec = load_pipeline_text(textwrap.dedent(pipeline(
         'n: "count(distinct bidder, price)", ok: "count(distinct bidder)"',

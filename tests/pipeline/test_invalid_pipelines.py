@@ -1288,7 +1288,7 @@ CASES = [
             input: w
         """,
         ["p.yaml:10:5: operator 'w' has a window but no aggregate; add aggregate: "
-         "{name: count()}"],
+         "{name: count()} (or top_n: for the first rows per window)"],
         id="window-without-aggregate",
     ),
     pytest.param(
@@ -1308,7 +1308,7 @@ CASES = [
             input: k
         """,
         ["p.yaml:7:5: operator 'k' has key_by but nothing to do per key; add one of window + "
-         "aggregate, aggregate, dedupe, process"],
+         "aggregate, aggregate, dedupe, process, top_n"],
         id="key-by-with-nothing-to-do",
     ),
     pytest.param(
@@ -1410,7 +1410,7 @@ CASES = [
             type: console
             input: k
         """,
-        ["p.yaml:11:5: operator 'k' can have only one of aggregate, dedupe, process; it has "
+        ["p.yaml:11:5: operator 'k' can have only one of aggregate, dedupe, process, top_n; it has "
          "aggregate and dedupe"],
         id="aggregate-and-dedupe",
     ),
@@ -1434,8 +1434,8 @@ CASES = [
             type: console
             input: w
         """,
-        ["p.yaml:12:7: window needs exactly one of tumbling, sliding, session, count; it has "
-         "tumbling and session"],
+        ["p.yaml:12:7: window needs exactly one of tumbling, sliding, session, count, until; it "
+         "has tumbling and session"],
         id="window-with-two-kinds",
     ),
     pytest.param(
@@ -1456,7 +1456,7 @@ CASES = [
             type: console
             input: w
         """,
-        ["p.yaml:10:13: window needs exactly one of tumbling, sliding, session, count"],
+        ["p.yaml:10:13: window needs exactly one of tumbling, sliding, session, count, until"],
         id="window-with-no-kind",
     ),
     pytest.param(

@@ -86,10 +86,10 @@ def test_window_join_with_left_and_right_keys_and_negative_bounds() -> None:
 
 @pytest.mark.parametrize(("old", "new", "expected"), [
     ("      between: [0s, 1h]\n", "      between: [0s, 1h]\n      window: {tumbling: 1m}\n",
-     "p.yaml:23:7: a join needs exactly one of between, window, table; it has between and "
+     "p.yaml:23:7: a join needs exactly one of between, window, table, regular; it has between and "
      "window"),
     ("      between: [0s, 1h]\n", "",
-     "p.yaml:18:7: a join needs exactly one of between, window, table"),
+     "p.yaml:18:7: a join needs exactly one of between, window, table, regular"),
     ("[0s, 1h]", "[1h, 0s]",
      "p.yaml:22:16: between's lower bound (1h) must not be after its upper bound (0s)"),
     ("[0s, 1h]", "[-1h]",
@@ -172,7 +172,8 @@ def test_schema_has_the_join_operator() -> None:
     operator = json_schema()["properties"]["operators"]["items"]
     join = operator["properties"]["join"]
     assert set(join["properties"]) == {"left", "right", "on", "left_key", "right_key", "type",
-                                       "between", "window", "table", "right_prefix"}
+                                       "between", "window", "table", "regular",
+                                       "right_prefix"}
     assert join["properties"]["type"]["enum"] == ["inner", "left", "right", "full"]
     assert "late" in operator["properties"]
     assert "input" not in operator.get("required", [])

@@ -197,8 +197,8 @@ def test_type_specific_keys(schema: dict[str, Any]) -> None:
             "process", "join", "late"} <= set(operator["properties"])
     assert sorted(operator["required"]) == ["id"]  # (a join has no input: it has left, right)
     window = operator["properties"]["window"]["properties"]
-    assert {"tumbling", "sliding", "session", "count", "time", "allowed_lateness", "late",
-            "emit"} == set(window)
+    assert {"tumbling", "sliding", "session", "count", "until", "time", "allowed_lateness",
+            "late", "emit"} == set(window)
 
 
 @pytest.mark.parametrize("text", ["250ms", "10s", "1.5m", "2h", "1d", " 5s ", "10 seconds",

@@ -177,7 +177,7 @@ def test_json_filter_tumbling_stages_its_input_for_the_subtasks_in_local_mode(
                   "sessions")
     assert keyed["strategy"] == "spark-routed"
     why = {r["name"]: r["why"] for r in keyed["not_used"]}
-    assert why["spark-staged-files"] == why["local"] == "a count window, or a late: output"
+    assert why["spark-staged-files"] == why["local"] == "a count or until window, or a late: output"
 
 
 def test_the_small_epoch_rule() -> None:
