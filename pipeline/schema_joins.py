@@ -73,54 +73,46 @@ def _join_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
 TABLE_AS_OF = ("event_time",)
 
 
-class TableMode(Node):
+class TrueOr(Node):
+    """A join mode that is `true` or a mapping of its settings (`table: {as_of: ...}`,
+    `regular: {ttl: ...}`); `meaning` says what each spelling does, for the error."""
+
+    def __init__(self, description: str, settings: Obj, meaning: str) -> None:
+        self.description = description
+        self.settings = settings
+        self.meaning = meaning
+
+    def check(self, value: Any, path: Path, ck: Checker) -> None:
+        """Report a value that is neither true nor the mapping."""
+        if isinstance(value, dict):
+            self.settings.check(value, path, ck)
+        elif value is not True:
+            ck.report(path, f"{label(path)} must be {self.meaning}, got "
+                      f"{type_name(value) if not isinstance(value, bool) else 'false'}")
+
+    def schema(self) -> dict[str, Any]:
+        """true, or the mapping."""
+        return self._with_doc({"anyOf": [{"type": "boolean"}, self.settings.schema()]})
+
+
+def table_mode(description: str) -> TrueOr:
     """`table:` of a join: true (processing-time enrichment) or {as_of: event_time}."""
-
-    def __init__(self, description: str) -> None:
-        self.description = description
-        self.temporal = Obj({"as_of": Field(Str(
-            "event_time: each left record joins the version of its key's row as of the "
-            "record's event time (a temporal join).", enum=TABLE_AS_OF), required=True)},
-            "A temporal table join.")
-
-    def check(self, value: Any, path: Path, ck: Checker) -> None:
-        """Report a value that is neither true nor {as_of: event_time}."""
-        if isinstance(value, dict):
-            self.temporal.check(value, path, ck)
-        elif value is not True:
-            ck.report(path, f"{label(path)} must be true (enrich each left record with the "
-                      "table's current row) or {as_of: event_time} (a temporal join), got "
-                      f"{type_name(value) if not isinstance(value, bool) else 'false'}")
-
-    def schema(self) -> dict[str, Any]:
-        """true, or the temporal mapping."""
-        return self._with_doc({"anyOf": [{"type": "boolean"},
-                                         self.temporal.schema()]})
+    return TrueOr(description, Obj({"as_of": Field(Str(
+        "event_time: each left record joins the version of its key's row as of the "
+        "record's event time (a temporal join).", enum=TABLE_AS_OF), required=True)},
+        "A temporal table join."),
+        "true (enrich each left record with the table's current row) or {as_of: "
+        "event_time} (a temporal join)")
 
 
-class RegularMode(Node):
+def regular_mode(description: str) -> TrueOr:
     """`regular:` of a join: true (keep every record) or {ttl: duration}."""
-
-    def __init__(self, description: str) -> None:
-        self.description = description
-        self.ttl = Obj({"ttl": Field(Duration(
-            "How long a record is kept, in event time: it joins records up to this far "
-            "before or after it, and is forgotten (an outer side's unmatched record emitted "
-            "with nulls) once the watermark passes its time + ttl."), required=True)},
-            "A regular join with a state TTL.")
-
-    def check(self, value: Any, path: Path, ck: Checker) -> None:
-        """Report a value that is neither true nor {ttl: duration}."""
-        if isinstance(value, dict):
-            self.ttl.check(value, path, ck)
-        elif value is not True:
-            ck.report(path, f"{label(path)} must be true (keep every record of both sides) or "
-                      "{ttl: <duration>} (keep each that long), got "
-                      f"{type_name(value) if not isinstance(value, bool) else 'false'}")
-
-    def schema(self) -> dict[str, Any]:
-        """true, or the ttl mapping."""
-        return self._with_doc({"anyOf": [{"type": "boolean"}, self.ttl.schema()]})
+    return TrueOr(description, Obj({"ttl": Field(Duration(
+        "How long a record is kept, in event time: it joins records up to this far before "
+        "or after it, and is forgotten (an outer side's unmatched record emitted with nulls) "
+        "once the watermark passes its time + ttl."), required=True)},
+        "A regular join with a state TTL."),
+        "true (keep every record of both sides) or {ttl: <duration>} (keep each that long)")
 
 
 def _join_window(window: Obj, sliding_rule: Any) -> Obj:
@@ -150,12 +142,12 @@ def join_schema(window: Obj, sliding_rule: Any) -> Obj:
                                     "event time is within these bounds (inclusive), e.g. [0s, 30m] "
                                     "or [-10m, 5m].")),
             "window": Field(_join_window(window, sliding_rule)),
-            "table": Field(TableMode(
+            "table": Field(table_mode(
                 "Table join (enrichment): the right side's records are upserts of the row of "
                 "their key (latest event time wins, then arrival). true: each left record joins "
                 "its key's row when it is processed (a left join: nulls without one); "
                 "{as_of: event_time}: the row as of the left record's event time (temporal).")),
-            "regular": Field(RegularMode(
+            "regular": Field(regular_mode(
                 "Regular join (Flink SQL's plain JOIN): every record of one side joins every "
                 "record of the other with its key, whatever their times, late ones too. true "
                 "keeps every record (state grows with the input; inner joins only); {ttl: 1d} "
