@@ -146,6 +146,7 @@ def test_every_registered_kind_has_a_case() -> None:
     assert set(CASES) == set(KINDS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(CASES))
 def test_a_kind_crosses_a_savepoint_rescaled_to_the_other_backend(
         spark: Any, tmp_path: Path, kind: str) -> None:

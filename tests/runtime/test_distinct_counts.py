@@ -159,6 +159,7 @@ def expected(spark: Any) -> dict[str, Counter]:
     return oracle(spark)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["memory", "rocksdb"])
 def test_distinct_counts_and_filters_resumed_from_a_checkpoint_equal_the_oracle(
         spark: Any, tmp_path: Path, backend: str, expected: dict[str, Counter]) -> None:
@@ -170,6 +171,7 @@ def test_distinct_counts_and_filters_resumed_from_a_checkpoint_equal_the_oracle(
         assert results(tmp_path, op) == expected[op], op
 
 
+@pytest.mark.slow
 def test_a_savepoint_restores_the_sets_at_another_parallelism_and_backend(
         spark: Any, tmp_path: Path, expected: dict[str, Counter]) -> None:
     """Stop with a savepoint at 2 subtasks on rocksdb; restore it at 3 on memory: the sets
@@ -197,6 +199,7 @@ def test_a_savepoint_restores_the_sets_at_another_parallelism_and_backend(
         assert results(tmp_path, op) == expected[op], op
 
 
+@pytest.mark.slow
 def test_filtered_aggregates_over_updates_take_back_the_old_values(
         spark: Any, tmp_path: Path) -> None:
     """A filter over a rolling aggregate's changelog: a key's old value is taken back only

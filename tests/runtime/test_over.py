@@ -99,6 +99,7 @@ def got(out: Path) -> Counter:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("backend", "parallelism", "over", "rows", "range_ms"), [
     ("rocksdb", 2, "{rows: 3}", 3, None),
     ("memory", 3, "{range: 2s}", None, 2000),

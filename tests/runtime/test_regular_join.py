@@ -82,6 +82,7 @@ def run(spark: Any, text: str) -> Any:
     return JobRunner(load_pipeline_text(text), RunOptions(ui=False), spark=spark).run()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("backend", "parallelism"), [("rocksdb", 2), ("memory", 3)])
 def test_a_regular_join_pairs_every_record_late_ones_too(
         spark: Any, tmp_path: Path, backend: str, parallelism: int) -> None:
@@ -95,6 +96,7 @@ def test_a_regular_join_pairs_every_record_late_ones_too(
     assert sum(got.values()) == BIDS  # (every bid, its auction opened before or after it)
 
 
+@pytest.mark.slow
 def test_a_regular_join_with_a_ttl_forgets_records_that_long_after_their_time(
         spark: Any, tmp_path: Path) -> None:
     out = tmp_path / "out"

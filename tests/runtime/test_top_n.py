@@ -125,6 +125,7 @@ def assert_top_and_sums(out: Path) -> None:
     assert sums == {a: (sum(p for p, _ in top), 3) for a, top in expected.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("backend", "parallelism"), [("memory", 1), ("rocksdb", 3)])
 def test_top_n_per_key_is_an_update_stream_a_rolling_sum_takes_back(
         spark: Any, tmp_path: Path, backend: str, parallelism: int) -> None:
@@ -138,6 +139,7 @@ def test_top_n_per_key_is_an_update_stream_a_rolling_sum_takes_back(
     assert len(rows) > 33 and all("__op" not in r for r in rows)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("backend", "parallelism"), [("rocksdb", 2), ("memory", 4)])
 def test_top_n_per_window_emits_each_windows_rows_once(
         spark: Any, tmp_path: Path, backend: str, parallelism: int) -> None:
@@ -156,6 +158,7 @@ def test_top_n_per_window_emits_each_windows_rows_once(
     assert got == expected
 
 
+@pytest.mark.slow
 def test_a_top_n_resumed_from_its_checkpoint_loses_and_repeats_nothing(
         spark: Any, tmp_path: Path) -> None:
     out = tmp_path / "out"
@@ -166,6 +169,7 @@ def test_a_top_n_resumed_from_its_checkpoint_loses_and_repeats_nothing(
     assert_top_and_sums(out)
 
 
+@pytest.mark.slow
 def test_a_top_n_savepoint_restores_at_another_parallelism_and_backend(
         spark: Any, tmp_path: Path) -> None:
     out, storage = tmp_path / "out", tmp_path / "storage"
