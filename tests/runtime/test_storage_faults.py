@@ -312,7 +312,9 @@ def test_failed_deletes_while_pruning_leave_the_checkpoint_complete_and_clean_up
     assert run.returncode == 0 and run.finished and run.finished["status"] == "finished", \
         run.describe()
     assert run.checkpoints("failed") == []
-    assert len(completed(run)) == EPOCHS
+    # A checkpoint after every epoch but maybe the first: the 1 ms interval counts from the
+    # run's start, and the first epoch may begin within it.
+    assert len(completed(run)) in (EPOCHS - 1, EPOCHS)
     failures = [m for m in run.messages() if "cleaning up older checkpoints failed" in m]
     assert len(failures) == 2, run.messages()
     assert all("injected fault" in m for m in failures)
