@@ -31,6 +31,7 @@ from streamer import columns as C
 from streamer.columns import EVENT_TIME_MS, INSERT, KEY_GROUP, RETRACT, SEQUENCE, UPDATE
 from streamer.operators.contract import KeyedKind, Logic, Planning
 from streamer.operators.keyed_rows import I64, NS_ROLLING, key_to_bytes, ns_of
+from streamer.operators.windows import assign_time_windows
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -87,24 +88,8 @@ class TopNKind(KeyedKind):
         assert top_n is not None
         group = list(group)
         late = late_seen = None
-        window = op.window
-        if window is not None:
-            size, slide = window.size_ms or 0, window.slide_ms or window.size_ms or 0
-            lateness = window.allowed_lateness_ms
-            ms = F.col(EVENT_TIME_MS)
-            last = ms - F.expr(f"pmod({EVENT_TIME_MS}, {slide})")
-            if plan.domain == "event":
-                df, late, late_seen = plan.split_late(
-                    df, last + F.lit(size - 1 + lateness) <= F.lit(watermark), epoch,
-                    bool(window.late))
-            back = ((size - 1) // slide) * slide
-            starts = last if back == 0 else F.explode(F.sequence(last - F.lit(back), last,
-                                                                 F.lit(slide)))
-            df = df.withColumn(C.WINDOW_START, starts).filter(
-                F.col(C.WINDOW_START) + F.lit(size) > ms)
-            if plan.domain == "event":
-                df = df.filter(F.col(C.WINDOW_START) + F.lit(size - 1 + lateness)
-                               > F.lit(watermark))
+        if op.window is not None:
+            df, late, late_seen = assign_time_windows(plan, df, epoch, watermark)
             group.append(F.col(C.WINDOW_START))
         order = [(F.col(c).desc_nulls_last() if desc else F.col(c).asc_nulls_first())
                  for c, desc in top_n.order_by]

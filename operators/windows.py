@@ -87,26 +87,8 @@ class WindowKind(KeyedKind):
         ms = F.col(EVENT_TIME_MS)
         group = list(group)
         if window.kind in ("tumbling", "sliding"):
-            size, slide = window.size_ms or 0, window.slide_ms or window.size_ms or 0
-            last = ms - F.expr(f"pmod({EVENT_TIME_MS}, {slide})")
-            if event:
-                df, late, late_seen = plan.split_late(
-                    df, last + F.lit(size - 1 + lateness) <= F.lit(watermark), epoch,
-                    bool(window.late))
-            # Window starts are multiples of the slide: the last one at or before ts, back to
-            # the first whose window still contains ts (filtered below when size % slide).
-            back = ((size - 1) // slide) * slide
-            # One window per record (tumbling, or a slide not below the size) needs no
-            # array and explode per record.
-            starts = last if back == 0 else F.explode(F.expr(
-                f"sequence({EVENT_TIME_MS} - pmod({EVENT_TIME_MS}, {slide}) - {back}, "
-                f"{EVENT_TIME_MS} - pmod({EVENT_TIME_MS}, {slide}), {slide})"))
-            df = df.withColumn(WINDOW_START, starts).filter(
-                F.col(WINDOW_START) + F.lit(size) > ms)
+            df, late, late_seen = assign_time_windows(plan, df, epoch, watermark)
             group.append(F.col(WINDOW_START))
-            if event:
-                df = df.filter(F.col(WINDOW_START) + F.lit(size - 1 + lateness)
-                               > F.lit(watermark))
         elif window.kind == "until":  # a window per key and close time, ending there
             close = F.expr(f"unix_millis(`{window.until}`)")
             if event:  # (a record without a close time can never be emitted: late)
@@ -141,6 +123,39 @@ class WindowKind(KeyedKind):
 
             return lambda cfg, backend, rows, out: run_sessions(cfg, backend, rows.table, out)
         return _count_windows if cfg.window_kind == "count" else _time_windows
+
+
+def assign_time_windows(plan: Planning, df: DataFrame, epoch: int, watermark: int
+                        ) -> tuple[DataFrame, DataFrame | None, Any]:
+    """`df` with each record's tumbling or sliding windows of `plan.op.window` (a row per
+    window, its start in `WINDOW_START`), late records split off in event time (for a
+    `late:` output, or counted): (rows, late rows or None, what counts the late)."""
+    from pyspark.sql import functions as F
+
+    window = plan.op.window
+    assert window is not None
+    late = late_seen = None
+    lateness = window.allowed_lateness_ms
+    event = plan.domain == "event"
+    ms = F.col(EVENT_TIME_MS)
+    size, slide = window.size_ms or 0, window.slide_ms or window.size_ms or 0
+    last = ms - F.expr(f"pmod({EVENT_TIME_MS}, {slide})")
+    if event:
+        df, late, late_seen = plan.split_late(
+            df, last + F.lit(size - 1 + lateness) <= F.lit(watermark), epoch,
+            bool(window.late))
+    # Window starts are multiples of the slide: the last one at or before ts, back to the
+    # first whose window still contains ts (filtered below when size % slide).
+    back = ((size - 1) // slide) * slide
+    # One window per record (tumbling, or a slide not below the size) needs no array and
+    # explode per record.
+    starts = last if back == 0 else F.explode(F.expr(
+        f"sequence({EVENT_TIME_MS} - pmod({EVENT_TIME_MS}, {slide}) - {back}, "
+        f"{EVENT_TIME_MS} - pmod({EVENT_TIME_MS}, {slide}), {slide})"))
+    df = df.withColumn(WINDOW_START, starts).filter(F.col(WINDOW_START) + F.lit(size) > ms)
+    if event:
+        df = df.filter(F.col(WINDOW_START) + F.lit(size - 1 + lateness) > F.lit(watermark))
+    return df, late, late_seen
 
 
 def aggregate_fields(spark: Any, op: OperatorSpec, input_schema: StructType
