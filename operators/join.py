@@ -120,9 +120,31 @@ def join_columns(join: Any, left: Any, right: Any
     cols = JoinColumns(tuple(join.left_key), tuple(left_others),
                        tuple(join.right_prefix + n for n in right_others), tuple(right_others),
                        tuple(join.right_key))
+    own = [n for n in WINDOW_COLUMNS if join.mode == "window"
+           and n in (*cols.keys, *cols.left, *cols.right)]
+    if own:
+        names = ", ".join(repr(n) for n in own)
+        problems.append(("window", f"column(s) {names} of an input would clash with the window "
+                         "join's own window_start and window_end (the window each pair met "
+                         "in); drop or rename them with a select before the join, or set "
+                         "right_prefix: when they are the right input's"))
     fields = [StructField(n, lf[n].dataType, True) for n in (*cols.keys, *cols.left) if n in lf]
     fields += [StructField(join.right_prefix + n, rf[n].dataType, True) for n in right_others]
     return cols, problems, fields
+
+
+#: The columns a window join adds to its output: the window each pair met in, as Flink's
+#: window join carries `window_start` and `window_end`.
+WINDOW_COLUMNS = ("window_start", "window_end")
+
+
+def window_fields(join: Any) -> list[Any]:
+    """The StructFields a join adds after its input columns: a window join's window."""
+    from pyspark.sql.types import StructField, TimestampType
+
+    if join.mode != "window":
+        return []
+    return [StructField(name, TimestampType(), True) for name in WINDOW_COLUMNS]
 
 
 def late_mask(join: Any, ts_ms: Any, watermark: int) -> Any:
@@ -151,9 +173,14 @@ class JoinKind(KeyedKind):
 
     def output_fields(self, spark: Any, op: OperatorSpec, input_schema: StructType
                       ) -> list[StructField]:
-        """The input's columns (the output's, `__ts`), without `__join_side`."""
-        del spark, op
-        return [f for f in input_schema.fields if f.name != JOIN_SIDE]
+        """The input's columns (the output's, `__ts`), without `__join_side`; a window
+        join's window (`window_fields`) after the visible ones."""
+        del spark
+        assert op.join is not None
+        fields = [f for f in input_schema.fields if f.name != JOIN_SIDE]
+        visible = [f for f in fields if not f.name.startswith(HIDDEN_PREFIX)]
+        return [*visible, *window_fields(op.join),
+                *[f for f in fields if f.name.startswith(HIDDEN_PREFIX)]]
 
     def prepare(self, plan: Planning, df: DataFrame, group: list[Any], epoch: int,
                 watermark: int, prerouted: bool) -> tuple[DataFrame, DataFrame | None, Any]:
@@ -404,8 +431,13 @@ class _Rows:
     def __init__(self, out: Any, key: Sequence[Any], cols: JoinColumns) -> None:
         self.out, self.key, self.cols = out, key, cols
 
-    def pair(self, left: list[Any] | None, right: list[Any] | None, ts_ms: int) -> None:
+    def pair(self, left: list[Any] | None, right: list[Any] | None, ts_ms: int,
+             window: tuple[int, int] | None = None) -> None:
+        """The output row of `left` and `right` at event time `ts_ms`; a window join's
+        carries the window [start, end) (ms) the pair met in."""
         row: dict[str, Any] = {ROW_KIND: OUT, ROW_META: None}
+        if window is not None:
+            row["window_start"], row["window_end"] = window[0] * 1000, window[1] * 1000
         row.update(zip(self.cols.keys, self.key, strict=True))
         row.update(zip(self.cols.left, left[2] if left else [None] * len(self.cols.left),
                        strict=True))
@@ -461,16 +493,17 @@ class _Windowed:
                     s += self.slide
         for start in sorted(starts):
             end_ts = start + self.size - 1
+            window = (start, start + self.size)
             inside = [[r for r in buffers[side] if r[4] <= start <= r[0] < start + self.size]
                       for side in (LEFT, RIGHT)]
             for left in inside[LEFT]:
                 for right in inside[RIGHT]:
-                    emit.pair(left, right, end_ts)
+                    emit.pair(left, right, end_ts, window)
             for side in (LEFT, RIGHT):
                 if self.outer[side] and not inside[1 - side]:
                     for r in inside[side]:
                         emit.pair(r if side == LEFT else None, r if side == RIGHT else None,
-                                  end_ts)
+                                  end_ts, window)
             for side in (LEFT, RIGHT):  # the window is done: the records' next one is first
                 for r in inside[side]:
                     r[4] = start + self.slide

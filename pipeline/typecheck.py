@@ -273,6 +273,8 @@ class TypeChecker:
                 out.update({k: node.columns.get(k) for k in keys})
             out.update({f"{prefix}{name}": kind for name, kind in node.columns.items()
                         if name not in keys})
+        if out is not None and join.mode == "window":  # the window each pair met in
+            out.update({"window_start": "timestamp", "window_end": "timestamp"})
         self.nodes[o.id] = _Node(out, True)
 
 

@@ -298,7 +298,7 @@ class Analyzer:
         output schema is the key columns, the left's others, the right's others."""
         from pyspark.sql.types import StructType
 
-        from streamer.operators.join import join_columns
+        from streamer.operators.join import join_columns, window_fields
 
         join = o.join
         assert join is not None
@@ -323,7 +323,7 @@ class Analyzer:
             path: Path = (*base, where)
             self.report(path, f"join {o.id!r}: {message}")
         if not problems:
-            self.schemas[o.id] = StructType(fields)
+            self.schemas[o.id] = StructType([*fields, *window_fields(join)])
 
     def sink(self, k: SinkSpec) -> None:
         """Check that a sink's inputs union and fit its format."""

@@ -21,7 +21,8 @@ max ts of the epochs before - ooo, -inf before any record).
     right records of its key with ts <= its ts, the latest.
   A left record without a row gives nulls on the right (left join) or nothing (inner).
 Late records come out with their side's columns, nulls for the other's, and `join_side`.
-Output columns: k, v, s, ts (left), then r_v, r_s, r_ts (right, `right_prefix: r_`).
+Output columns: k, v, s, ts (left), then r_v, r_s, r_ts (right, `right_prefix: r_`); a window
+join's rows then the window they met in, window_start and window_end (late rows have none).
 """
 
 from __future__ import annotations
@@ -106,12 +107,14 @@ def window_join(epochs: Sequence[Sequence[dict[str, Any]]], *, ooo: int, size: i
             for s in starts:
                 members.setdefault((r["k"], s), {"L": [], "R": []})[r["s"]].append(r)
     out = []
-    for (k, _), sides in members.items():
-        out += [_row(k, left, right) for left in sides["L"] for right in sides["R"]]
+    for (k, start), sides in members.items():
+        pairs = [(left, right) for left in sides["L"] for right in sides["R"]]
         if type in ("left", "full") and not sides["R"]:
-            out += [_row(k, left, None) for left in sides["L"]]
+            pairs += [(left, None) for left in sides["L"]]
         if type in ("right", "full") and not sides["L"]:
-            out += [_row(k, None, right) for right in sides["R"]]
+            pairs += [(None, right) for right in sides["R"]]
+        window = {"window_start": iso(start), "window_end": iso(start + size)}
+        out += [{**_row(k, left, right), **window} for left, right in pairs]
     return out, late
 
 

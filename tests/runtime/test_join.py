@@ -202,6 +202,23 @@ def test_validate_checks_the_join_against_its_inputs(spark: Any, old: str, new: 
     assert [str(p) for p in info.value.problems] == [expected]
 
 
+def test_a_window_joins_own_window_columns_clash_with_an_inputs(spark: Any) -> None:
+    """A window join adds window_start and window_end (the window each pair met in): an
+    input column of either name is refused where the window is set, with the fix."""
+    text = COLUMNS.replace('{k: "offset", x: "offset", ts',
+                           '{k: "offset", window_end: "offset", ts')
+    text = text.replace("between: [0s, 1s]}", "window: {tumbling: 1s}, right_prefix: r_}")
+    with pytest.raises(PipelineError) as info:
+        analyze_spec(load_pipeline_text(text, file="p.yaml", env={}), spark)
+    assert [str(p) for p in info.value.problems] == [
+        "p.yaml:15:48: join 'j': column(s) 'window_end' of an input would clash with the "
+        "window join's own window_start and window_end (the window each pair met in); drop "
+        "or rename them with a select before the join, or set right_prefix: when they are "
+        "the right input's"]
+    fine = text.replace('window_end: "offset"', 'x: "offset"')
+    analyze_spec(load_pipeline_text(fine, file="p.yaml", env={}), spark)  # (no clash: valid)
+
+
 #: Page views (200, one a second, user i % 10) enriched with a users table read from a file:
 #: users 0-7 (user 3 twice: the later event time wins, though it comes first in the file; as of
 #: the views' times, in a temporal join, the earlier one).
