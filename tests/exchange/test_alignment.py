@@ -82,7 +82,7 @@ def interleaving(draw: st.DrawFn) -> tuple[int, list[list[Message]], list[tuple[
     return barriers, streams, order
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(interleaving())
 def test_random_interleavings_align_exactly(
         case: tuple[int, list[list[Message]], list[tuple[int, Message]]]) -> None:
