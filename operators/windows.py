@@ -91,11 +91,11 @@ class WindowKind(KeyedKind):
             group.append(F.col(WINDOW_START))
         elif window.kind == "until":  # a window per key and close time, ending there
             close = F.expr(f"unix_millis(`{window.until}`)")
-            if event:  # (a record without a close time can never be emitted: late)
+            if event:  # (a null close time is a bad record: the keyed stage took it out)
                 df, late, late_seen = plan.split_late(
-                    df, F.coalesce(close + F.lit(lateness - 1) <= F.lit(watermark), F.lit(True)),
-                    epoch, bool(window.late))
-            df = df.withColumn(WINDOW_START, close).filter(F.col(WINDOW_START).isNotNull())
+                    df, close + F.lit(lateness - 1) <= F.lit(watermark), epoch,
+                    bool(window.late))
+            df = df.withColumn(WINDOW_START, close)
             group.append(F.col(WINDOW_START))
         elif window.kind == "session":
             gap = window.gap_ms or 0

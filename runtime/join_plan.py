@@ -54,10 +54,12 @@ def plan_join(op: OperatorSpec, flow: Dataflow, schemas: Mapping[str, Any]) -> J
     assert not problems, problems  # (runtime.analyze reported them)
     schema = StructType([*fields, StructField(EVENT_TIME, TimestampType()),
                          StructField(JOIN_SIDE, IntegerType())])
-    return JoinPlan(op, columns, schema, (_origin(flow, join.left), _origin(flow, join.right)))
+    return JoinPlan(op, columns, schema, (origin_of(flow, join.left), origin_of(flow, join.right)))
 
 
-def _origin(flow: Dataflow, node_id: str) -> SourceSpec | None:
+def origin_of(flow: Dataflow, node_id: str) -> SourceSpec | None:
+    """The source whose records `node_id` passes on through stateless operators only, or
+    None (a keyed operator or a union is in between): where its bad records are accounted."""
     node = flow.node(node_id)
     while node.role == "operator" and node.kind != "keyed" and len(node.inputs) == 1:
         node = flow.node(node.inputs[0])
@@ -95,7 +97,7 @@ def project_sides(plan: JoinPlan, left: DataFrame | None, right: DataFrame | Non
 def _bad_records(plan: JoinPlan, side: int, df: DataFrame, keys: tuple[str, ...]
                  ) -> tuple[DataFrame, tuple[str, DataFrame] | None]:
     """`df` without its records whose key or event time is null, and their dead letters
-    (or, without an `on_error`, `df` with a guard that fails the epoch on such a record)."""
+    (`bad_records`)."""
     from pyspark.sql import functions as F
 
     join = plan.op.join
@@ -104,18 +106,28 @@ def _bad_records(plan: JoinPlan, side: int, df: DataFrame, keys: tuple[str, ...]
     is_bad: Column = F.col(EVENT_TIME).isNull()
     for key in keys:
         is_bad = is_bad | F.col(f"`{key}`").isNull()
+    reason = (f"join {plan.op.id!r}: the {('left', 'right')[side]} input {name!r} has a record "
+              f"whose key ({', '.join(keys)}) or event time is null")
+    return bad_records(plan.origins[side], df, is_bad, reason, "the join")
+
+
+def bad_records(origin: SourceSpec | None, df: DataFrame, is_bad: Column, reason: str,
+                before: str) -> tuple[DataFrame, tuple[str, DataFrame] | None]:
+    """`df` without its records where `is_bad`, and their dead letters as (the `on_error`
+    sink of `origin`, the source the records come from through stateless operators, frame),
+    each with `reason`; without an `on_error` (or an origin), `df` with a guard that fails
+    the epoch on such a record, naming it, `reason` and the fix (filter them out `before`)."""
+    from pyspark.sql import functions as F
+
     shown = [c for c in df.columns if not c.startswith(HIDDEN_PREFIX)]
     record = F.to_json(F.struct(*[F.col(f"`{c}`") for c in shown]),
                        {"ignoreNullFields": "false"})
-    reason = (f"join {plan.op.id!r}: the {('left', 'right')[side]} input {name!r} has a record "
-              f"whose key ({', '.join(keys)}) or event time is null")
-    origin = plan.origins[side]
     if origin is None or origin.on_error is None:
         fix = (f"add on_error: <sink id> to source {origin.id!r} to send such records to a "
                "dead-letter sink, or " if origin is not None else "")
         guard = F.when(is_bad, F.raise_error(F.concat(
             F.lit(f"{DECODE_ERROR_MARKER}{reason}: "), F.substring(record, 1, 500),
-            F.lit(f"; {fix}filter them out before the join")))).otherwise(F.lit(True))
+            F.lit(f"; {fix}filter them out before {before}")))).otherwise(F.lit(True))
         return df.where(guard), None
     dead = df.where(is_bad).select(
         F.lit(origin.id).alias("source"), F.lit(None).cast("string").alias("split"),

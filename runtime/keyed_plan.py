@@ -27,7 +27,7 @@ from streamer.operators.direct import DirectRead, JoinSide, ipc_bytes
 from streamer.operators.keyed import output_schema, run_task
 from streamer.operators.keyed_config import KeyedConfig
 from streamer.operators.kinds import kind_of
-from streamer.pipeline.spec import JobSpec, OperatorSpec
+from streamer.pipeline.spec import JobSpec, OperatorSpec, SourceSpec
 from streamer.runtime.subtasks import (
     claim_subtask,
     output_rows,
@@ -182,6 +182,9 @@ class KeyedStage(Planning):
         #: the driver reaches the state directories (`STREAMER_DRIVER_SUBTASKS=0`: never).
         self.in_driver = False
         self.input_schema = input_schema
+        #: The source whose records reach the operator through stateless operators only
+        #: (`join_plan.origin_of`), where its bad records go (set by the planner).
+        self.origin: SourceSpec | None = None
         window = op.window
         self.domain = "event"
         if (window and window.time == "processing") or not has_event_time:

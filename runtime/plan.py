@@ -19,6 +19,7 @@ from streamer.connectors.arrow.arrow_json import TYPES
 from streamer.connectors.base import WritesTaskFiles
 from streamer.pipeline.spec import ExecutionSpec
 from streamer.runtime.arrow_input import ArrowInput, plan_arrow_input
+from streamer.runtime.join_plan import origin_of
 from streamer.runtime.keyed_plan import DirectShape, KeyedStage
 from streamer.runtime.stages.base import EpochDecision, Stage
 from streamer.runtime.stages.keyed_stage import (
@@ -173,6 +174,8 @@ def _keyed_stage(spec: PipelineSpec, flow: Dataflow, spark: SparkSession, node: 
     op = node.operator
     schema, join = _keyed_input(op, flow, schemas, has_ts, bool(_updates_read(spec, op)))
     stage = KeyedStage(spark, op, spec.job, spec.name, schema, has_ts, state_root, join)
+    if join is None:
+        stage.origin = origin_of(flow, op.inputs[0])
     if on_cluster:
         stage.base_config = replace(stage.base_config, executor_scoped=True)
     skipped: list[dict[str, str]] = []

@@ -244,6 +244,9 @@ class KeyedOperatorStage(Stage):
                 ctx.route(sink_id, frame, DEAD)
         else:
             present = ctx.inputs(stage.op.inputs)
+            window = stage.op.window
+            if window is not None and window.until is not None:
+                present = self._closing(ctx, present, window.until)
         if stage.global_key:
             from pyspark.sql import functions as F
 
@@ -277,6 +280,25 @@ class KeyedOperatorStage(Stage):
         for name, sink_id in stage.op.side_outputs:
             if name in result.sides:
                 ctx.route(sink_id, result.sides[name])
+
+    def _closing(self, ctx: EpochContext, present: list[DataFrame], until: str
+                 ) -> list[DataFrame]:
+        """An until window's input without the records whose close time is null: they can
+        never close, so they are bad records (`join_plan.bad_records`), never dropped."""
+        from pyspark.sql import functions as F
+
+        from streamer.runtime.join_plan import bad_records
+
+        reason = (f"operator {self.node_id!r}: a record whose close time {until!r} (window: "
+                  "{until: ...}) is null")
+        kept = []
+        for frame in present:
+            frame, dead = bad_records(self.stage.origin, frame, F.col(f"`{until}`").isNull(),
+                                      reason, "the window")
+            if dead is not None:
+                ctx.route(dead[0], dead[1], DEAD)
+            kept.append(frame)
+        return kept
 
     def describe(self) -> dict[str, Any]:
         """The strategies, each with its reason, and the per-epoch rule."""
