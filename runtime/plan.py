@@ -5,7 +5,8 @@ where what varies per epoch is chosen.
 
     logical dataflow ──plan_stages──> PhysicalPlan: source stages, stateless chains,
                                        keyed stages, sink stages (in dataflow order)
-    per epoch: decide(plan, slices) -> EpochDecision ──> every stage's run(ctx)
+    per epoch: decide(plan, slices) -> EpochDecision ──> every stage's
+               run(EpochInput, Upstream) -> StageOutput
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from streamer.connectors.base import WritesTaskFiles
 from streamer.pipeline.spec import ExecutionSpec
 from streamer.runtime.arrow_input import ArrowInput, plan_arrow_input
 from streamer.runtime.keyed_plan import DirectShape, KeyedStage
-from streamer.runtime.stages.base import EpochDecision, Stage
+from streamer.runtime.stages.base import EpochDecision, Stage, SubtaskSlice
 from streamer.runtime.stages.keyed_stage import (
     KeyedOperatorStage,
     LocalRun,
@@ -465,14 +466,13 @@ def _small(settings: ExecutionSpec, slices: Mapping[str, SourceSlice],
 
 def _direct_reads(plan: PhysicalPlan, sources: Mapping[str, Source],
                   slices: Mapping[str, SourceSlice], watermark: int
-                  ) -> dict[str, tuple[str | None, Any, Any]]:
-    """Per source id: (that id, the `DirectRead` of its keyed stage, dead letters or None)
-    for this epoch's slices that keyed stages read themselves; a slice whose files do not
-    allow it is read by Spark instead. A stage whose source has no slice this epoch gets an
-    empty read (and None for the id)."""
+                  ) -> dict[str, SubtaskSlice]:
+    """Per source id: the slice its keyed stage reads itself this epoch (its `DirectRead`
+    and dead letters); a slice whose files do not allow it is read by Spark instead. A stage
+    whose source has no slice this epoch gets an empty read."""
     from streamer.connectors.files.files_source import FilesSource
 
-    out: dict[str, tuple[str | None, Any, Any]] = {}
+    out: dict[str, SubtaskSlice] = {}
     for stage in plan.stages:
         if not isinstance(stage, KeyedOperatorStage) or stage.subtask_read is None:
             continue
@@ -482,7 +482,7 @@ def _direct_reads(plan: PhysicalPlan, sources: Mapping[str, Source],
             continue
         if shape.source_id not in slices:
             # No input this epoch (timers only, or the end of input): no Spark plan either.
-            out[shape.source_id] = (None, shape.read(watermark), None)
+            out[shape.source_id] = SubtaskSlice(had_slice=False, read=shape.read(watermark))
             continue
         source = sources[shape.source_id]
         assert isinstance(source, FilesSource)  # (direct_plan takes only these)
@@ -490,14 +490,15 @@ def _direct_reads(plan: PhysicalPlan, sources: Mapping[str, Source],
         if found is None:
             continue
         files, dead_letters = found
-        out[shape.source_id] = (shape.source_id, shape.read(watermark, tuple(files)),
-                                dead_letters)
+        out[shape.source_id] = SubtaskSlice(had_slice=True,
+                                            read=shape.read(watermark, tuple(files)),
+                                            dead_letters=dead_letters)
     return out
 
 
 def _join_reads(shape: DirectShape, sources: Mapping[str, Source],
                 slices: Mapping[str, SourceSlice], watermark: int
-                ) -> dict[str, tuple[str | None, Any, Any]]:
+                ) -> dict[str, SubtaskSlice]:
     """`_direct_reads` of a join reading both its sources: one read of both sides' files,
     under each source's id; none at all when either slice's files need Spark (a key or
     event time the footers do not rule out being null: a bad record, which Spark reports)."""
@@ -519,7 +520,7 @@ def _join_reads(shape: DirectShape, sources: Mapping[str, Source],
         files.append(tuple(plain[0]))
         found[source_id] = (True, plain[1])
     read = shape.read(watermark, side_files=tuple(files))
-    return {source_id: (source_id if had else None, read, dead)
+    return {source_id: SubtaskSlice(had_slice=had, read=read, dead_letters=dead)
             for source_id, (had, dead) in found.items()}
 
 
