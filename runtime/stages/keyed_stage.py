@@ -56,8 +56,16 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
-    from streamer.connectors.base import Sink
     from streamer.runtime.arrow_input import ArrowInput
+
+
+@dataclass(frozen=True)
+class TaskSink:
+    """The sink whose staging files a keyed stage's subtasks write themselves (planned by
+    `runtime.plan`: the stage's only consumer, a sink that takes task-written files)."""
+
+    sink_id: str
+    sink: WritesTaskFiles
 
 
 @dataclass(frozen=True)
@@ -231,7 +239,7 @@ class KeyedOperatorStage(Stage):
     def __init__(self, stage: KeyedStage, reason: str, *,
                  checkpointing: Callable[[str, int | None, str | None], Any],
                  subtask_read: SubtaskReadRun | None = None, local: LocalRun | None = None,
-                 staged: StagedRun | None = None, task_sink: tuple[str, Sink] | None = None,
+                 staged: StagedRun | None = None, task_sink: TaskSink | None = None,
                  local_epochs: bool = True) -> None:
         super().__init__(stage.op.id, reason)
         self.stage = stage
@@ -307,10 +315,8 @@ class KeyedOperatorStage(Stage):
         tasks = self.checkpointing(node_id, epoch.checkpoint_id, epoch.savepoint_url)
         write_to = None
         if self.task_sink is not None:
-            sink_id, sink = self.task_sink
-            assert isinstance(sink, WritesTaskFiles)  # (the planner chose it for that)
-            write_to = epoch.guard(f"writing sink {sink_id!r}", partial(
-                sink.task_target, epoch.epoch, stage.visible_schema))
+            write_to = epoch.guard(f"writing sink {self.task_sink.sink_id!r}", partial(
+                self.task_sink.sink.task_target, epoch.epoch, stage.visible_schema))
         how, collected = self.choose(epoch, upstream, present)
         given = KeyedInput(
             present=present, collected=collected, write_to=write_to,
@@ -343,7 +349,7 @@ class KeyedOperatorStage(Stage):
         if result.run_job is None:
             return {}
         assert self.task_sink is not None
-        return {self.task_sink[0]: SinkJob(result.run_job, result.metas)}
+        return {self.task_sink.sink_id: SinkJob(result.run_job, result.metas)}
 
     def describe(self) -> dict[str, Any]:
         """The strategies, each with its reason, and the per-epoch rule."""
@@ -352,7 +358,7 @@ class KeyedOperatorStage(Stage):
         out["parallelism"] = self.stage.parallelism
         out["strategies"] = [{"name": r.name, "reason": r.reason} for r in self.runs]
         if self.task_sink is not None:
-            out["writes_sink"] = self.task_sink[0]
+            out["writes_sink"] = self.task_sink.sink_id
         if self.stage.op.broadcast:
             out["broadcast"] = {"input": self.stage.op.broadcast,
                                 "how": f"each record copied to all {self.stage.parallelism} "
