@@ -5,7 +5,8 @@ where what varies per epoch is chosen.
 
     logical dataflow ──plan_stages──> PhysicalPlan: source stages, stateless chains,
                                        keyed stages, sink stages (in dataflow order)
-    per epoch: decide(plan, slices) -> EpochDecision ──> every stage's run(ctx)
+    per epoch: decide(plan, slices) -> EpochDecision ──> every stage's
+               run(EpochInput, Upstream) -> StageOutput
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from streamer.pipeline.spec import ExecutionSpec
 from streamer.runtime.arrow_input import ArrowInput, plan_arrow_input
 from streamer.runtime.join_plan import origin_of
 from streamer.runtime.keyed_plan import DirectShape, KeyedStage
-from streamer.runtime.stages.base import EpochDecision, Stage
+from streamer.runtime.stages.base import EpochDecision, Stage, SubtaskSlice
 from streamer.runtime.stages.keyed_stage import (
     KeyedOperatorStage,
     LocalRun,
     StagedRun,
     SubtaskReadRun,
+    TaskSink,
     direct_plan,
     join_direct_plan,
     local_plan,
@@ -49,6 +51,15 @@ if TYPE_CHECKING:
     from streamer.pipeline.spec import PipelineSpec
 
 
+@dataclass(frozen=True)
+class ArrowSink:
+    """A sink whose staging files its source's Arrow tasks write (`runtime.arrow_input`):
+    what the tasks compute, and where they write it."""
+
+    arrow: ArrowInput
+    target: ToSink
+
+
 @dataclass
 class PhysicalPlan:
     """The stages of a job in dataflow order, and what the epoch loop needs of them."""
@@ -66,7 +77,7 @@ class PhysicalPlan:
     @property
     def task_sinks(self) -> dict[str, str]:
         """Keyed node id -> the sink whose files its subtasks write."""
-        return {s.node_id: s.task_sink[0] for s in self.stages
+        return {s.node_id: s.task_sink.sink_id for s in self.stages
                 if isinstance(s, KeyedOperatorStage) and s.task_sink is not None}
 
     def to_json(self) -> dict[str, Any]:
@@ -111,7 +122,7 @@ def plan_stages(spec: PipelineSpec, flow: Dataflow, spark: SparkSession,
             for origin in _updates_read(spec, node.operator):  # it takes their retractions
                 producer = keyed[origin].stage
                 producer.base_config = replace(producer.base_config, changelog=True)
-    arrow_sinks: dict[str, tuple[ArrowInput, ToSink]] = {}
+    arrow_sinks: dict[str, ArrowSink] = {}
     not_arrow: dict[str, str] = {}
     for node in flow.nodes:
         if node.role == "sink":
@@ -145,8 +156,8 @@ def plan_stages(spec: PipelineSpec, flow: Dataflow, spark: SparkSession,
                                        "Spark's whole-stage code generation")
                 stages.append(chain)
             chained[node.id] = chain
-    arrow_ops = {op_id: arrow.source_id for arrow, _ in arrow_sinks.values()
-                 for op_id in arrow.op_ids}
+    arrow_ops = {op_id: found.arrow.source_id for found in arrow_sinks.values()
+                 for op_id in found.arrow.op_ids}
     arrow_ops.update({op_id: s.staged.arrow.source_id for s in keyed.values()
                       if s.staged is not None and s.staged.arrow is not None
                       for op_id in s.staged.arrow.op_ids})
@@ -224,12 +235,9 @@ def _keyed_stage(spec: PipelineSpec, flow: Dataflow, spark: SparkSession, node: 
             why = _arrow_tasks(spark, flow, node.id, sources, schemas, settings, staged)
             if why:
                 skipped.append({"name": "arrow-tasks", "why": why})
-    sink_id, why = _task_written_sink(spec, flow, node.id, stage, sinks, settings)
-    task_sink = None
-    if sink_id is None:
+    task_sink, why = _task_written_sink(spec, flow, node.id, stage, sinks, settings)
+    if task_sink is None:
         skipped.append({"name": "writes its sink", "why": why})
-    else:
-        task_sink = (sink_id, sinks[sink_id])
     out = KeyedOperatorStage(
         stage, f"{stage.kind.name} keyed by {', '.join(op.key_by) or '(nothing)'} in "
         f"{stage.max_parallelism} key groups over {stage.parallelism} subtasks",
@@ -302,7 +310,7 @@ def _arrow_tasks(spark: SparkSession, flow: Dataflow, node_id: str,
 
 def _task_written_sink(spec: PipelineSpec, flow: Dataflow, node_id: str, stage: KeyedStage,
                        sinks: Mapping[str, Sink], settings: ExecutionSpec
-                       ) -> tuple[str | None, str]:
+                       ) -> tuple[TaskSink | None, str]:
     """The sink whose files the keyed stage `node_id`'s tasks write themselves
     (`task_target`) and why, or (None, why none): the stage's only consumer is that sink,
     the sink reads nothing else (no dead letters, late or side outputs), the stage has no
@@ -328,13 +336,13 @@ def _task_written_sink(spec: PipelineSpec, flow: Dataflow, node_id: str, stage: 
         return None, f"sink {sink_id!r} reads other inputs too"
     what = ("an exactly-once Kafka sink" if sink.spec.type == "kafka"
             else f"a local {sink.format} files sink")
-    return sink_id, f"its only consumer is {what}"
+    return TaskSink(sink_id, sink), f"its only consumer is {what}"
 
 
 def _arrow_sink(spec: PipelineSpec, flow: Dataflow, spark: SparkSession, node: Node,
                 sources: Mapping[str, Source], sinks: Mapping[str, Sink],
                 schemas: Mapping[str, Any], settings: ExecutionSpec, *, on_cluster: bool
-                ) -> tuple[ArrowInput, ToSink] | str | None:
+                ) -> ArrowSink | str | None:
     """(The Arrow tasks' plan, where they write) when the tasks of sink `node`'s source
     can write its staging files themselves (`runtime.arrow_input`), else why not, or None
     where the question does not arise (the sink does not take task-written files, reads
@@ -374,19 +382,20 @@ def _arrow_sink(spec: PipelineSpec, flow: Dataflow, spark: SparkSession, node: N
     arrow = plan_arrow_input(spark, flow, node.id, sources, schemas, tuple(out))
     if isinstance(arrow, str):
         return arrow
-    return arrow, ToSink(node.id, sink, schema)
+    return ArrowSink(arrow, ToSink(node.id, sink, schema))
 
 
 def _source_stage(node: Node, source: Source, keyed: Any, settings: ExecutionSpec,
-                  arrow_sinks: Mapping[str, tuple[ArrowInput, ToSink]]) -> ScanSource:
-    for sink_id, (to_sink, target) in arrow_sinks.items():
+                  arrow_sinks: Mapping[str, ArrowSink]) -> ScanSource:
+    for sink_id, found in arrow_sinks.items():
+        to_sink = found.arrow
         if to_sink.source_id == node.id:
             chain = _runs(to_sink.op_ids)
             return ArrowDecodeSource(
                 node.id, f"its rows reach only sink {sink_id!r}: Python tasks read each "
                 f"{'range' if to_sink.kind == 'kafka' else 'file'} with Arrow{chain} and "
                 "write the sink's staging files (job.execution.arrow_input, task_sink); Spark "
-                "reads what they refuse", source, node.source, to_sink, target)
+                "reads what they refuse", source, node.source, to_sink, found.target)
     for stage in keyed:
         arrow = stage.staged.arrow if stage.staged is not None else None
         if arrow is not None and arrow.source_id == node.id:
@@ -415,15 +424,15 @@ def _runs(op_ids: tuple[str, ...]) -> str:
 
 
 def _sink_stage(node: Node, sink: Sink, keyed: Any,
-                arrow_sinks: Mapping[str, tuple[ArrowInput, ToSink]],
+                arrow_sinks: Mapping[str, ArrowSink],
                 not_arrow: str | None) -> SparkWriterSink:
     found = arrow_sinks.get(node.id)
     if found is not None:
-        return ArrowWrittenSink(node.id, f"the Arrow tasks of source {found[0].source_id!r} "
+        return ArrowWrittenSink(node.id, f"the Arrow tasks of source {found.arrow.source_id!r} "
                                 "write its staging files (rows of what they refuse, and of "
                                 "small epochs, by Spark's writer)", sink, node.inputs)
     for stage in keyed:
-        if stage.task_sink is not None and stage.task_sink[0] == node.id:
+        if stage.task_sink is not None and stage.task_sink.sink_id == node.id:
             how = ("local parquet" if isinstance(sink, WritesTaskFiles)
                    and sink.format == "parquet" else
                    "Kafka records staged for the commit's transaction, values in Spark's "
@@ -468,14 +477,13 @@ def _small(settings: ExecutionSpec, slices: Mapping[str, SourceSlice],
 
 def _direct_reads(plan: PhysicalPlan, sources: Mapping[str, Source],
                   slices: Mapping[str, SourceSlice], watermark: int
-                  ) -> dict[str, tuple[str | None, Any, Any]]:
-    """Per source id: (that id, the `DirectRead` of its keyed stage, dead letters or None)
-    for this epoch's slices that keyed stages read themselves; a slice whose files do not
-    allow it is read by Spark instead. A stage whose source has no slice this epoch gets an
-    empty read (and None for the id)."""
+                  ) -> dict[str, SubtaskSlice]:
+    """Per source id: the slice its keyed stage reads itself this epoch (its `DirectRead`
+    and dead letters); a slice whose files do not allow it is read by Spark instead. A stage
+    whose source has no slice this epoch gets an empty read."""
     from streamer.connectors.files.files_source import FilesSource
 
-    out: dict[str, tuple[str | None, Any, Any]] = {}
+    out: dict[str, SubtaskSlice] = {}
     for stage in plan.stages:
         if not isinstance(stage, KeyedOperatorStage) or stage.subtask_read is None:
             continue
@@ -485,7 +493,7 @@ def _direct_reads(plan: PhysicalPlan, sources: Mapping[str, Source],
             continue
         if shape.source_id not in slices:
             # No input this epoch (timers only, or the end of input): no Spark plan either.
-            out[shape.source_id] = (None, shape.read(watermark), None)
+            out[shape.source_id] = SubtaskSlice(had_slice=False, read=shape.read(watermark))
             continue
         source = sources[shape.source_id]
         assert isinstance(source, FilesSource)  # (direct_plan takes only these)
@@ -493,14 +501,15 @@ def _direct_reads(plan: PhysicalPlan, sources: Mapping[str, Source],
         if found is None:
             continue
         files, dead_letters = found
-        out[shape.source_id] = (shape.source_id, shape.read(watermark, tuple(files)),
-                                dead_letters)
+        out[shape.source_id] = SubtaskSlice(had_slice=True,
+                                            read=shape.read(watermark, tuple(files)),
+                                            dead_letters=dead_letters)
     return out
 
 
 def _join_reads(shape: DirectShape, sources: Mapping[str, Source],
                 slices: Mapping[str, SourceSlice], watermark: int
-                ) -> dict[str, tuple[str | None, Any, Any]]:
+                ) -> dict[str, SubtaskSlice]:
     """`_direct_reads` of a join reading both its sources: one read of both sides' files,
     under each source's id; none at all when either slice's files need Spark (a key or
     event time the footers do not rule out being null: a bad record, which Spark reports)."""
@@ -522,7 +531,7 @@ def _join_reads(shape: DirectShape, sources: Mapping[str, Source],
         files.append(tuple(plain[0]))
         found[source_id] = (True, plain[1])
     read = shape.read(watermark, side_files=tuple(files))
-    return {source_id: (source_id if had else None, read, dead)
+    return {source_id: SubtaskSlice(had_slice=had, read=read, dead_letters=dead)
             for source_id, (had, dead) in found.items()}
 
 

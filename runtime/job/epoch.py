@@ -4,6 +4,10 @@ complete the checkpoint (and savepoint) the epoch ends.
 
     decide ──> source stages ──> stateless chains ──> keyed stages ──> sink stages
            ──> barrier (the subtasks' metadata) ──> checkpoint ──> commit ──> metrics
+
+Each stage reads the epoch's `EpochInput` and what the stages before it produced for it
+(`Upstream`), and returns its `StageOutput`; the loop combines those (`EpochResults`) and
+reads from them what the barrier, the checkpoint and the metrics need.
 """
 
 from __future__ import annotations
@@ -23,9 +27,12 @@ from streamer.runtime.job.jobcontrol import JobControl
 from streamer.runtime.job.savepointing import complete_savepoint
 from streamer.runtime.observe.metrics import EpochMetrics
 from streamer.runtime.plan import decide
-from streamer.runtime.stages.base import DEAD, LATE, OUT, EpochContext, Stage
+from streamer.runtime.stages.base import DEAD, LATE, OUT, EpochInput, Stage
+from streamer.runtime.stages.handoff import EpochResults
 
 if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
     from streamer.connectors.base import SourceSlice
 
 
@@ -124,7 +131,7 @@ class EpochRunner:
         decision = decide(job.plan, job.sources, slices, job.tracker.current,
                           job.history[-1].total_in if job.history else None)
         self.use_small_conf(decision.small)
-        ctx = EpochContext(
+        epoch_in = EpochInput(
             epoch=epoch, slices=slices, now=now_ms(), watermark=job.tracker.current,
             operator_watermarks=job.tracker.for_operators(), flush=flush,
             checkpoint_id=self.checkpoints.begin() if checkpoint else None,
@@ -132,58 +139,63 @@ class EpochRunner:
             guard=lambda what, action: guarded(epoch, what, action))
         started, t0 = time.time(), time.monotonic()
         sinks = [s for s in job.plan.stages if s.kind == "sink"]
+        results = EpochResults()
+        cached: list[DataFrame] = []
         try:
             for stage in job.plan.stages:
                 if stage.kind != "sink":
-                    stage.run(ctx)
-                    self._persist_shared(ctx, stage)
-            t1 = self._write_sinks(ctx, sinks)
+                    results.add(stage.run(epoch_in, results.upstream_for(stage)))
+                    cached += self._persist_shared(results, stage)
+            t1 = self._write_sinks(epoch_in, results, sinks)
         finally:
-            for df in ctx.cached:
+            for df in cached:
                 df.unpersist()
         run_ms = (t1 - t0) * 1000
-        barrier = self._barrier(ctx)
-        self._advance(ctx)
-        checkpoint_ms = self._complete(ctx, t1)
-        return self._metrics(ctx, barrier, started=started, t0=t0, t1=t1, plan_ms=plan_ms,
-                             run_ms=run_ms, checkpoint_ms=checkpoint_ms)
+        barrier = self._barrier(epoch_in, results)
+        self._advance(epoch_in, results)
+        checkpoint_ms = self._complete(epoch_in, results, t1)
+        return self._metrics(epoch_in, results, barrier, started=started, t0=t0, t1=t1,
+                             plan_ms=plan_ms, run_ms=run_ms, checkpoint_ms=checkpoint_ms)
 
-    def _persist_shared(self, ctx: EpochContext, stage: Stage) -> None:
-        """Read once, write to several consumers: keep the epoch's rows for the second."""
+    def _persist_shared(self, results: EpochResults, stage: Stage) -> list[DataFrame]:
+        """Read once, write to several consumers: keep the epoch's rows for the second.
+        Returns the frames persisted (unpersisted when the epoch ends)."""
         assert self.job.plan is not None
-        ids = stage.node_ids
-        for node_id in ids:
-            df = ctx.frames.get(node_id)
+        cached = []
+        for node_id in stage.node_ids:
+            df = results.frames.get(node_id)
             if df is not None and self.job.plan.consumers.get(node_id, 0) > 1:
-                ctx.frames[node_id] = df.persist()
-                ctx.cached.append(df)
+                results.frames[node_id] = df.persist()
+                cached.append(df)
+        return cached
 
-    def _write_sinks(self, ctx: EpochContext, sinks: list[Stage]) -> float:
+    def _write_sinks(self, epoch_in: EpochInput, results: EpochResults,
+                     sinks: list[Stage]) -> float:
         """Phase one for every sink, then staged (exactly once) or committed; a failure
         aborts what the sinks pre-committed this epoch. Returns when phase one ended."""
         try:
             for stage in sinks:
-                stage.run(ctx)
+                results.add(stage.run(epoch_in, results.upstream_for(stage)))
             written = time.monotonic()
-            self.checkpoints.stage_or_commit(ctx.epoch, ctx.handles)
+            self.checkpoints.stage_or_commit(epoch_in.epoch, results.handles)
             return written
         except BaseException:
-            for sink_id, handle in ctx.handles.items():
+            for sink_id, handle in results.handles.items():
                 with contextlib.suppress(Exception):
-                    self.job.sinks[sink_id].abort(ctx.epoch, handle)
+                    self.job.sinks[sink_id].abort(epoch_in.epoch, handle)
             raise
 
-    def _barrier(self, ctx: EpochContext) -> dict[str, Any]:
+    def _barrier(self, epoch_in: EpochInput, results: EpochResults) -> dict[str, Any]:
         """Every keyed subtask reported (the epoch's jobs have run): check that all did,
         follow where they ran and restored, and take their next timers."""
         job = self.job
         out: dict[str, Any] = {"keyed_ms": None, "snapshot_ms": None, "moves": 0,
                                "restores": 0, "restore_ms": 0.0, "executors": set()}
-        for node_id, metas in ctx.keyed_metas.items():
+        for node_id, metas in results.subtask_metas.items():
             found = list(metas)
             stage = job.keyed[node_id]
             if len(found) != stage.parallelism:
-                msg = (f"epoch {ctx.epoch}: operator {node_id!r} reported {len(found)} of "
+                msg = (f"epoch {epoch_in.epoch}: operator {node_id!r} reported {len(found)} of "
                        f"{stage.parallelism} subtasks; its output was not read")
                 raise JobFailedError(msg)
             out["keyed_ms"] = max([out["keyed_ms"] or 0.0, *(
@@ -193,7 +205,7 @@ class EpochRunner:
                     float(m["snapshot_ms"]) for m in found if "snapshot_ms" in m)])
             out["moves"] += job.placement.update(node_id, found)
             out["executors"].update(str(m["executor"]) for m in found if m.get("executor"))
-            self._restores(ctx.epoch, node_id, found, out)
+            self._restores(epoch_in.epoch, node_id, found, out)
             job.next_timers[node_id] = {
                 domain: min((m[f"next_{domain}"] for m in found
                              if m[f"next_{domain}"] is not None), default=None)
@@ -221,99 +233,103 @@ class EpochRunner:
                 f"operator {node_id!r}: restored {local} subtasks from local copies and "
                 f"{len(restored) - local} from checkpoint storage (slowest {slowest:,.0f} ms)")
 
-    def _advance(self, ctx: EpochContext) -> None:
+    def _advance(self, epoch_in: EpochInput, results: EpochResults) -> None:
         """The sources' offsets move past the epoch's slices; the watermark follows. A
         bounded source whose slice was its last no longer holds the watermark back from
         this epoch on (Flink's end-of-input watermark), not from the next one's planning:
         a temporal join's left records do not wait an epoch more for a table read whole."""
         job = self.job
-        for sid, piece in ctx.slices.items():
+        for sid, piece in epoch_in.slices.items():
             job.offsets[sid] = dict(piece.end)
             source = job.sources[sid]
             if source.spec.event_time:
-                got = ctx.seen_in[sid].get
+                got = results.records_in[sid].get
                 job.tracker.observe(sid, {str(split): got.get(f"ts{i}")
-                                          for i, split in enumerate(piece.end)}, ctx.now)
+                                          for i, split in enumerate(piece.end)}, epoch_in.now)
                 if source.bounded and source.exhausted(job.offsets[sid]):
                     job.tracker.finish(sid)
-        job.tracker.operators_ran(ctx.operator_watermarks)
+        job.tracker.operators_ran(epoch_in.operator_watermarks)
         job.tracker.advance(now_ms())
 
-    def _complete(self, ctx: EpochContext, started: float) -> float | None:
+    def _complete(self, epoch_in: EpochInput, results: EpochResults,
+                  started: float) -> float | None:
         """Complete the checkpoint and savepoint the epoch ends; how long it took (ms).
         Nothing is committed by a run that another run took over meanwhile."""
         self.control.check_claim()
-        if ctx.checkpoint_id is None:
-            if ctx.savepoint_url is not None:
-                complete_savepoint(self.job, self.control, ctx.savepoint_url, ctx.epoch,
-                                   ctx.keyed_metas, False)
+        if epoch_in.checkpoint_id is None:
+            if epoch_in.savepoint_url is not None:
+                complete_savepoint(self.job, self.control, epoch_in.savepoint_url, epoch_in.epoch,
+                                   results.subtask_metas, False)
             return None
         t2 = time.monotonic()
-        meta = self.checkpoints.complete(ctx.checkpoint_id, ctx.epoch, ctx.keyed_metas, started)
+        meta = self.checkpoints.complete(epoch_in.checkpoint_id, epoch_in.epoch,
+                                         results.subtask_metas, started)
         if meta is not None:
-            self.control.update(epoch=ctx.epoch, last_checkpoint=meta.checkpoint_id,
+            self.control.update(epoch=epoch_in.epoch, last_checkpoint=meta.checkpoint_id,
                                 last_checkpoint_at=meta.created_at)
-        if ctx.savepoint_url is not None:
-            complete_savepoint(self.job, self.control, ctx.savepoint_url, ctx.epoch,
-                               ctx.keyed_metas, meta is not None)
+        if epoch_in.savepoint_url is not None:
+            complete_savepoint(self.job, self.control, epoch_in.savepoint_url, epoch_in.epoch,
+                               results.subtask_metas, meta is not None)
         return (time.monotonic() - t2) * 1000
 
-    def _metrics(self, ctx: EpochContext, barrier: dict[str, Any], *, started: float,
+    def _metrics(self, epoch_in: EpochInput, results: EpochResults, barrier: dict[str, Any], *,
+                 started: float,
                  t0: float, t1: float, plan_ms: float, run_ms: float,
                  checkpoint_ms: float | None) -> EpochMetrics:
         job = self.job
         now = now_ms()
-        seen_out = {k: o.get for k, o in ctx.seen_out.items()}
+        seen_out = {k: o.get for k, o in results.sink_rows.items()}
         records_out = {k: int(got.get("n") or 0) for k, got in seen_out.items()}
         return EpochMetrics(
-            epoch=ctx.epoch, started_at=started,
+            epoch=epoch_in.epoch, started_at=started,
             duration_ms=(time.monotonic() - t0) * 1000 + plan_ms,
-            records_in={k: int(o.get.get("n") or 0) for k, o in ctx.seen_in.items()},
+            records_in={k: int(o.get.get("n") or 0) for k, o in results.records_in.items()},
             records_out=records_out,
             sink_rows={k: {kind: n for kind in (OUT, DEAD, LATE)
                            if (n := int(got.get(f"n_{kind}") or 0))}
                        for k, got in seen_out.items()},
-            dead_letters=ctx.count_of(DEAD),
-            late=ctx.count_of(LATE) + sum(int(s.get.get("late") or 0)
-                                          for s in ctx.seen_late.values()),
+            dead_letters=results.count_of(DEAD),
+            late=results.count_of(LATE) + sum(int(s.get.get("late") or 0)
+                                              for s in results.late_dropped.values()),
             filtered=sum(int(seen.get.get("filtered") or 0)
-                         for seen in ctx.seen_filtered.values()),
-            operators=operator_counts(ctx),
+                         for seen in results.filtered.values()),
+            operators=operator_counts(results),
             lag={sid: src.lag(job.offsets[sid], now) for sid, src in job.sources.items()},
             split_lag={sid: per for sid, src in job.sources.items()
                        if (per := src.split_lag(job.offsets[sid], now)) is not None},
             plan_ms=plan_ms, run_ms=run_ms, commit_ms=(time.monotonic() - t1) * 1000,
             watermark=(job.tracker.current if any(s.event_time for s in job.spec.sources)
                        else None),
-            checkpoint_id=(ctx.checkpoint_id if ctx.checkpoint_id in self.checkpoints.completed
-                           else None),
+            checkpoint_id=(epoch_in.checkpoint_id
+                           if epoch_in.checkpoint_id in self.checkpoints.completed else None),
             checkpoint_ms=checkpoint_ms, keyed_ms=barrier["keyed_ms"],
-            snapshot_ms=barrier["snapshot_ms"], small=ctx.decision.small,
-            direct=sorted(ctx.ran_direct), local=ctx.ran_local,
-            staged=sorted(ctx.ran_staged), arrow_decoded=dict(ctx.arrow_decoded),
-            arrow_refused=dict(ctx.arrow_refused), sink_refused=dict(ctx.sink_refused),
+            snapshot_ms=barrier["snapshot_ms"], small=epoch_in.decision.small,
+            direct=sorted(results.ran_direct), local=results.ran_local,
+            staged=sorted(results.ran_staged), arrow_decoded=dict(results.arrow_decoded),
+            arrow_refused=dict(results.arrow_refused),
+            sink_refused=dict(results.sink_refused),
             moves=barrier["moves"], restores=barrier["restores"],
             restore_ms=round(barrier["restore_ms"], 1),
             executors=sorted(barrier["executors"]))
 
 
-def operator_counts(ctx: EpochContext) -> dict[str, dict[str, int]]:
+def operator_counts(results: EpochResults) -> dict[str, dict[str, int]]:
     """Per operator, the counts the epoch already has (no job of their own): a filter's
     records in, out and filtered (its observations), a keyed operator's records out (its
     subtasks' metadata) and a window's or join's late records (what counted the dropped
     ones, or its `late:` sink's late rows when no other operator sends late rows there)."""
     ops: dict[str, dict[str, int]] = {}
-    for node_id, seen in ctx.seen_filtered.items():
+    for node_id, seen in results.filtered.items():
         ops[node_id] = {k: int(v or 0) for k, v in seen.get.items()}
-    for node_id, metas in ctx.keyed_metas.items():
+    for node_id, metas in results.subtask_metas.items():
         ops[node_id] = {"out": sum(int(m.get("out") or 0) for m in metas)}
-    for node_id, seen in ctx.seen_late.items():
+    for node_id, seen in results.late_dropped.items():
         ops.setdefault(node_id, {})["late"] = int(seen.get.get("late") or 0)
     senders: dict[str, list[str]] = {}
-    for node_id, sink_id in ctx.late_to.items():
+    for node_id, sink_id in results.late_to.items():
         senders.setdefault(sink_id, []).append(node_id)
     for sink_id, (node_id, *others) in senders.items():
-        seen_sink = ctx.seen_out.get(sink_id)
+        seen_sink = results.sink_rows.get(sink_id)
         if not others and seen_sink is not None:
             ops.setdefault(node_id, {})["late"] = int(seen_sink.get.get(f"n_{LATE}") or 0)
     return ops

@@ -2,9 +2,24 @@
 
 A physical plan is a list of stages in dataflow order: source reads, fused stateless chains,
 keyed stages and sinks. Every stage is planned once (by `runtime.plan.plan_stages`, which
-gives it its strategy and the reason for it) and then runs once per epoch against an
-`EpochContext`: it takes its inputs' frames from the context and leaves its own output (and
-anything for the sinks: dead letters, late records, side outputs) there.
+gives it its strategy and the reason for it) and then runs once per epoch:
+
+    stage.run(epoch: EpochInput, upstream: Upstream) -> StageOutput
+
+- `EpochInput` is what every stage reads of the epoch, fixed before the first stage runs:
+  its number, slices, clock, watermarks, flush, checkpoint and savepoint, the decision.
+- `Upstream` is what the stages before it produced that this stage reads: the frames of its
+  inputs, the rows routed to it (a sink), the files Arrow tasks wrote for it (a keyed stage),
+  what Arrow tasks filtered of its operators (a chain), the rows or the job that write its
+  staging (a sink). The epoch loop builds it from the earlier stages' outputs
+  (`runtime.stages.handoff.EpochResults.upstream_for`).
+- `StageOutput` is what the stage produced, each field named for what it is: the frames it
+  outputs, rows it routes to a sink, what it hands to one named later stage, and what the
+  epoch loop reads (observations for the watermark and the metrics, subtask metadata for
+  the barrier and the checkpoint, sinks' pre-commit handles).
+
+No stage reads what another left by convention: each hand-off is a field of a
+`StageOutput` addressed to a node id, and the loop passes it to that node's stage.
 
 What varies per epoch is decided once, before any stage runs, by `runtime.plan.decide` (an
 `EpochDecision`): whether the epoch is small (Spark's small-epoch settings), and which
@@ -20,17 +35,40 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from streamer.connectors.base import SourceSlice
+    from streamer.operators.direct import DirectRead
 
 
 #: What the rows a sink receives count as in the epoch's metrics: output, dead letters (bad
 #: records, from a source's `on_error`) or late records (a window's `late:` output).
 OUT, DEAD, LATE = "out", "dead_letters", "late"
+
+
+class Seen(Protocol):
+    """What an `Observation` gives once the epoch's jobs ran (`get`: name -> value), or a
+    count the driver already has in the same shape (`runtime.local.LocalSeen`)."""
+
+    @property
+    def get(self) -> Mapping[str, Any]:
+        """The observed values (`n`, `ts<i>`, `n_<kind>`, `filtered`, `late`, ...)."""
+        ...
+
+
+@dataclass(frozen=True)
+class SubtaskSlice:
+    """A source's slice that its keyed stage's subtasks read themselves this epoch."""
+
+    #: The source had a slice this epoch (else the read is empty: timers only).
+    had_slice: bool
+    #: What the subtasks read (`operators.direct.DirectRead`).
+    read: DirectRead
+    #: The slice's records that cannot be read that way, as dead letters, or None.
+    dead_letters: DataFrame | None = None
 
 
 @dataclass(frozen=True)
@@ -39,22 +77,21 @@ class EpochDecision:
 
     #: The epoch runs with the small-epoch Spark settings (`job.execution.small_epoch_rows`).
     small: bool = False
-    #: Source id -> (the id when it had a slice this epoch, else None; the keyed stage's
-    #: `DirectRead`; dead letters or None) for slices their keyed stage reads itself.
-    direct: Mapping[str, tuple[str | None, Any, Any]] = field(default_factory=dict)
+    #: Source id -> its slice, for the slices their keyed stage reads itself.
+    direct: Mapping[str, SubtaskSlice] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able summary (for `--json` metrics and tests)."""
         return {"small": self.small, "direct": sorted(self.direct)}
 
 
-@dataclass
-class EpochContext:
-    """One epoch as the stages see it: its inputs, its decision, and what they leave for
-    the stages after them and for the coordinator (metrics, checkpoint handles)."""
+@dataclass(frozen=True)
+class EpochInput:
+    """What every stage reads of one epoch: fixed before the first stage runs."""
 
     epoch: int
     slices: Mapping[str, SourceSlice]
+    #: The epoch's processing time (ms).
     now: int
     #: The job's watermark at the epoch's start (decides lateness).
     watermark: int
@@ -70,68 +107,105 @@ class EpochContext:
     #: Keyed node id -> the watermark it runs this epoch with, when it reads another keyed
     #: operator's output (`runtime.watermarks.WatermarkTracker.for_operators`).
     operator_watermarks: Mapping[str, int] = field(default_factory=dict)
-    #: Per node id, its output this epoch (None: no rows this epoch).
-    frames: dict[str, DataFrame | None] = field(default_factory=dict)
-    #: Sink id -> further inputs (dead letters, late records, side outputs), each with what
-    #: its rows count as (`OUT`, `DEAD`, `LATE`).
-    extra: dict[str, list[tuple[DataFrame, str]]] = field(default_factory=dict)
-    #: Source id -> what an `Observation` of its read gives (`.get`: `n`, `ts<i>`).
-    seen_in: dict[str, Any] = field(default_factory=dict)
-    #: Sink id -> the same for its input (`n`, and per kind of row `n_<kind>`).
-    seen_out: dict[str, Any] = field(default_factory=dict)
-    #: Per filter operator id, what its observation gives (`.get`): `filtered`, the records
-    #: it removed, and its records `in` and `out`.
-    seen_filtered: dict[str, Any] = field(default_factory=dict)
-    #: Per window without a `late:` output (its id), what counts the late records it
-    #: dropped (`.get`: `late`).
-    seen_late: dict[str, Any] = field(default_factory=dict)
-    #: Keyed operator id -> the sink its late records were routed to this epoch.
-    late_to: dict[str, str] = field(default_factory=dict)
-    #: Keyed node id -> per-subtask metadata (complete once the epoch's jobs ran).
-    keyed_metas: dict[str, Any] = field(default_factory=dict)
-    #: What ran as a local epoch (Spark evaluated it on the driver, no job).
-    ran_local: list[str] = field(default_factory=list)
-    #: Keyed node ids whose subtasks read their source's slice themselves.
-    ran_direct: list[str] = field(default_factory=list)
-    #: Keyed node ids whose subtasks read the input Spark staged for them as files.
-    ran_staged: list[str] = field(default_factory=list)
-    #: Keyed node id -> the parquet files of its input that Arrow tasks computed this epoch
-    #: (`runtime.arrow_input`), read with whatever Spark staged for it.
-    prestaged: dict[str, list[str]] = field(default_factory=dict)
-    #: Filter id -> (records in, records out) in the Arrow tasks' part of the epoch.
-    prefiltered: dict[str, tuple[int, int]] = field(default_factory=dict)
-    #: Source id -> its files the Arrow tasks decoded; file -> why they left one to Spark.
-    arrow_decoded: dict[str, int] = field(default_factory=dict)
-    arrow_refused: dict[str, str] = field(default_factory=dict)
-    #: Sink id -> the rows Arrow tasks wrote into its staging this epoch
-    #: (`runtime.stages.sources.ToSink`); Spark writes the rest beside them.
-    arrow_written: dict[str, int] = field(default_factory=dict)
-    #: `<sink id> subtask <n>` -> why the JSON encoder left that task's rows to Spark's writer.
-    sink_refused: dict[str, str] = field(default_factory=dict)
-    #: Sink id -> (the job whose keyed tasks write its files, their metadata).
-    task_jobs: dict[str, tuple[Callable[[], Any], Any]] = field(default_factory=dict)
-    #: Sink id -> its pre-commit handle for this epoch.
-    handles: dict[str, Any] = field(default_factory=dict)
-    #: Frames persisted for several consumers, unpersisted when the epoch ends.
-    cached: list[DataFrame] = field(default_factory=list)
 
     def watermark_of(self, node_id: str) -> int:
         """The watermark keyed operator `node_id` runs this epoch with: what decides which
         of its input is late and which of its event-time timers fire."""
         return self.operator_watermarks.get(node_id, self.watermark)
 
+
+@dataclass(frozen=True)
+class Routed:
+    """Rows a stage sends to a sink besides its inputs: dead letters, late records, side
+    outputs, each counted as `counts_as` (`OUT`, `DEAD`, `LATE`)."""
+
+    sink_id: str
+    rows: DataFrame
+    counts_as: str = OUT
+
+
+@dataclass(frozen=True)
+class SinkJob:
+    """The Spark job of a keyed stage whose subtasks write a sink's staging files
+    (`runtime.keyed_plan.KeyedResult.run_job`), and their metadata."""
+
+    run: Callable[[], Any]
+    metas: Any
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """What the stages before one stage produced that it reads (built by the epoch loop)."""
+
+    #: Each of the stage's inputs (`Stage.reads`) -> its rows this epoch (None: no rows).
+    frames: Mapping[str, DataFrame | None] = field(default_factory=dict)
+    #: The node ids that ran as a local epoch so far (their rows are local relations).
+    ran_local: tuple[str, ...] = ()
+    #: A sink: the rows the stages before it routed to it, in the order they were routed.
+    routed: tuple[Routed, ...] = ()
+    #: A keyed stage: the parquet files of its input Arrow tasks wrote this epoch
+    #: (`runtime.arrow_input`; None: the tasks did not run).
+    prestaged: tuple[str, ...] | None = None
+    #: A chain: per filter of it, (records in, records out) in the Arrow tasks' part.
+    prefiltered: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    #: A sink: the rows its source's Arrow tasks wrote into its staging (None: they did
+    #: not run this epoch).
+    arrow_written: int | None = None
+    #: A sink: the keyed stage's job whose subtasks write its files, or None.
+    sink_job: SinkJob | None = None
+
     def inputs(self, node_ids: tuple[str, ...]) -> list[DataFrame]:
         """The frames of `node_ids` that have rows this epoch."""
         return [f for i in node_ids if (f := self.frames.get(i)) is not None]
 
-    def route(self, sink_id: str, df: DataFrame, kind: str = OUT) -> None:
-        """Send `df` to sink `sink_id` as a further input (dead letters, late, sides), its
-        rows counted as `kind`."""
-        self.extra.setdefault(sink_id, []).append((df, kind))
 
-    def count_of(self, kind: str) -> int:
-        """The rows of `kind` the sinks received this epoch (after their jobs ran)."""
-        return sum(int(seen.get.get(f"n_{kind}") or 0) for seen in self.seen_out.values())
+@dataclass(frozen=True)
+class StageOutput:
+    """What one stage produced in an epoch. The epoch loop combines them
+    (`runtime.stages.handoff.EpochResults`): frames and hand-offs go to the later stages
+    that read them, the rest to the barrier, the checkpoint and the metrics."""
+
+    #: Per node id the stage runs, its output (None: no rows this epoch).
+    frames: Mapping[str, DataFrame | None] = field(default_factory=dict)
+    #: Rows for sinks besides their inputs (dead letters, late records, side outputs).
+    routed: tuple[Routed, ...] = ()
+    #: Node ids of the stage that ran as a local epoch (no Spark job).
+    ran_local: tuple[str, ...] = ()
+    #: Keyed node ids whose subtasks read their source's slice themselves.
+    ran_direct: tuple[str, ...] = ()
+    #: Keyed node ids whose subtasks read the input Spark staged for them as files.
+    ran_staged: tuple[str, ...] = ()
+    #: Source id -> what observes its read (`n`, `ts<i>`): the records in and the newest
+    #: event time per split, for the watermark.
+    records_in: Mapping[str, Seen] = field(default_factory=dict)
+    #: Sink id -> what observes its input (`n`, and per kind of row `n_<kind>`).
+    sink_rows: Mapping[str, Seen] = field(default_factory=dict)
+    #: Filter id -> what observes it (`filtered`, the records it removed, `in`, `out`).
+    filtered: Mapping[str, Seen] = field(default_factory=dict)
+    #: Window (or join) without a `late:` output -> what counts the late records it
+    #: dropped (`late`).
+    late_dropped: Mapping[str, Seen] = field(default_factory=dict)
+    #: Keyed operator id -> the sink its late records were routed to this epoch.
+    late_to: Mapping[str, str] = field(default_factory=dict)
+    #: Keyed node id -> per-subtask metadata (complete once the epoch's jobs ran).
+    subtask_metas: Mapping[str, Any] = field(default_factory=dict)
+    #: Sink id -> the job of the keyed stage whose subtasks write its staging files.
+    sink_jobs: Mapping[str, SinkJob] = field(default_factory=dict)
+    #: Keyed node id -> the parquet files of its input Arrow tasks wrote this epoch.
+    prestaged: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: Filter id -> (records in, records out) in the Arrow tasks' part of the epoch.
+    prefiltered: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    #: Sink id -> the rows Arrow tasks wrote into its staging this epoch.
+    arrow_written: Mapping[str, int] = field(default_factory=dict)
+    #: Source id -> its files (or ranges) the Arrow tasks decoded.
+    arrow_decoded: Mapping[str, int] = field(default_factory=dict)
+    #: File (or range) -> why the Arrow tasks left it to Spark.
+    arrow_refused: Mapping[str, str] = field(default_factory=dict)
+    #: `<sink id> subtask <n>` (or `task <unit>`) -> why the JSON encoder left that task's
+    #: rows to Spark's writer.
+    sink_refused: Mapping[str, str] = field(default_factory=dict)
+    #: Sink id -> its pre-commit handle for this epoch.
+    handles: Mapping[str, Any] = field(default_factory=dict)
 
 
 class Stage(ABC):
@@ -153,9 +227,14 @@ class Stage(ABC):
         """The dataflow nodes the stage runs (a stateless chain runs several)."""
         return (self.node_id,)
 
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The nodes whose frames the stage reads (`Upstream.frames`)."""
+        return ()
+
     @abstractmethod
-    def run(self, ctx: EpochContext) -> None:
-        """Run the stage for one epoch: read inputs from `ctx`, leave the output there."""
+    def run(self, epoch: EpochInput, upstream: Upstream) -> StageOutput:
+        """Run the stage for one epoch over what the stages before it produced."""
 
     def describe(self) -> dict[str, Any]:
         """The stage as `streamer plan --physical` shows it."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -39,15 +39,53 @@ from streamer.operators.stateless import union
 from streamer.runtime.arrow_input import clear_other_epochs
 from streamer.runtime.keyed_plan import DirectShape, KeyedResult, KeyedStage
 from streamer.runtime.local import local_table
-from streamer.runtime.stages.base import DEAD, LATE, EpochContext, Stage
+from streamer.runtime.stages.base import (
+    DEAD,
+    LATE,
+    EpochInput,
+    Routed,
+    Seen,
+    SinkJob,
+    Stage,
+    StageOutput,
+    Upstream,
+)
 from streamer.runtime.stages.sources import DirectSeen
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
-    from streamer.connectors.base import Sink
     from streamer.runtime.arrow_input import ArrowInput
+
+
+@dataclass(frozen=True)
+class TaskSink:
+    """The sink whose staging files a keyed stage's subtasks write themselves (planned by
+    `runtime.plan`: the stage's only consumer, a sink that takes task-written files)."""
+
+    sink_id: str
+    sink: WritesTaskFiles
+
+
+@dataclass(frozen=True)
+class KeyedInput:
+    """What a keyed stage's strategy runs its subtasks over in one epoch."""
+
+    #: The input frames that have rows this epoch (a join: both sides as one frame).
+    present: list[DataFrame]
+    #: A process function's broadcast input (every subtask gets its records), or None.
+    broadcast: DataFrame | None
+    #: The parquet files of its input Arrow tasks wrote this epoch (`StagedRun`).
+    prestaged: tuple[str, ...]
+    #: Timers due up to this fire (the operator's watermark, or now).
+    fire: int
+    #: The subtasks' checkpointing this epoch (`checkpointing` of the plan).
+    tasks: Any
+    #: Where the subtasks write their sink's staging files (a `TaskTarget`), or None.
+    write_to: Any
+    #: A local epoch: its input collected on the driver (an Arrow table).
+    collected: Any = None
 
 
 class KeyedRun(ABC):
@@ -60,18 +98,26 @@ class KeyedRun(ABC):
         self.reason = reason
 
     @abstractmethod
-    def run(self, ctx: EpochContext, present: list[DataFrame], fire: int, tasks: Any,
-            write_to: Any, collected: Any = None) -> KeyedResult:
-        """Run the subtasks for the epoch `ctx` over `present` (the input frames)."""
+    def run(self, epoch: EpochInput, given: KeyedInput) -> KeyedResult:
+        """Run the subtasks for `epoch` over `given` (the input frames, or files)."""
 
-    def table_load(self, ctx: EpochContext) -> int | None:
+    def records_in(self, epoch: EpochInput, result: KeyedResult) -> dict[str, Seen]:
+        """Source id -> what observes the records of its slice the subtasks read themselves
+        (none: Spark or the driver read the sources)."""
+        return {}
+
+    def ran(self, node_id: str) -> StageOutput:
+        """How the epoch's metrics name this strategy's run of `node_id` (none: routed)."""
+        return StageOutput()
+
+    def table_load(self, epoch: EpochInput) -> int | None:
         """A table join's `reload:` table load read this epoch (`runtime.join_plan.table_load`),
         or None."""
         if self.stage.join is None:
             return None
         from streamer.runtime.join_plan import table_load
 
-        return table_load(self.stage.join, ctx.slices)
+        return table_load(self.stage.join, epoch.slices)
 
 
 class RoutedRun(KeyedRun):
@@ -79,15 +125,15 @@ class RoutedRun(KeyedRun):
 
     name = "spark-routed"
 
-    def run(self, ctx: EpochContext, present: list[DataFrame], fire: int, tasks: Any,
-            write_to: Any, collected: Any = None) -> KeyedResult:
+    def run(self, epoch: EpochInput, given: KeyedInput) -> KeyedResult:
         """One Spark plan, run by whichever job reads the output (or writes the sink); a
         process function's broadcast input goes with it, to every subtask."""
         op = self.stage.op
-        broadcast = ctx.frames.get(op.broadcast) if op.broadcast else None
-        return self.stage.run(union(present) if present else None, ctx.epoch, ctx.now,
-                              ctx.watermark_of(op.id), fire, tasks, ctx.decision.small, write_to,
-                              broadcast, table_load=self.table_load(ctx), flush=ctx.flush)
+        present = given.present
+        return self.stage.run(union(present) if present else None, epoch.epoch, epoch.now,
+                              epoch.watermark_of(op.id), given.fire, given.tasks,
+                              epoch.decision.small, given.write_to, given.broadcast,
+                              table_load=self.table_load(epoch), flush=epoch.flush)
 
 
 class SubtaskReadRun(KeyedRun):
@@ -99,19 +145,23 @@ class SubtaskReadRun(KeyedRun):
         super().__init__(stage, reason)
         self.shape = shape
 
-    def run(self, ctx: EpochContext, present: list[DataFrame], fire: int, tasks: Any,
-            write_to: Any, collected: Any = None) -> KeyedResult:
+    def run(self, epoch: EpochInput, given: KeyedInput) -> KeyedResult:
         """One Spark task per subtask over the files the epoch's decision listed."""
-        _, read, _ = ctx.decision.direct[self.shape.source_id]
-        result = self.stage.run_direct(read, ctx.epoch, ctx.now, fire, tasks, write_to,
-                                       table_load=self.table_load(ctx), flush=ctx.flush)
-        for side, source_id in enumerate(self.shape.source_ids):
-            if ctx.decision.direct[source_id][0] is not None:  # the source had a slice: its
-                # records in and newest event time (a join: per side)
-                ctx.seen_in[source_id] = DirectSeen(result.metas,
-                                                    side if self.shape.sides else None)
-        ctx.ran_direct.append(self.stage.op.id)
-        return result
+        read = epoch.decision.direct[self.shape.source_id].read
+        return self.stage.run_direct(read, epoch.epoch, epoch.now, given.fire, given.tasks,
+                                     given.write_to, table_load=self.table_load(epoch),
+                                     flush=epoch.flush)
+
+    def records_in(self, epoch: EpochInput, result: KeyedResult) -> dict[str, Seen]:
+        """Each source that had a slice: its records in and newest event time, from the
+        subtasks' metadata (a join: per side)."""
+        return {source_id: DirectSeen(result.metas, side if self.shape.sides else None)
+                for side, source_id in enumerate(self.shape.source_ids)
+                if epoch.decision.direct[source_id].had_slice}
+
+    def ran(self, node_id: str) -> StageOutput:
+        """The metrics' `direct`."""
+        return StageOutput(ran_direct=(node_id,))
 
 
 class LocalRun(KeyedRun):
@@ -123,14 +173,17 @@ class LocalRun(KeyedRun):
         super().__init__(stage, reason)
         self.shape = shape
 
-    def run(self, ctx: EpochContext, present: list[DataFrame], fire: int, tasks: Any,
-            write_to: Any, collected: Any = None) -> KeyedResult:
+    def run(self, epoch: EpochInput, given: KeyedInput) -> KeyedResult:
         """Run the subtasks over `collected` (an Arrow table of the epoch's input)."""
-        inline = self.shape.read(ctx.watermark_of(self.stage.op.id), table=ipc_bytes(collected))
-        result = self.stage.run_local(inline, ctx.epoch, ctx.now, fire, tasks, write_to,
-                                      table_load=self.table_load(ctx), flush=ctx.flush)
-        ctx.ran_local.append(self.stage.op.id)
-        return result
+        inline = self.shape.read(epoch.watermark_of(self.stage.op.id),
+                                 table=ipc_bytes(given.collected))
+        return self.stage.run_local(inline, epoch.epoch, epoch.now, given.fire, given.tasks,
+                                    given.write_to, table_load=self.table_load(epoch),
+                                    flush=epoch.flush)
+
+    def ran(self, node_id: str) -> StageOutput:
+        """The metrics' `local` (its output is a local relation for the stages after it)."""
+        return StageOutput(ran_local=(node_id,))
 
 
 class StagedRun(KeyedRun):
@@ -146,17 +199,20 @@ class StagedRun(KeyedRun):
         #: Arrow tasks compute the input from its source (`runtime.arrow_input`), or None.
         self.arrow: ArrowInput | None = None
 
-    def run(self, ctx: EpochContext, present: list[DataFrame], fire: int, tasks: Any,
-            write_to: Any, collected: Any = None) -> KeyedResult:
+    def run(self, epoch: EpochInput, given: KeyedInput) -> KeyedResult:
         """Stage `present` (a Spark job now), then one Spark task per subtask reads it."""
-        files = self.stage_input(ctx.epoch, union(present)) if present else ()
-        files = (*ctx.prestaged.get(self.stage.op.id, ()), *files)
-        failpoints.reached("staged", ctx.epoch)
-        read = self.shape.read(ctx.watermark_of(self.stage.op.id), files=files)
-        result = self.stage.run_direct(read, ctx.epoch, ctx.now, fire, tasks, write_to,
-                                       table_load=self.table_load(ctx), flush=ctx.flush)
-        ctx.ran_staged.append(self.stage.op.id)
-        return result
+        present = given.present
+        files = self.stage_input(epoch.epoch, union(present)) if present else ()
+        files = (*given.prestaged, *files)
+        failpoints.reached("staged", epoch.epoch)
+        read = self.shape.read(epoch.watermark_of(self.stage.op.id), files=files)
+        return self.stage.run_direct(read, epoch.epoch, epoch.now, given.fire, given.tasks,
+                                     given.write_to, table_load=self.table_load(epoch),
+                                     flush=epoch.flush)
+
+    def ran(self, node_id: str) -> StageOutput:
+        """The metrics' `staged`."""
+        return StageOutput(ran_staged=(node_id,))
 
     def stage_input(self, epoch: int, frame: DataFrame) -> tuple[str, ...]:
         """Write the columns the subtasks read as the parquet files of epoch `epoch`
@@ -183,7 +239,7 @@ class KeyedOperatorStage(Stage):
     def __init__(self, stage: KeyedStage, reason: str, *,
                  checkpointing: Callable[[str, int | None, str | None], Any],
                  subtask_read: SubtaskReadRun | None = None, local: LocalRun | None = None,
-                 staged: StagedRun | None = None, task_sink: tuple[str, Sink] | None = None,
+                 staged: StagedRun | None = None, task_sink: TaskSink | None = None,
                  local_epochs: bool = True) -> None:
         super().__init__(stage.op.id, reason)
         self.stage = stage
@@ -206,12 +262,19 @@ class KeyedOperatorStage(Stage):
         return [r for r in (self.subtask_read, self.local, self.staged, self.routed)
                 if r is not None]
 
-    def choose(self, ctx: EpochContext, present: list[DataFrame]) -> tuple[KeyedRun, Any]:
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The operator's inputs, and a process function's broadcast input."""
+        op = self.stage.op
+        return (*op.inputs, op.broadcast) if op.broadcast else op.inputs
+
+    def choose(self, epoch: EpochInput, upstream: Upstream,
+               present: list[DataFrame]) -> tuple[KeyedRun, Any]:
         """The strategy for this epoch and, for a local one, its collected input."""
         read = self.subtask_read
-        if read is not None and ctx.decision.direct.get(read.shape.source_id):
+        if read is not None and epoch.decision.direct.get(read.shape.source_id):
             return read, None
-        if self.staged is not None and self.node_id in ctx.prestaged:
+        if self.staged is not None and upstream.prestaged is not None:
             return self.staged, None  # (Arrow tasks computed its input: `arrow_input`)
         collected = None
         if self.local is not None:
@@ -220,71 +283,82 @@ class KeyedOperatorStage(Stage):
                 import pyarrow as pa  # no input (timers only): nothing to collect
 
                 collected = pa.schema(list(columns)).empty_table()
-            elif present and ctx.ran_local:
-                collected = ctx.guard(f"operator {self.node_id!r}", partial(
+            elif present and upstream.ran_local:
+                collected = epoch.guard(f"operator {self.node_id!r}", partial(
                     _local_input, present, [name for name, _ in columns]))
         if present:  # whether this epoch's input was small enough to collect
             self.small_input = collected is not None
         if collected is not None:
             assert self.local is not None
             return self.local, collected
-        if self.staged is not None and not (present and ctx.decision.small):
+        if self.staged is not None and not (present and epoch.decision.small):
             return self.staged, None
         return self.routed, None
 
-    def run(self, ctx: EpochContext) -> None:
+    def run(self, epoch: EpochInput, upstream: Upstream) -> StageOutput:
         """Run the operator's subtasks for the epoch; route late rows and side outputs."""
         stage, node_id = self.stage, self.node_id
+        routed: list[Routed] = []
         if stage.join is not None:  # both sides as one frame (`runtime.join_plan`)
             from streamer.runtime.join_plan import project_sides
 
             present, dead = project_sides(stage.join,
-                                          *(ctx.frames.get(i) for i in stage.op.inputs))
-            for sink_id, frame in dead:
-                ctx.route(sink_id, frame, DEAD)
+                                          *(upstream.frames.get(i) for i in stage.op.inputs))
+            routed += [Routed(sink_id, frame, DEAD) for sink_id, frame in dead]
         else:
-            present = ctx.inputs(stage.op.inputs)
+            present = upstream.inputs(stage.op.inputs)
             window = stage.op.window
             if window is not None and window.until is not None:
-                present = self._closing(ctx, present, window.until)
+                present = self._closing(present, window.until, routed)
         if stage.global_key:
             from pyspark.sql import functions as F
 
             present = [f.withColumn(GLOBAL_KEY, F.lit(0)) for f in present]
-        fire = ctx.now if stage.domain == "processing" else ctx.watermark_of(node_id)
-        tasks = self.checkpointing(node_id, ctx.checkpoint_id, ctx.savepoint_url)
+        fire = epoch.now if stage.domain == "processing" else epoch.watermark_of(node_id)
+        tasks = self.checkpointing(node_id, epoch.checkpoint_id, epoch.savepoint_url)
         write_to = None
         if self.task_sink is not None:
-            sink_id, sink = self.task_sink
-            assert isinstance(sink, WritesTaskFiles)  # (the planner chose it for that)
-            write_to = ctx.guard(f"writing sink {sink_id!r}", partial(
-                sink.task_target, ctx.epoch, stage.visible_schema))
-        how, collected = self.choose(ctx, present)
-        result = ctx.guard(f"operator {node_id!r}", partial(
-            how.run, ctx, present, fire, tasks, write_to, collected))
-        ctx.keyed_metas[node_id] = result.metas
-        if result.run_job is not None:
-            assert self.task_sink is not None
-            ctx.task_jobs[self.task_sink[0]] = (result.run_job, result.metas)
-        ctx.frames[node_id] = result.output
+            write_to = epoch.guard(f"writing sink {self.task_sink.sink_id!r}", partial(
+                self.task_sink.sink.task_target, epoch.epoch, stage.visible_schema))
+        how, collected = self.choose(epoch, upstream, present)
+        given = KeyedInput(
+            present=present, collected=collected, write_to=write_to,
+            broadcast=upstream.frames.get(stage.op.broadcast) if stage.op.broadcast else None,
+            prestaged=upstream.prestaged or (), fire=fire, tasks=tasks)
+        result = epoch.guard(f"operator {node_id!r}", partial(how.run, epoch, given))
+        ran = how.ran(node_id)
+        late_to: dict[str, str] = {}
+        late_dropped: dict[str, Seen] = {}
         late_sink = (stage.op.window.late if stage.op.window else
                      stage.op.join.late if stage.op.join else None)
         if result.late is not None and late_sink:
-            ctx.route(late_sink, result.late, LATE)
-            ctx.late_to[node_id] = late_sink
+            routed.append(Routed(late_sink, result.late, LATE))
+            late_to[node_id] = late_sink
         elif (stage.op.window is not None or stage.op.join is not None
               or result.late_seen is not None) and not late_sink:
             # dropped (a window's, or a join's without late:): counted all the same
-            ctx.seen_late[node_id] = (result.late_seen if result.late_seen is not None
-                                      else LateInMetas(result.metas))
-        for name, sink_id in stage.op.side_outputs:
-            if name in result.sides:
-                ctx.route(sink_id, result.sides[name])
+            late_dropped[node_id] = (result.late_seen if result.late_seen is not None
+                                     else LateInMetas(result.metas))
+        routed += [Routed(sink_id, result.sides[name]) for name, sink_id in
+                   stage.op.side_outputs if name in result.sides]
+        return StageOutput(
+            frames={node_id: result.output}, routed=tuple(routed), ran_local=ran.ran_local,
+            ran_direct=ran.ran_direct, ran_staged=ran.ran_staged,
+            records_in=how.records_in(epoch, result), subtask_metas={node_id: result.metas},
+            sink_jobs=self._sink_job(result), late_to=late_to, late_dropped=late_dropped)
 
-    def _closing(self, ctx: EpochContext, present: list[DataFrame], until: str
+    def _sink_job(self, result: KeyedResult) -> dict[str, SinkJob]:
+        """Sink id -> the job whose subtasks write its files, when they do this epoch."""
+        if result.run_job is None:
+            return {}
+        assert self.task_sink is not None
+        return {self.task_sink.sink_id: SinkJob(result.run_job, result.metas)}
+
+    def _closing(self, present: list[DataFrame], until: str, routed: list[Routed]
                  ) -> list[DataFrame]:
         """An until window's input without the records whose close time is null: they can
-        never close, so they are bad records (`join_plan.bad_records`), never dropped."""
+        never close, so they are bad records (`join_plan.bad_records`, their dead letters
+        added to `routed`), never dropped."""
         from pyspark.sql import functions as F
 
         from streamer.runtime.join_plan import bad_records
@@ -296,7 +370,7 @@ class KeyedOperatorStage(Stage):
             frame, dead = bad_records(self.stage.origin, frame, F.col(f"`{until}`").isNull(),
                                       reason, "the window")
             if dead is not None:
-                ctx.route(dead[0], dead[1], DEAD)
+                routed.append(Routed(dead[0], dead[1], DEAD))
             kept.append(frame)
         return kept
 
@@ -307,7 +381,7 @@ class KeyedOperatorStage(Stage):
         out["parallelism"] = self.stage.parallelism
         out["strategies"] = [{"name": r.name, "reason": r.reason} for r in self.runs]
         if self.task_sink is not None:
-            out["writes_sink"] = self.task_sink[0]
+            out["writes_sink"] = self.task_sink.sink_id
         if self.stage.op.broadcast:
             out["broadcast"] = {"input": self.stage.op.broadcast,
                                 "how": f"each record copied to all {self.stage.parallelism} "

@@ -22,7 +22,7 @@ from streamer.connectors.base import WritesTaskFiles
 from streamer.operators.stateless import union
 from streamer.runtime.keyed_plan import visible
 from streamer.runtime.local import LocalSeen, local_table
-from streamer.runtime.stages.base import OUT, EpochContext, Stage
+from streamer.runtime.stages.base import OUT, EpochInput, Seen, Stage, StageOutput, Upstream
 from streamer.runtime.stages.sources import SummedSeen
 
 if TYPE_CHECKING:
@@ -42,16 +42,22 @@ class SparkWriterSink(Stage):
         self.sink = sink
         self.inputs = inputs
 
-    def run(self, ctx: EpochContext) -> None:
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The sink's inputs."""
+        return self.inputs
+
+    def run(self, epoch: EpochInput, upstream: Upstream) -> StageOutput:
         """Pre-commit the epoch's rows, if any, and observe how many there were of each
         kind (`OUT`, `DEAD`, `LATE`: a column tags each input's rows when they are mixed)."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
         sink_id, sink = self.node_id, self.sink
-        present = [*((f, OUT) for f in ctx.inputs(self.inputs)), *ctx.extra.get(sink_id, [])]
+        present = [*((f, OUT) for f in upstream.inputs(self.inputs)),
+                   *((r.rows, r.counts_as) for r in upstream.routed)]
         if not present:
-            return
+            return StageOutput()
         kinds = sorted({kind for _, kind in present})
         frames = [visible(f) for f, _ in present]
         if len(kinds) > 1:
@@ -59,21 +65,19 @@ class SparkWriterSink(Stage):
                       for f, (_, kind) in zip(frames, present, strict=True)]
         rows = union(frames)
         what = f"writing sink {sink_id!r}"
-        if ctx.ran_local and sink.takes_tables:
-            table = ctx.guard(what, partial(local_table, sink.table_of(visible(rows))))
+        if upstream.ran_local and sink.takes_tables:
+            table = epoch.guard(what, partial(local_table, sink.table_of(visible(rows))))
             if table is not None:  # the rows, collected on the driver without a job
-                ctx.seen_out[sink_id] = LocalSeen(self._local_counts(rows, kinds,
-                                                                     table.num_rows))
-                ctx.ran_local.append(sink_id)
-                ctx.handles[sink_id] = ctx.guard(what, partial(sink.write_table, ctx.epoch,
-                                                               table))
-                return
-        obs = Observation(f"out_{sink_id}_{ctx.epoch}")
-        ctx.seen_out[sink_id] = obs
+                seen = LocalSeen(self._local_counts(rows, kinds, table.num_rows))
+                handle = epoch.guard(what, partial(sink.write_table, epoch.epoch, table))
+                return StageOutput(sink_rows={sink_id: seen}, ran_local=(sink_id,),
+                                   handles={sink_id: handle})
+        obs = Observation(f"out_{sink_id}_{epoch.epoch}")
         counts = ([F.count(F.lit(1)).alias(f"n_{kinds[0]}")] if len(kinds) == 1 else
                   [F.count_if(F.col(COUNT_AS) == F.lit(k)).alias(f"n_{k}") for k in kinds])
         df = visible(rows.observe(obs, F.count(F.lit(1)).alias("n"), *counts))
-        ctx.handles[sink_id] = ctx.guard(what, partial(sink.write, ctx.epoch, df))
+        handle = epoch.guard(what, partial(sink.write, epoch.epoch, df))
+        return StageOutput(sink_rows={sink_id: obs}, handles={sink_id: handle})
 
     @staticmethod
     def _local_counts(rows: DataFrame, kinds: list[str], n: int) -> dict[str, int]:
@@ -90,51 +94,48 @@ class SubtaskWrittenSink(SparkWriterSink):
 
     strategy = "written-by-subtasks"
 
-    def run(self, ctx: EpochContext) -> None:
+    def run(self, epoch: EpochInput, upstream: Upstream) -> StageOutput:
         """Run the keyed stage's job (its tasks write the files), then stage them."""
-        found = ctx.task_jobs.get(self.node_id)
-        if found is None:
-            super().run(ctx)
-            return
-        run_job, metas = found
+        job = upstream.sink_job
+        if job is None:
+            return super().run(epoch, upstream)
         sink = self.sink
         assert isinstance(sink, WritesTaskFiles)  # (the planner chose it for that)
-        ctx.handles[self.node_id] = ctx.guard(f"writing sink {self.node_id!r}", partial(
-            sink.tasks_wrote, ctx.epoch, run_job))
-        ctx.seen_out[self.node_id] = TaskRows(metas)
-        for meta in metas:  # (a jsonl sink's rows the encoder left to Spark's writer)
-            if meta.get("sink_refused"):
-                ctx.sink_refused[f"{self.node_id} subtask {meta['subtask']}"] = \
-                    meta["sink_refused"]
+        handle = epoch.guard(f"writing sink {self.node_id!r}", partial(
+            sink.tasks_wrote, epoch.epoch, job.run))
+        return StageOutput(
+            handles={self.node_id: handle}, sink_rows={self.node_id: TaskRows(job.metas)},
+            # (a jsonl sink's rows the encoder left to Spark's writer)
+            sink_refused={f"{self.node_id} subtask {meta['subtask']}": meta["sink_refused"]
+                          for meta in job.metas if meta.get("sink_refused")})
 
 
 class ArrowWrittenSink(SparkWriterSink):
-    """A sink whose staging files its source's Arrow tasks wrote (`ctx.arrow_written`)."""
+    """A sink whose staging files its source's Arrow tasks wrote (`Upstream.arrow_written`)."""
 
     strategy = "written-by-arrow-tasks"
 
-    def run(self, ctx: EpochContext) -> None:
+    def run(self, epoch: EpochInput, upstream: Upstream) -> StageOutput:
         """Stage the tasks' files, and Spark's rows of what they refused beside them."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
-        written = ctx.arrow_written.get(self.node_id)
+        written = upstream.arrow_written
         if written is None:  # (the tasks did not run this epoch)
-            super().run(ctx)
-            return
-        seen: Any = LocalSeen({"n": written, f"n_{OUT}": written})
-        present = ctx.inputs(self.inputs)
+            return super().run(epoch, upstream)
+        seen: Seen = LocalSeen({"n": written, f"n_{OUT}": written})
+        present = upstream.inputs(self.inputs)
         beside = None
         if present:
-            obs = Observation(f"out_{self.node_id}_{ctx.epoch}")
+            obs = Observation(f"out_{self.node_id}_{epoch.epoch}")
             beside = visible(union(present).observe(
                 obs, F.count(F.lit(1)).alias("n"), F.count(F.lit(1)).alias(f"n_{OUT}")))
             seen = SummedSeen([seen, obs])
-        ctx.seen_out[self.node_id] = seen
         sink = self.sink
         assert isinstance(sink, WritesTaskFiles)  # (the planner chose it for that)
-        ctx.handles[self.node_id] = ctx.guard(f"writing sink {self.node_id!r}", partial(
-            sink.tasks_wrote, ctx.epoch, _nothing, beside))
+        handle = epoch.guard(f"writing sink {self.node_id!r}", partial(
+            sink.tasks_wrote, epoch.epoch, _nothing, beside))
+        return StageOutput(sink_rows={self.node_id: seen}, handles={self.node_id: handle})
 
 
 def _nothing() -> None:

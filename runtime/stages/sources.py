@@ -16,13 +16,22 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from streamer import failpoints
 from streamer.columns import EVENT_TIME
 from streamer.runtime.local import LocalSeen, local_table
-from streamer.runtime.stages.base import DEAD, EpochContext, Stage
+from streamer.runtime.stages.base import (
+    DEAD,
+    EpochInput,
+    Routed,
+    Seen,
+    Stage,
+    StageOutput,
+    Upstream,
+)
 from streamer.runtime.stages.event_time import with_event_time
 
 if TYPE_CHECKING:
@@ -44,25 +53,28 @@ class ScanSource(Stage):
         self.source = source
         self.spec = spec
 
-    def run(self, ctx: EpochContext, piece: SourceSlice | None = None) -> None:
-        """Read the slice (if any; `piece`: this part of it), observe what the watermark
-        needs, route dead letters."""
+    def run(self, epoch: EpochInput, upstream: Upstream) -> StageOutput:
+        """Read the epoch's slice, if any."""
+        return self.scan(epoch, epoch.slices.get(self.node_id))
+
+    def scan(self, epoch: EpochInput, piece: SourceSlice | None) -> StageOutput:
+        """Read `piece` (the slice, or a part of it), observe what the watermark needs,
+        route dead letters."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
-        piece = piece or ctx.slices.get(self.node_id)
         if piece is None:
-            ctx.frames[self.node_id] = None
-            return
+            return StageOutput(frames={self.node_id: None})
         what = f"reading source {self.node_id!r}"
-        read = ctx.guard(what, partial(self.source.read, piece))
+        read = epoch.guard(what, partial(self.source.read, piece))
+        routed: list[Routed] = []
         records = read.records
         stats = [F.count(F.lit(1)).alias("n")]
         event_time = self.spec.event_time
         if event_time:  # a record without event time is a bad record (`stages.event_time`)
             records, null_times = with_event_time(records, read, self.spec)
             if null_times is not None and self.spec.on_error:
-                ctx.route(self.spec.on_error, null_times, DEAD)
+                routed.append(Routed(self.spec.on_error, null_times, DEAD))
             ms = F.expr(f"unix_millis({EVENT_TIME})")
             if read.split_column:
                 split_col = F.col(read.split_column)
@@ -73,21 +85,23 @@ class ScanSource(Stage):
                 stats += [F.max(ms).alias(f"ts{i}") for i, _ in enumerate(piece.end)]
         # (Spark evaluates a local relation's expressions while it optimizes the plan, so a
         # record that fails them fails here.)
-        seen = (None if not read.local else ctx.guard(what, partial(
+        local: Seen | None = (None if not read.local else epoch.guard(what, partial(
             local_stats, records, read, list(piece.end), bool(event_time))))
-        if seen is not None:  # no observation: it would need a Spark job
-            ctx.seen_in[self.node_id] = seen
-            ctx.ran_local.append(self.node_id)
+        seen: Seen
+        if local is not None:  # no observation: it would need a Spark job
+            seen = local
         else:
-            obs = Observation(f"in_{self.node_id}_{ctx.epoch}")
-            ctx.seen_in[self.node_id] = obs
+            obs = Observation(f"in_{self.node_id}_{epoch.epoch}")
+            seen = obs
             records = records.observe(obs, *stats)
         dropped = {read.split_column, *(read.position or ()), read.raw_record} - {None, EVENT_TIME}
         if dropped:
             records = records.drop(*dropped)
-        ctx.frames[self.node_id] = records
         if read.dead_letters is not None and self.spec.on_error:
-            ctx.route(self.spec.on_error, read.dead_letters, DEAD)
+            routed.append(Routed(self.spec.on_error, read.dead_letters, DEAD))
+        return StageOutput(frames={self.node_id: records}, routed=tuple(routed),
+                           ran_local=(self.node_id,) if local is not None else (),
+                           records_in={self.node_id: seen})
 
 
 class SubtaskReadSource(ScanSource):
@@ -95,16 +109,16 @@ class SubtaskReadSource(ScanSource):
 
     strategy = "read-by-subtasks"
 
-    def run(self, ctx: EpochContext, piece: SourceSlice | None = None) -> None:
+    def run(self, epoch: EpochInput, upstream: Upstream) -> StageOutput:
         """Leave the slice to the keyed stage when the epoch's decision gave it to it."""
-        found = ctx.decision.direct.get(self.node_id)
-        if found is None or self.node_id not in ctx.slices:
-            super().run(ctx)  # no slice, or its files need Spark's reader this epoch
-            return
-        ctx.frames[self.node_id] = None
-        dead_letters = found[2]
-        if dead_letters is not None and self.spec.on_error:
-            ctx.route(self.spec.on_error, dead_letters, DEAD)
+        found = epoch.decision.direct.get(self.node_id)
+        if found is None or self.node_id not in epoch.slices:
+            # no slice, or its files need Spark's reader this epoch
+            return super().run(epoch, upstream)
+        dead_letters = found.dead_letters
+        routed = ((Routed(self.spec.on_error, dead_letters, DEAD),)
+                  if dead_letters is not None and self.spec.on_error else ())
+        return StageOutput(frames={self.node_id: None}, routed=routed)
 
 
 class ArrowDecodeSource(ScanSource):
@@ -122,40 +136,41 @@ class ArrowDecodeSource(ScanSource):
         self.plan = plan
         self.target = target
 
-    def run(self, ctx: EpochContext, piece: SourceSlice | None = None) -> None:
+    def run(self, epoch: EpochInput, upstream: Upstream) -> StageOutput:
         """Decode the slice's files or ranges in Arrow tasks; Spark reads those they
         refuse."""
         from streamer.runtime.arrow_input import decode_units
 
-        piece = ctx.slices.get(self.node_id)
+        piece = epoch.slices.get(self.node_id)
         units = self.plan.units(piece) if piece is not None else []
-        if not units or ctx.decision.small or self._local(units):
-            super().run(ctx)  # (Spark's small-epoch or local path: no staging)
-            return
+        if not units or epoch.decision.small or self._local(units):
+            return super().run(epoch, upstream)  # (Spark's small-epoch or local path)
         assert piece is not None
-        target = self.target.prepare(ctx)
-        results = ctx.guard(f"reading source {self.node_id!r}", partial(
+        target = self.target.prepare(epoch)
+        results = epoch.guard(f"reading source {self.node_id!r}", partial(
             decode_units, self.source.ctx.spark, self.plan, units, target))
         done = [r for r in results if "path" in r]
         refused = [r for r in results if "refused" in r]
-        self.target.took(ctx, done)
-        ctx.arrow_decoded[self.node_id] = len(done)
-        ctx.arrow_refused.update({_named(r["unit"]): r["refused"] for r in refused})
+        took = self.target.took(epoch, done)
+        prefiltered: dict[str, tuple[int, int]] = {}
         for result in done:
             for op_id, (n_in, n_out) in result["filters"].items():
-                had = ctx.prefiltered.get(op_id, (0, 0))
-                ctx.prefiltered[op_id] = (had[0] + n_in, had[1] + n_out)
+                had = prefiltered.get(op_id, (0, 0))
+                prefiltered[op_id] = (had[0] + n_in, had[1] + n_out)
         got: dict[str, Any] = {"n": sum(r["rows_in"] for r in done)}
         for i, split in enumerate(piece.end):  # the newest event time per split
             got[f"ts{i}"] = max((r["max_ts"] for r in done if r["split"] == str(split)
                                  and r["max_ts"] is not None), default=None)
-        seen: Any = LocalSeen(got)
+        seen: Seen = LocalSeen(got)
+        scanned = StageOutput(frames={self.node_id: None})
         if refused:
-            super().run(ctx, self.plan.rest(piece, [r["unit"] for r in refused]))
-            seen = SummedSeen([seen, ctx.seen_in[self.node_id]])
-        else:
-            ctx.frames[self.node_id] = None
-        ctx.seen_in[self.node_id] = seen
+            scanned = self.scan(epoch, self.plan.rest(piece, [r["unit"] for r in refused]))
+            seen = SummedSeen([seen, scanned.records_in[self.node_id]])
+        return replace(
+            scanned, records_in={self.node_id: seen}, prestaged=took.prestaged,
+            arrow_written=took.arrow_written, sink_refused=took.sink_refused,
+            prefiltered=prefiltered, arrow_decoded={self.node_id: len(done)},
+            arrow_refused={_named(r["unit"]): r["refused"] for r in refused})
 
     def _local(self, units: list[Any]) -> bool:
         """Whether a Kafka slice is small enough for the driver to read (`runtime.local`)."""
@@ -169,12 +184,13 @@ class ArrowTarget(ABC):
     """Where an `ArrowDecodeSource`'s tasks write, and what the epoch learns of it."""
 
     @abstractmethod
-    def prepare(self, ctx: EpochContext) -> Any:
+    def prepare(self, epoch: EpochInput) -> Any:
         """The epoch's target of `arrow_input.decode_units` (a directory or a `TaskTarget`)."""
 
     @abstractmethod
-    def took(self, ctx: EpochContext, done: list[dict[str, Any]]) -> None:
-        """Record in `ctx` what the tasks that did not refuse their unit wrote."""
+    def took(self, epoch: EpochInput, done: list[dict[str, Any]]) -> StageOutput:
+        """What the tasks that did not refuse their unit wrote, for the stage they wrote it
+        for (`StageOutput.prestaged`, or `arrow_written` and `sink_refused`)."""
 
 
 class ToKeyedStage(ArrowTarget):
@@ -185,13 +201,13 @@ class ToKeyedStage(ArrowTarget):
         #: Where the keyed stage's staged epochs go (`StagedRun.root`).
         self.root = root
 
-    def prepare(self, ctx: EpochContext) -> Any:
+    def prepare(self, epoch: EpochInput) -> Any:
         """The epoch's directory beside Spark's staged input."""
-        return f"{self.root}/epoch-{ctx.epoch}-arrow"
+        return f"{self.root}/epoch-{epoch.epoch}-arrow"
 
-    def took(self, ctx: EpochContext, done: list[dict[str, Any]]) -> None:
+    def took(self, epoch: EpochInput, done: list[dict[str, Any]]) -> StageOutput:
         """The files go to the keyed stage."""
-        ctx.prestaged[self.keyed_id] = [r["path"] for r in done]
+        return StageOutput(prestaged={self.keyed_id: tuple(r["path"] for r in done)})
 
 
 class ToSink(ArrowTarget):
@@ -203,22 +219,21 @@ class ToSink(ArrowTarget):
         #: The rows' Spark schema (the sink's input).
         self.schema = schema
 
-    def prepare(self, ctx: EpochContext) -> Any:
+    def prepare(self, epoch: EpochInput) -> Any:
         """The sink's epoch staging, emptied."""
-        target = ctx.guard(f"writing sink {self.sink_id!r}", partial(
-            self.sink.task_target, ctx.epoch, self.schema))
+        target = epoch.guard(f"writing sink {self.sink_id!r}", partial(
+            self.sink.task_target, epoch.epoch, self.schema))
         assert target is not None  # (planned only where the sink takes task files)
         return target
 
-    def took(self, ctx: EpochContext, done: list[dict[str, Any]]) -> None:
+    def took(self, epoch: EpochInput, done: list[dict[str, Any]]) -> StageOutput:
         """The rows written, for the sink stage; tasks whose rows the encoder left to
         Spark's writer, for the metrics."""
-        failpoints.reached("arrow-written", ctx.epoch)
-        ctx.arrow_written[self.sink_id] = sum(int(r["rows_out"]) for r in done)
-        for r in done:
-            if r.get("sink_refused"):
-                ctx.sink_refused[f"{self.sink_id} task {_named(r['unit'])}"] = \
-                    r["sink_refused"]
+        failpoints.reached("arrow-written", epoch.epoch)
+        return StageOutput(
+            arrow_written={self.sink_id: sum(int(r["rows_out"]) for r in done)},
+            sink_refused={f"{self.sink_id} task {_named(r['unit'])}": r["sink_refused"]
+                          for r in done if r.get("sink_refused")})
 
 
 def _named(unit: Any) -> str:

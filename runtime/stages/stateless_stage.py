@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from streamer.operators.stateless import apply_stateless, union
 from streamer.pipeline.spec import OperatorSpec
 from streamer.runtime.local import LocalSeen, local_table
-from streamer.runtime.stages.base import EpochContext, Stage
+from streamer.runtime.stages.base import EpochInput, Seen, Stage, StageOutput, Upstream
 from streamer.runtime.stages.sources import SummedSeen
 
 if TYPE_CHECKING:
@@ -37,35 +37,45 @@ class StatelessChain(Stage):
         """The operators of the chain, in order."""
         return tuple(op.id for op in self.ops)
 
-    def run(self, ctx: EpochContext) -> None:
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The first operator's inputs."""
+        return self.ops[0].inputs
+
+    def run(self, epoch: EpochInput, upstream: Upstream) -> StageOutput:
         """Apply the chain to the union of its first operator's inputs (if any rows)."""
-        present = ctx.inputs(self.ops[0].inputs)
-        local = bool(present) and all(i in ctx.ran_local for i in self.ops[0].inputs
-                                      if ctx.frames.get(i) is not None)
+        present = upstream.inputs(self.reads)
+        local = bool(present) and all(i in upstream.ran_local for i in self.reads
+                                      if upstream.frames.get(i) is not None)
+        frames: dict[str, DataFrame | None] = {}
+        filtered: dict[str, Seen] = {}
         for op in self.ops:
             df = None
             if present:
                 before = union(present)
-                df = (_filtered(ctx, op, before, local) if op.kind == "filter"
-                      else apply_stateless(op, before))
-            ctx.frames[op.id] = df
+                if op.kind == "filter":
+                    df, filtered[op.id] = _filtered(epoch, op, before, local)
+                else:
+                    df = apply_stateless(op, before)
+            frames[op.id] = df
             present = [df] if df is not None else []
-            if op.id in ctx.prefiltered:  # (what the Arrow tasks filtered before it)
-                n_in, n_out = ctx.prefiltered[op.id]
+            if op.id in upstream.prefiltered:  # (what the Arrow tasks filtered before it)
+                n_in, n_out = upstream.prefiltered[op.id]
                 done = LocalSeen({"filtered": n_in - n_out, "in": n_in, "out": n_out})
-                ran = ctx.seen_filtered.get(op.id)
-                ctx.seen_filtered[op.id] = done if ran is None else SummedSeen([done, ran])
+                ran = filtered.get(op.id)
+                filtered[op.id] = done if ran is None else SummedSeen([done, ran])
+        return StageOutput(frames=frames, filtered=filtered)
 
     def describe(self) -> dict[str, object]:
         """The chain's operators too."""
         return {**super().describe(), "operators": list(self.node_ids)}
 
 
-def _filtered(ctx: EpochContext, op: OperatorSpec, before: DataFrame,
-              local: bool) -> DataFrame:
-    """The filter `op` applied to `before`, with the records it removes (and its records in
-    and out) counted into `ctx.seen_filtered`: on the driver for a local relation (no job),
-    else by observing the filter's input and output inside the job that reads them."""
+def _filtered(epoch: EpochInput, op: OperatorSpec, before: DataFrame,
+              local: bool) -> tuple[DataFrame, Seen]:
+    """The filter `op` applied to `before`, and what counts the records it removes (and
+    its records in and out): on the driver for a local relation (no job), else observing
+    the filter's input and output inside the job that reads them."""
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
@@ -75,14 +85,12 @@ def _filtered(ctx: EpochContext, op: OperatorSpec, before: DataFrame,
         counted = [local_table(df.select(one)) for df in (before, after)]
         if counted[0] is not None and counted[1] is not None:
             n_in, n_out = counted[0].num_rows, counted[1].num_rows
-            ctx.seen_filtered[op.id] = LocalSeen(
-                {"filtered": n_in - n_out, "in": n_in, "out": n_out})
-            return after
-    seen_in = Observation(f"filter_in_{op.id}_{ctx.epoch}")
-    seen_out = Observation(f"filter_out_{op.id}_{ctx.epoch}")
+            return after, LocalSeen({"filtered": n_in - n_out, "in": n_in, "out": n_out})
+    seen_in = Observation(f"filter_in_{op.id}_{epoch.epoch}")
+    seen_out = Observation(f"filter_out_{op.id}_{epoch.epoch}")
     observed = before.observe(seen_in, F.count(F.lit(1)).alias("n"))
-    ctx.seen_filtered[op.id] = Filtered(seen_in, seen_out)
-    return apply_stateless(op, observed).observe(seen_out, F.count(F.lit(1)).alias("n"))
+    return (apply_stateless(op, observed).observe(seen_out, F.count(F.lit(1)).alias("n")),
+            Filtered(seen_in, seen_out))
 
 
 class Filtered:
