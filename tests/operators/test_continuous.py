@@ -217,3 +217,50 @@ def test_a_snapshot_restored_on_the_other_backend_resumes_the_run(
     assert result(kind, combined) == oracle(kind, chans)
     if kind == "window":  # the same windows after barrier n as the uninterrupted run's
         assert Counter(result(kind, resumed.rows)) == Counter(result(kind, whole.rows[emitted:]))
+
+
+@pytest.mark.parametrize("kind", ["window", "aggregate"])
+def test_the_loop_runs_over_an_input_gate_of_flight_channels(tmp_path, kind) -> None:
+    """The same loop fed by a real input gate: an Arrow Flight server on 127.0.0.1 whose
+    channels senders (threads) fill with records, watermarks, barriers and end of input."""
+    import threading
+
+    from streamer.exchange.flight import ExchangeSender, ExchangeServer
+    from streamer.exchange.gate import InputGate
+
+    rnd = random.Random(7)
+    chans = channels(rnd, kind, 2)
+    server = ExchangeServer("127.0.0.1", len(chans), 1 << 16)
+    errors: list[BaseException] = []
+
+    def send(channel: int, messages: list[Message]) -> None:
+        schema = next(m.payload.schema for m in messages if isinstance(m, Records))
+        try:
+            with ExchangeSender(server.location, channel, schema, timeout_s=30) as sender:
+                for m in messages:
+                    if isinstance(m, Records):
+                        sender.send(m.payload.combine_chunks().to_batches()[0])
+                    elif isinstance(m, Watermark):
+                        sender.watermark(m.ms)
+                    elif isinstance(m, Barrier):
+                        sender.barrier(m.checkpoint)
+                    else:
+                        sender.end()
+        except BaseException as exc:  # reported by the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=send, args=(i, c), daemon=True)
+               for i, c in enumerate(chans)]
+    run = Run(config(kind, tmp_path, "rocksdb"), tmp_path)
+    try:
+        for t in threads:
+            t.start()
+        run.loop.run(InputGate(server, BarrierAligner(len(chans))), timeout_s=1.0)
+        for t in threads:
+            t.join(30)
+    finally:
+        run.backend.close()
+        server.close()
+    assert not errors
+    assert result(kind, run.rows) == oracle(kind, chans)
+    assert sorted(run.acks) == [1, 2]
