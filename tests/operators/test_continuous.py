@@ -10,6 +10,7 @@ Each channel's watermarks are true lower bounds of its later records, so no reco
 
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter
 from pathlib import Path
@@ -264,3 +265,42 @@ def test_the_loop_runs_over_an_input_gate_of_flight_channels(tmp_path, kind) -> 
     assert not errors
     assert result(kind, run.rows) == oracle(kind, chans)
     assert sorted(run.acks) == [1, 2]
+
+
+@pytest.mark.parametrize("kind", ["window", "aggregate"])
+@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
+def test_the_epoch_mode_resumes_from_a_continuous_checkpoint(tmp_path, kind, backend) -> None:
+    """The format is the epoch mode's: `run_task` restores the subtask from the handle of
+    barrier n (`checkpoint.task`, at the handle's version) and takes the rest of the records
+    as one last epoch; with the loop's output before n it is the oracle's."""
+    from dataclasses import replace
+
+    from streamer.checkpoint.task import TaskCheckpointing
+    from streamer.exchange.alignment import MAX_WATERMARK
+    from streamer.operators.continuous import combine_partials
+    from streamer.operators.keyed import run_task
+
+    rnd = random.Random(11)
+    chans = channels(rnd, kind, 2)
+    cfg = config(kind, tmp_path / "continuous", backend)
+    whole = Run(cfg, tmp_path)
+    try:
+        whole.feed(rnd, chans, BarrierAligner(len(chans)))
+    finally:
+        whole.backend.close()
+    handle, emitted, watermark = whole.acks[1]
+    rest = [m.payload for c in chans for m in c[c.index(Barrier(1)) + 1:]
+            if isinstance(m, Records)]
+    table = combine_partials(cfg, pa.concat_tables(rest))
+    table = table.append_column("__subtask", pa.array([0] * table.num_rows, pa.int32()))
+    table = table.append_column("__dummy", pa.array([False] * table.num_rows))
+    epoch = handle["version"] + 1
+    chk = TaskCheckpointing(url=str(tmp_path / "checkpoints"), local_copy_root=None,
+                            first_epoch=epoch, last={0: handle})
+    task = replace(cfg, state_root=str(tmp_path / "epoch"), epoch=epoch, fire_up_to=watermark,
+                   flush_to=MAX_WATERMARK, checkpointing=chk)
+    batches = list(run_task(task, iter(table.to_batches()), 0))
+    meta = [r for b in batches for r in b.to_pylist() if r["__kind"] == "meta"]
+    assert meta and json.loads(meta[-1]["__meta"]).get("restored") == "remote"
+    rows = [r for b in batches for r in b.to_pylist() if r["__kind"] == "out"]
+    assert rows and result(kind, whole.rows[:emitted] + rows) == oracle(kind, chans)
