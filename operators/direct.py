@@ -334,7 +334,7 @@ def read_direct(cfg: Any, d: DirectRead, subtask: int) -> tuple[Any, dict[str, A
         if spec.filter is not None:  # (the planner reads these with Spark: `direct_shape`)
             msg = f"direct read of {cfg.uid!r}: aggregate {spec.name!r} has a filter"
             raise RuntimeError(msg)
-        for fn, arg in _partial_functions(spec.function, spec.arg):
+        for fn, arg in partial_functions(spec.function, spec.arg):
             name = f"__in{j}"
             if arg is None:
                 columns[name] = columns[KEY_GROUP]
@@ -377,7 +377,8 @@ def read_direct(cfg: Any, d: DirectRead, subtask: int) -> tuple[Any, dict[str, A
 DIRECT_AGGREGATES = ("count", "sum", "min", "max", "avg")
 
 
-def _partial_functions(function: str, arg: str | None) -> list[tuple[str, str | None]]:
+def partial_functions(function: str, arg: str | None) -> list[tuple[str, str | None]]:
+    """The partials of an aggregate `function` of `arg`: [(Arrow function, argument)]."""
     if function == "count":
         return [("count", None)]
     if function == "avg":

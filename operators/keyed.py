@@ -43,7 +43,6 @@ def output_schema(spark: Any, op: Any, input_schema: Any) -> Any:
 
 def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator[Any]:
     """Process one subtask's rows of one epoch; yield the output batch (with a meta row)."""
-    from streamer.state import StateDescriptor, StateKind, key_group_range, open_backend
     from streamer.state.exceptions import CorruptStateError
 
     read_info: dict[str, Any] = {}  # (records_in, max_ts, read_ms of a direct read)
@@ -59,9 +58,7 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
     else:
         rows = _read_input(cfg, batches, subtask)
         began = time.perf_counter()  # after the input arrived: the stage's own work
-    kind = kind_of(cfg.kind)
-    if kind.row_input(cfg):
-        rows = rows.table.to_pylist()  # the operators that work row by row
+    rows = logic_rows(cfg, rows)
     from streamer import failpoints
     from streamer.checkpoint import task as checkpointing
 
@@ -73,9 +70,7 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
         cfg = scoped(cfg, executor)
 
     def open_state() -> Any:
-        return open_backend(cfg.backend, cfg.state_root, cfg.job, cfg.uid, subtask,
-                            key_group_range(subtask, cfg.parallelism, cfg.max_parallelism),
-                            states=[StateDescriptor("acc", StateKind.AGGREGATING)])
+        return open_state_of(cfg, subtask)
 
     restored = checkpointing.prepare(cfg, subtask)
     try:
@@ -109,12 +104,11 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
             return
         checkpointing.check_version(cfg, subtask, done)
         out = Emitter(cfg)
-        _operate(cfg, backend, rows, out)
+        operate(cfg, backend, rows, out)
         if cfg.flush_to is not None:
             # The end of input follows the epoch's last records (Flink's MAX_WATERMARK after
             # them): every timer up to it fires, as in an epoch of its own without records.
-            none: Any = [] if isinstance(rows, list) else Input(rows.table.slice(0, 0))
-            _operate(replace(cfg, fire_up_to=cfg.flush_to), backend, none, out)
+            fire(cfg, backend, cfg.flush_to, out, rows)
         meta: dict[str, Any] = {"subtask": subtask, "out": len(out), "executor": executor,
                                 "next_event": backend.next_timer("event"),
                                 "next_processing": backend.next_timer("processing"),
@@ -135,10 +129,37 @@ def run_task(cfg: KeyedConfig, batches: Iterator[Any], subtask: int) -> Iterator
             backend.close()
 
 
-def _operate(cfg: KeyedConfig, backend: Any, rows: Any, out: Emitter) -> None:
-    """The operator's work on one subtask's `rows` (an `Input`, or a list for the operators
-    that work row by row): timers up to `cfg.fire_up_to` fire, the rows are processed."""
+def open_state_of(cfg: KeyedConfig, subtask: int) -> Any:
+    """Open the working state of `subtask` of the operator (its key groups, its `acc`
+    state declared), as every mode's subtask does."""
+    from streamer.state import StateDescriptor, StateKind, key_group_range, open_backend
+
+    return open_backend(cfg.backend, cfg.state_root, cfg.job, cfg.uid, subtask,
+                        key_group_range(subtask, cfg.parallelism, cfg.max_parallelism),
+                        states=[StateDescriptor("acc", StateKind.AGGREGATING)])
+
+
+def logic_rows(cfg: KeyedConfig, rows: Input) -> Any:
+    """`rows` as the kind's logic takes them: the `Input`, or a list of dicts for the
+    operators that work row by row."""
+    if kind_of(cfg.kind).row_input(cfg):
+        return rows.table.to_pylist()
+    return rows
+
+
+def operate(cfg: KeyedConfig, backend: Any, rows: Any, out: Emitter) -> None:
+    """The operator's work on one subtask's `rows` (as `logic_rows` gives them): timers up
+    to `cfg.fire_up_to` fire, the rows are processed. The epoch mode calls it once per
+    epoch, the continuous mode (`operators.continuous`) once per record batch."""
     kind_of(cfg.kind).logic(cfg)(cfg, backend, rows, out)
+
+
+def fire(cfg: KeyedConfig, backend: Any, up_to: int, out: Emitter, like: Any) -> None:
+    """Every timer up to `up_to` fires, in a pass without records (`like`: rows of the
+    shape the logic takes, of which none is passed): the end of input in an epoch, a
+    watermark advance in the continuous mode."""
+    none: Any = [] if isinstance(like, list) else Input(like.table.slice(0, 0))
+    operate(replace(cfg, fire_up_to=up_to), backend, none, out)
 
 
 def _stored_bytes(batch: Any) -> bytes:
