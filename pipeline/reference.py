@@ -17,8 +17,9 @@ from typing import Any
 
 #: The pattern `Duration` nodes render (pipeline/model.py): shown as "duration", not a regex.
 DURATION_PATTERN = r"^\s*\d+(\.\d+)?\s*(ms|s|m|h|d)\s*$"
-#: Defaults are written once, in the descriptions: "(default 10s)", "(default: the id)",
-#: "Default 20000; ...", "...; default false." A JSON Schema `default` wins when present.
+#: A key's default: its JSON Schema `default` (the pydantic models give one), else the one its
+#: description states: "(default 10s)", "(default: the id)", "Default 20000; ...", "...;
+#: default false." (the hand-built model writes defaults in the descriptions).
 _DEFAULT = re.compile(r"\(default:? ([^)]+)\)|(?:^|[.;] )[Dd]efault ([^;.]+(?:\.\d+)?)[;.]")
 
 
@@ -159,8 +160,9 @@ def allowed(schema: dict[str, Any]) -> list[str]:
 
 def default_of(schema: dict[str, Any]) -> str:
     """The default: the schema's `default`, else the one its description states, else ""."""
-    if "default" in schema:
-        return f"`{json.dumps(schema['default'])}`"
+    if "default" in schema:  # a string as the file writes it: `10s`, `exactly_once`
+        default = schema["default"]
+        return f"`{default if isinstance(default, str) else json.dumps(default)}`"
     match = _DEFAULT.search(schema.get("description", ""))
     if not match:
         return ""
