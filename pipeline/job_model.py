@@ -4,7 +4,7 @@ One description of each key: its type, bounds, default (written once, as a pipel
 writes it: `epoch: 1s`) and description. From it come validation (`extra="forbid"`, strict
 types: YAML's `"2"` is not 2, nor `off` false), the JSON Schema of `streamer schema` and the
 docs reference, and the defaults of `spec.JobSpec`. Durations are validated into
-milliseconds. Messages are not pydantic's: `pipeline/pydantic_errors.py` turns each error into
+milliseconds. Messages are not pydantic's: `pipeline/pydantic_bridge.py` turns each error into
 the same `file:line:col: ... ; fix` line the rest of the file gets (docs/decisions/pydantic.md).
 """
 
@@ -26,11 +26,8 @@ from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
 from streamer.pipeline.model import type_name
+from streamer.pipeline.reference import DURATION_PATTERN
 from streamer.pipeline.units import DURATION_HINT, parse_duration_ms
-
-#: The pattern a duration's JSON Schema has (the reference shows it as "duration").
-DURATION_PATTERN = r"^\s*\d+(\.\d+)?\s*(ms|s|m|h|d)\s*$"
-
 
 #: The types of the errors this module raises; `pydantic_bridge` reports a `RULE` error at the
 #: key its context names (`at`), a `NULL` one with what the key takes, the others at their

@@ -122,7 +122,7 @@ def _message(model: type[BaseModel], err: Any, path: Path) -> tuple[Path, str, b
         return (*where, ctx["at"]), err["msg"], False
     if kind == NULL and field is not None:
         return where, f"{name} {expects(field.annotation)}, {err['msg']}{fix}", False
-    return where, f"{name} {err['msg']}{fix}", False  # our own errors: duration, null, blank
+    return where, f"{name} {err['msg']}{fix}", False  # our own errors: duration, blank
 
 
 def check_model(model: type[BaseModel], value: Any, path: Path, ck: Checker) -> Any:
