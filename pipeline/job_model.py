@@ -26,8 +26,7 @@ from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
 from streamer.pipeline.model import type_name
-from streamer.pipeline.reference import DURATION_PATTERN
-from streamer.pipeline.units import DURATION_HINT, parse_duration_ms
+from streamer.pipeline.units import DURATION_HINT, DURATION_PATTERN, parse_duration_ms
 
 #: The types of the errors this module raises; `pydantic_bridge` reports a `RULE` error at the
 #: key its context names (`at`), a `NULL` one with what the key takes, the others at their

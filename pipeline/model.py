@@ -14,6 +14,7 @@ from typing import Any
 
 from streamer.pipeline.units import (
     DURATION_HINT,
+    DURATION_PATTERN,
     SIZE_HINT,
     parse_duration_ms,
     parse_signed_duration_ms,
@@ -210,8 +211,7 @@ class Duration(Node):
             ck.report(path, f"{label(path)} must be longer than 0")
 
     def schema(self) -> dict[str, Any]:
-        return self._with_doc({"type": "string",
-                               "pattern": r"^\s*\d+(\.\d+)?\s*(ms|s|m|h|d)\s*$"})
+        return self._with_doc({"type": "string", "pattern": DURATION_PATTERN})
 
 
 @dataclass

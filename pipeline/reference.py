@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-#: The pattern `Duration` nodes render (pipeline/model.py): shown as "duration", not a regex.
-DURATION_PATTERN = r"^\s*\d+(\.\d+)?\s*(ms|s|m|h|d)\s*$"
+from streamer.pipeline.units import DURATION_PATTERN
+
 #: A key's default: its JSON Schema `default` (the pydantic models give one), else the one its
 #: description states: "(default 10s)", "(default: the id)", "Default 20000; ...", "...;
 #: default false." (the hand-built model writes defaults in the descriptions).
