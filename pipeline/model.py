@@ -1,6 +1,7 @@
 """A small declarative model of the pipeline file: one description that both validates user
 YAML (with messages that point at `file:line:col` and name the nearest valid key) and renders
-the JSON Schema that editors use. The concrete model is in `pipeline/schema.py`.
+the JSON Schema that editors use. The concrete model is in `pipeline/schema.py`; its `job:`
+block is a pydantic model (`pipeline/job_model.py`, run by `pipeline/pydantic_bridge.py`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from streamer.pipeline.units import (
     DURATION_HINT,
+    DURATION_PATTERN,
     SIZE_HINT,
     parse_duration_ms,
     parse_signed_duration_ms,
@@ -209,8 +211,7 @@ class Duration(Node):
             ck.report(path, f"{label(path)} must be longer than 0")
 
     def schema(self) -> dict[str, Any]:
-        return self._with_doc({"type": "string",
-                               "pattern": r"^\s*\d+(\.\d+)?\s*(ms|s|m|h|d)\s*$"})
+        return self._with_doc({"type": "string", "pattern": DURATION_PATTERN})
 
 
 @dataclass

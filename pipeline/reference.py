@@ -15,10 +15,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-#: The pattern `Duration` nodes render (pipeline/model.py): shown as "duration", not a regex.
-DURATION_PATTERN = r"^\s*\d+(\.\d+)?\s*(ms|s|m|h|d)\s*$"
-#: Defaults are written once, in the descriptions: "(default 10s)", "(default: the id)",
-#: "Default 20000; ...", "...; default false." A JSON Schema `default` wins when present.
+from streamer.pipeline.units import DURATION_PATTERN
+
+#: A key's default: its JSON Schema `default` (the pydantic models give one), else the one its
+#: description states: "(default 10s)", "(default: the id)", "Default 20000; ...", "...;
+#: default false." (the hand-built model writes defaults in the descriptions).
 _DEFAULT = re.compile(r"\(default:? ([^)]+)\)|(?:^|[.;] )[Dd]efault ([^;.]+(?:\.\d+)?)[;.]")
 
 
@@ -159,8 +160,9 @@ def allowed(schema: dict[str, Any]) -> list[str]:
 
 def default_of(schema: dict[str, Any]) -> str:
     """The default: the schema's `default`, else the one its description states, else ""."""
-    if "default" in schema:
-        return f"`{json.dumps(schema['default'])}`"
+    if "default" in schema:  # a string as the file writes it: `10s`, `exactly_once`
+        default = schema["default"]
+        return f"`{default if isinstance(default, str) else json.dumps(default)}`"
     match = _DEFAULT.search(schema.get("description", ""))
     if not match:
         return ""
@@ -222,8 +224,9 @@ def render(schema: dict[str, Any]) -> str:
     lines = [
         "# Pipeline file reference",
         "",
-        "<!-- Generated from `streamer schema` (pipeline/schema.py) by pipeline/reference.py "
-        "when the site is built: edit the schema's descriptions, not this page. -->",
+        "<!-- Generated from `streamer schema` (pipeline/schema.py, the job: block "
+        "pipeline/job_model.py) by pipeline/reference.py when the site is built: edit the "
+        "schema's descriptions, not this page. -->",
         "",
         "Every key of the pipeline file (version 1), generated from its JSON Schema, the one "
         "`streamer schema` prints and `streamer validate` enforces. A key's path names list "

@@ -15,6 +15,7 @@ from streamer.pipeline.aggregate_calls import (
     parse_call,
     split_arguments,
 )
+from streamer.pipeline.job_model import JobModel
 from streamer.pipeline.model import (
     AnyValue,
     Bool,
@@ -32,6 +33,7 @@ from streamer.pipeline.model import (
     Tagged,
 )
 from streamer.pipeline.over_spec import OVER, OVER_FUNCTIONS
+from streamer.pipeline.pydantic_bridge import ModelNode
 from streamer.pipeline.schema_base import (
     COLUMN_HINT,
     COLUMN_PATTERN,
@@ -44,7 +46,6 @@ from streamer.pipeline.schema_base import (
     exactly_one,
     named,
 )
-from streamer.pipeline.schema_execution import EXECUTION
 from streamer.pipeline.schema_joins import join_schema
 from streamer.pipeline.schema_sinks import SINK
 from streamer.pipeline.topn_spec import TOP_N
@@ -426,63 +427,8 @@ OPERATOR = Obj(
 
 # -------------------------------------------------------------------------------- top level
 
-METRICS = Obj(
-    {
-        "prometheus": Field(Obj({
-            "port": Field(Int("The TCP port of the HTTP endpoint Prometheus scrapes "
-                              "(`/metrics`); `streamer run --metrics-port` overrides it.",
-                              minimum=1, maximum=65535), required=True),
-            "host": Field(Str("The address it binds (default 127.0.0.1, this machine only); "
-                              "0.0.0.0 opts in to every interface.")),
-        }, "Export the job's metrics for Prometheus while it runs (docs/metrics.md).")),
-    },
-    "Where the job's metrics are exported.",
-)
-
-JOB = Obj(
-    {
-        "parallelism": Field(Int("Keyed subtasks (default: Spark's default parallelism).",
-                                 minimum=1)),
-        "max_parallelism": Field(Int("Key groups; fixed for the life of the state "
-                                     "(default 128).", minimum=1, maximum=32768)),
-        "epoch": Field(Duration("Epoch length for unbounded sources (default 1s).")),
-        "checkpoint": Field(Obj({
-            "interval": Field(Duration("Minimum time between checkpoints (default 10s).")),
-            "mode": Field(Str("`exactly_once`: sinks commit when a checkpoint completes; "
-                              "`at_least_once`: every epoch (default exactly_once).",
-                              enum=("exactly_once", "at_least_once"))),
-            "retain": Field(Int("Completed checkpoints kept (default 3).", minimum=1)),
-            "timeout": Field(Duration("A checkpoint taking longer fails (default 10m).")),
-        }, "Checkpointing.")),
-        "state": Field(Obj({
-            "backend": Field(Str("Where keyed state lives (default rocksdb).",
-                                 enum=("rocksdb", "memory"))),
-            "local_dir": Field(Str("Where subtasks keep working state (default: a "
-                                   "directory under the system temp dir).")),
-        }, "Keyed state.")),
-        "restart": Field(Obj({
-            "attempts": Field(Int("Automatic restarts from the last checkpoint (default 0).",
-                                  minimum=0)),
-            "delay": Field(Duration("Wait between restarts (default 5s).", allow_zero=True)),
-        }, "Restart strategy.")),
-        "shutdown_timeout": Field(Duration(
-            "After SIGTERM, how long the job may take to stop at its next epoch boundary "
-            "with a final checkpoint before it is cancelled (default 30s).")),
-        "execution": Field(EXECUTION),
-        "metrics": Field(METRICS),
-    },
-    "How the job runs.",
-)
-
-
-def _job_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
-    p, mp = value.get("parallelism"), value.get("max_parallelism", 128)
-    if isinstance(p, int) and isinstance(mp, int) and not isinstance(p, bool) and p > mp:
-        ck.report((*path, "parallelism"), f"parallelism ({p}) cannot exceed max_parallelism "
-                  f"({mp}); raise max_parallelism or lower parallelism")
-
-
-JOB.rules.append(_job_rules)
+#: The `job:` block is a pydantic model (`pipeline/job_model.py`, issue 38).
+JOB = ModelNode(JobModel)
 
 ROW = MapOf(AnyValue(), "One row: column -> value.")
 TEST = Obj(

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 from streamer.exceptions import ConfigError
 from streamer.pipeline.aggregate_calls import parse_call, split_arguments
 from streamer.pipeline.exceptions import Location
+from streamer.pipeline.job_model import JobModel, PrometheusModel
 from streamer.pipeline.over_spec import OverSpec, build_over
 from streamer.pipeline.source_spec import SourceSpec, WatermarkSpec
 from streamer.pipeline.topn_spec import TopNSpec, build_top_n
@@ -209,14 +210,19 @@ class SinkSpec:
         return self.options.get(name, default)
 
 
+#: The `job:` block as a file that leaves every key out: the defaults, written once in
+#: `pipeline/job_model.py` (durations here in milliseconds).
+_JOB = JobModel()
+
+
 @dataclass(frozen=True)
 class CheckpointSpec:
     """`job.checkpoint`."""
 
-    interval_ms: int = 10_000
-    mode: str = "exactly_once"
-    retain: int = 3
-    timeout_ms: int = 600_000
+    interval_ms: int = _JOB.checkpoint.interval
+    mode: str = _JOB.checkpoint.mode
+    retain: int = _JOB.checkpoint.retain
+    timeout_ms: int = _JOB.checkpoint.timeout
 
 
 _SWITCH = {"1": True, "true": True, "yes": True, "on": True,
@@ -233,22 +239,22 @@ class ExecutionSpec:
     """
 
     #: Epochs with at most this many input rows run in the small-epoch mode (0 = off).
-    small_epoch_rows: int = 20_000
+    small_epoch_rows: int = _JOB.execution.small_epoch_rows
     #: Source slices of at most this many rows are read on the driver (0 = never).
-    local_rows: int = 1_000
+    local_rows: int = _JOB.execution.local_rows
     #: Keyed subtasks read local parquet files, and local epochs' rows, themselves.
-    direct_read: bool = True
+    direct_read: bool = _JOB.execution.direct_read
     #: In local mode, local epochs run keyed subtasks in the driver process.
-    driver_subtasks: bool = True
+    driver_subtasks: bool = _JOB.execution.driver_subtasks
     #: Keyed tasks write a local parquet files sink's staging files themselves.
-    task_sink: bool = True
+    task_sink: bool = _JOB.execution.task_sink
     #: In local mode, Spark writes a keyed stage's computed input once as local parquet
     #: files that its subtasks read themselves (in place of aggregating and shuffling it).
-    staged_input: bool = True
+    staged_input: bool = _JOB.execution.staged_input
     #: Staged input from local JSON-lines, CSV or parquet files or Kafka JSON values is decoded,
     #: filtered and derived by Arrow in Python tasks where that is certainly Spark's result
     #: (`runtime.arrow_input`).
-    arrow_input: bool = True
+    arrow_input: bool = _JOB.execution.arrow_input
     #: Setting -> "default", "file" or "environment" (filled in for every setting).
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -328,23 +334,23 @@ class MetricsSpec:
     #: Serve Prometheus metrics over HTTP on this port (None: no exporter).
     prometheus_port: int | None = None
     #: The address the exporter binds; loopback unless the file opts in to others.
-    prometheus_host: str = "127.0.0.1"
+    prometheus_host: str = PrometheusModel.model_fields["host"].default
 
 
 @dataclass(frozen=True)
 class JobSpec:
     """`job:` settings with their defaults filled in."""
 
-    parallelism: int | None = None
-    max_parallelism: int = 128
-    epoch_ms: int = 1000
+    parallelism: int | None = _JOB.parallelism
+    max_parallelism: int = _JOB.max_parallelism
+    epoch_ms: int = _JOB.epoch
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
-    state_backend: str = "rocksdb"
-    state_local_dir: str | None = None
-    restart_attempts: int = 0
-    restart_delay_ms: int = 5000
+    state_backend: str = _JOB.state.backend
+    state_local_dir: str | None = _JOB.state.local_dir
+    restart_attempts: int = _JOB.restart.attempts
+    restart_delay_ms: int = _JOB.restart.delay
     #: After SIGTERM: how long a graceful stop may take before the run is cancelled.
-    shutdown_timeout_ms: int = 30_000
+    shutdown_timeout_ms: int = _JOB.shutdown_timeout
     execution: ExecutionSpec = field(default_factory=ExecutionSpec)
     metrics: MetricsSpec = field(default_factory=MetricsSpec)
 
@@ -513,35 +519,33 @@ def _build_operator(raw: Mapping[str, Any], path: Path) -> OperatorSpec:
         side_outputs=tuple((raw.get("side_outputs") or {}).items()), **base)
 
 
+def build_job(job: JobModel) -> JobSpec:
+    """The runtime's `JobSpec` from the validated `job:` block (durations in ms)."""
+    execution = job.execution
+    prometheus = job.metrics.prometheus
+    return JobSpec(
+        parallelism=job.parallelism, max_parallelism=job.max_parallelism,
+        epoch_ms=job.epoch,
+        checkpoint=CheckpointSpec(interval_ms=job.checkpoint.interval,
+                                  mode=job.checkpoint.mode, retain=job.checkpoint.retain,
+                                  timeout_ms=job.checkpoint.timeout),
+        state_backend=job.state.backend, state_local_dir=job.state.local_dir,
+        restart_attempts=job.restart.attempts, restart_delay_ms=job.restart.delay,
+        shutdown_timeout_ms=job.shutdown_timeout,
+        execution=ExecutionSpec(
+            **{key: getattr(execution, key) for key in ExecutionSpec.VARIABLES},
+            sources=dict.fromkeys(execution.model_fields_set, "file")),
+        metrics=MetricsSpec(
+            prometheus_port=prometheus.port if prometheus else None,
+            prometheus_host=prometheus.host if prometheus else MetricsSpec.prometheus_host),
+    )
+
+
 def build_spec(data: Mapping[str, Any], positions: Positions,
                env: Mapping[str, str] | None = None) -> PipelineSpec:
     """Build the frozen spec from data that has passed validation."""
     env = os.environ if env is None else env
-    job_raw = data.get("job") or {}
-    chk = job_raw.get("checkpoint") or {}
-    state = job_raw.get("state") or {}
-    restart = job_raw.get("restart") or {}
-    execution = job_raw.get("execution") or {}
-    prometheus = (job_raw.get("metrics") or {}).get("prometheus") or {}
-    job = JobSpec(
-        parallelism=job_raw.get("parallelism"),
-        max_parallelism=job_raw.get("max_parallelism", 128),
-        epoch_ms=_ms(job_raw.get("epoch"), 1000) or 1000,
-        checkpoint=CheckpointSpec(
-            interval_ms=_ms(chk.get("interval"), 10_000) or 10_000,
-            mode=chk.get("mode", "exactly_once"), retain=chk.get("retain", 3),
-            timeout_ms=_ms(chk.get("timeout"), 600_000) or 600_000),
-        state_backend=state.get("backend", "rocksdb"),
-        state_local_dir=state.get("local_dir"),
-        restart_attempts=restart.get("attempts", 0),
-        restart_delay_ms=_ms(restart.get("delay"), 5000) or 0,
-        shutdown_timeout_ms=_ms(job_raw.get("shutdown_timeout"), 30_000) or 30_000,
-        execution=ExecutionSpec(
-            **{key: execution[key] for key in ExecutionSpec.VARIABLES if key in execution},
-            sources={key: "file" for key in ExecutionSpec.VARIABLES if key in execution}),
-        metrics=MetricsSpec(prometheus_port=prometheus.get("port"),
-                            prometheus_host=prometheus.get("host", "127.0.0.1")),
-    )
+    job = build_job(JobModel.model_validate(data.get("job", {})))
     common_source = {"id", "type", "uid", "schema", "event_time", "watermark", "on_error"}
     sources = []
     for i, raw in enumerate(data["sources"]):

@@ -12,6 +12,8 @@ _SIZE_BYTES = {None: 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10*
                "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
 DURATION_HINT = "a duration like '250ms', '10s', '5m', '2h' or '1d'"
+#: A duration's JSON Schema pattern (the reference shows a key with it as "duration").
+DURATION_PATTERN = r"^\s*\d+(\.\d+)?\s*(ms|s|m|h|d)\s*$"
 SIZE_HINT = "a size like '64MB' or '1GiB'"
 
 

@@ -2046,6 +2046,116 @@ CASES = [
         ["p.yaml:3:14: 'execution' must be a mapping, got a list"],
         id="execution-not-a-mapping",
     ),
+    pytest.param(
+        """\
+        name: p
+        job:
+          parallelism:
+        sources:
+          - id: src
+            type: datagen
+            fields: {x: offset}
+        sinks:
+          - id: out
+            type: console
+            input: src
+        """,
+        ["p.yaml:3:15: 'parallelism' must be a whole number, got nothing (null)"],
+        id="parallelism-null",
+    ),
+    pytest.param(
+        """\
+        name: p
+        job:
+          parallelism: 8
+          max_parallelism: 0
+        sources:
+          - id: src
+            type: datagen
+            fields: {x: offset}
+        sinks:
+          - id: out
+            type: console
+            input: src
+        """,
+        # (the comparison with an invalid max_parallelism is not made: one problem, not two)
+        ["p.yaml:4:20: 'max_parallelism' must be at least 1, got 0"],
+        id="parallelism-with-an-invalid-max-parallelism",
+    ),
+    pytest.param(
+        """\
+        name: p
+        job:
+          state: {backend: rocksbd, local_dir: ' '}
+        sources:
+          - id: src
+            type: datagen
+            fields: {x: offset}
+        sinks:
+          - id: out
+            type: console
+            input: src
+        """,
+        ["p.yaml:3:20: 'backend' must be one of rocksdb, memory; got 'rocksbd' (did you mean "
+         "'rocksdb'?)",
+         "p.yaml:3:40: 'local_dir' must not be empty"],
+        id="state-backend-typo-and-blank-local-dir",
+    ),
+    pytest.param(
+        """\
+        name: p
+        job:
+          metrics:
+            prometheus: {host: 0.0.0.0}
+        sources:
+          - id: src
+            type: datagen
+            fields: {x: offset}
+        sinks:
+          - id: out
+            type: console
+            input: src
+        """,
+        ["p.yaml:4:17: 'prometheus' is missing required key 'port'"],
+        id="prometheus-without-port",
+    ),
+    pytest.param(
+        """\
+        name: p
+        job:
+          metrics:
+            prometheus: {port: 70000, hots: x}
+        sources:
+          - id: src
+            type: datagen
+            fields: {x: offset}
+        sinks:
+          - id: out
+            type: console
+            input: src
+        """,
+        ["p.yaml:4:24: 'port' must be at most 65535, got 70000",
+         "p.yaml:4:31: unknown key 'hots' in 'prometheus'; did you mean 'host'?"],
+        id="prometheus-port-too-high-and-unknown-key",
+    ),
+    pytest.param(
+        """\
+        name: p
+        job:
+          metrics:
+            prometheus:
+        sources:
+          - id: src
+            type: datagen
+            fields: {x: offset}
+        sinks:
+          - id: out
+            type: console
+            input: src
+        """,
+        ["p.yaml:4:16: 'prometheus' must be a mapping, got nothing (null)"],
+        id="prometheus-null",
+    ),
     # ---------------------------------------------------------------- environment, tests
     pytest.param(
         """\

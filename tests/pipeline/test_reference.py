@@ -102,7 +102,9 @@ def test_a_new_key_appears_without_touching_the_generator(schema: dict[str, Any]
 
 def test_types_defaults_and_allowed_values(schema: dict[str, Any]) -> None:
     rows = entries(render(schema))
-    assert rows["job.checkpoint.interval"][0].startswith("duration · default 10s ·")
+    assert rows["job.checkpoint.interval"][0].startswith("duration · default `10s` ·")
+    assert rows["job.parallelism"][0] == ("integer · default Spark's default parallelism · "
+                                          "allowed: ≥ 1")
     assert "allowed: `exactly_once`, `at_least_once`" in rows["job.checkpoint.mode"][0]
     assert rows["job.max_parallelism"][0].endswith("allowed: ≥ 1; ≤ 32768")
     assert rows["sources[type=files].path"][0].startswith("string · **required**")

@@ -110,6 +110,7 @@ SCHEMA_KEYWORDS = {
     "$schema", "$id", "title", "description", "type", "properties", "required",
     "additionalProperties", "items", "minItems", "minProperties", "propertyNames", "pattern",
     "minLength", "minimum", "maximum", "exclusiveMinimum", "enum", "const", "oneOf", "anyOf",
+    "default",  # (the meta-data vocabulary; the pydantic models give their keys' defaults)
 }
 JSON_TYPES = {"object", "array", "string", "integer", "number", "boolean", "null"}
 
@@ -160,6 +161,9 @@ def test_schema_uses_only_draft_2020_12_keywords(schema: dict[str, Any]) -> None
             assert set(sub["required"]) <= set(sub["properties"]), where
         if "description" in sub:
             assert isinstance(sub["description"], str) and sub["description"], where
+        if "default" in sub:  # a default is a value the key itself accepts, as written
+            jsonschema = pytest.importorskip("jsonschema")
+            assert jsonschema.Draft202012Validator(sub).is_valid(sub["default"]), where
 
 
 def test_every_object_with_properties_forbids_unknown_keys(schema: dict[str, Any]) -> None:

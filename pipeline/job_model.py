@@ -1,0 +1,214 @@
+"""The `job:` block of the pipeline file as pydantic v2 models (issue 38, item 3).
+
+One description of each key: its type, bounds, default (written once, as a pipeline file
+writes it: `epoch: 1s`) and description. From it come validation (`extra="forbid"`, strict
+types: YAML's `"2"` is not 2, nor `off` false), the JSON Schema of `streamer schema` and the
+docs reference, and the defaults of `spec.JobSpec`. Durations are validated into
+milliseconds. Messages are not pydantic's: `pipeline/pydantic_bridge.py` turns each error into
+the same `file:line:col: ... ; fix` line the rest of the file gets (docs/decisions/pydantic.md).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic.json_schema import SkipJsonSchema
+from pydantic_core import PydanticCustomError
+
+from streamer.pipeline.model import type_name
+from streamer.pipeline.units import DURATION_HINT, DURATION_PATTERN, parse_duration_ms
+
+#: The types of the errors this module raises; `pydantic_bridge` reports a `RULE` error at the
+#: key its context names (`at`), a `NULL` one with what the key takes, the others at their
+#: key with the message as it is.
+_DURATION, _BLANK, NULL, RULE = "duration", "blank", "null", "rule"
+
+
+class Fix:
+    """The fix that ends every message about a key (`Annotated[int, Fix("...")]`)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _duration(allow_zero: bool) -> Any:
+    def check(value: Any) -> int:
+        ms = parse_duration_ms(value)
+        if ms is None and parse_duration_ms(value, whole=False) is not None:
+            raise PydanticCustomError(_DURATION, "must be a whole number of milliseconds, "
+                                      "got {got}", {"got": type_name(value)})
+        if ms is None:
+            raise PydanticCustomError(_DURATION, "must be {hint}, got {got}",
+                                      {"hint": DURATION_HINT, "got": type_name(value)})
+        if ms == 0 and not allow_zero:
+            raise PydanticCustomError(_DURATION, "must be longer than 0")
+        return ms
+    return BeforeValidator(check)
+
+
+_DURATION_SCHEMA = WithJsonSchema({"type": "string", "pattern": DURATION_PATTERN})
+#: A duration longer than 0 (`10s`), validated into milliseconds.
+Duration = Annotated[int, _duration(False), _DURATION_SCHEMA]
+#: A duration that may be 0 (`0s`).
+DurationOrZero = Annotated[int, _duration(True), _DURATION_SCHEMA]
+
+
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise PydanticCustomError(_BLANK, "must not be empty")
+    return value
+
+
+NonEmptyStr = Annotated[str, Field(min_length=1), BeforeValidator(
+    lambda v: _not_blank(v) if isinstance(v, str) else v)]
+
+
+class YamlModel(BaseModel):
+    """A mapping of the pipeline file: unknown keys are errors, values are not coerced, and
+    a key written with no value (`parallelism:`) is an error, not its default."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _not_null(cls, value: Any, info: ValidationInfo) -> Any:
+        """`key:` with no value, for a key whose default is "not set" (None), is refused as
+        the hand-built model does (the other keys refuse None by their type); the message
+        says what the key takes (`pydantic_bridge`)."""
+        if value is None and cls.model_fields[str(info.field_name)].default is None:
+            raise PydanticCustomError(NULL, "got nothing (null)")
+        return value
+
+
+class CheckpointModel(YamlModel):
+    """Checkpointing."""
+
+    interval: Duration = Field(default="10s", validate_default=True,
+                               description="Minimum time between checkpoints.")
+    mode: Literal["exactly_once", "at_least_once"] = Field(
+        default="exactly_once", description="`exactly_once`: sinks commit when a "
+        "checkpoint completes; `at_least_once`: every epoch.")
+    retain: Annotated[int, Field(ge=1)] = Field(default=3,
+                                                description="Completed checkpoints kept.")
+    timeout: Duration = Field(default="10m", validate_default=True,
+                              description="A checkpoint taking longer fails.")
+
+
+class StateModel(YamlModel):
+    """Keyed state."""
+
+    backend: Literal["rocksdb", "memory"] = Field(
+        default="rocksdb", description="Where keyed state lives.")
+    local_dir: NonEmptyStr | SkipJsonSchema[None] = Field(
+        default=None, description="Where subtasks keep working state (default: a directory "
+        "under the system temp dir).")
+
+
+class RestartModel(YamlModel):
+    """Restart strategy."""
+
+    attempts: Annotated[int, Field(ge=0)] = Field(
+        default=0, description="Automatic restarts from the last checkpoint.")
+    delay: DurationOrZero = Field(default="5s", validate_default=True,
+                                  description="Wait between restarts.")
+
+
+class ExecutionModel(YamlModel):
+    """Engine settings: how epochs run, not what they compute (results are the same either
+    way). The environment variables named here override them for one run."""
+
+    small_epoch_rows: Annotated[int, Field(ge=0), Fix(
+        "set a number of rows, or 0 to turn the small-epoch mode off")] = Field(
+        default=20_000, description="Epochs with at most this many input rows run in the "
+        "small-epoch mode: interpreted Spark expressions (no code generation), no adaptive "
+        "execution, one shuffle partition, and keyed records routed to their subtask before "
+        "they are aggregated; 0 turns the mode off. $STREAMER_SMALL_EPOCH_ROWS overrides it.")
+    local_rows: Annotated[int, Field(ge=0), Fix(
+        "set a number of rows, or 0 to never read a slice on the driver")] = Field(
+        default=1_000, description="A source slice of at most this many rows (over all its "
+        "splits) is read on the driver as a local relation, and its epoch runs without Spark "
+        "jobs where it can (a local epoch); 0 = never. $STREAMER_LOCAL_ROWS overrides it.")
+    direct_read: bool = Field(
+        default=True, description="Keyed subtasks (rolling aggregates, tumbling and sliding "
+        "windows) read a local parquet files source themselves, and take a local epoch's "
+        "rows collected on the driver; false leaves both to Spark. $STREAMER_DIRECT_READ "
+        "overrides it.")
+    driver_subtasks: bool = Field(
+        default=True, description="In local mode (local[*]) a local epoch runs the keyed "
+        "subtasks in the driver process, one after the other, instead of as a Spark job; "
+        "false always runs a Spark job. No effect on a cluster. $STREAMER_DRIVER_SUBTASKS "
+        "overrides it.")
+    task_sink: bool = Field(
+        default=True, description="A keyed operator's tasks write the staging files of a "
+        "local parquet or jsonl files sink that reads only that operator (with pyarrow, in "
+        "the bytes Spark's writer gives; jsonl rows they cannot be sure of go to Spark's "
+        "writer); false has Spark write them. $STREAMER_TASK_SINK overrides it.")
+    staged_input: bool = Field(
+        default=True, description="In local mode, a rolling aggregate, a tumbling, sliding "
+        "or session window or a dedupe whose input Spark computes (a JSON, CSV or Kafka "
+        "source, or a filter or derived column before it) has Spark write that input once "
+        "per epoch as local parquet files, which its subtasks read themselves, in place of "
+        "Spark's partial aggregation and shuffles. Small epochs keep the Spark path. No "
+        "effect on a cluster. $STREAMER_STAGED_INPUT overrides it.")
+    arrow_input: bool = Field(
+        default=True, description="Where such staged input comes from local JSON-lines, CSV "
+        "or parquet files or Kafka JSON values, Python tasks read and decode them with Arrow "
+        "and run the event time and the filters and derived columns before the keyed "
+        "operator, for the files, ranges and expressions where Arrow's result is certainly "
+        "Spark's (any other is read by Spark as before, in the same epoch). "
+        "$STREAMER_ARROW_INPUT overrides it.")
+
+
+class PrometheusModel(YamlModel):
+    """Export the job's metrics for Prometheus while it runs (docs/metrics.md)."""
+
+    port: Annotated[int, Field(ge=1, le=65535)] = Field(
+        description="The TCP port of the HTTP endpoint Prometheus scrapes (`/metrics`); "
+        "`streamer run --metrics-port` overrides it.")
+    host: NonEmptyStr = Field(default="127.0.0.1", description="The address it binds (this "
+                              "machine only); 0.0.0.0 opts in to every interface.")
+
+
+class MetricsModel(YamlModel):
+    """Where the job's metrics are exported."""
+
+    prometheus: PrometheusModel | SkipJsonSchema[None] = Field(default=None)
+
+
+class JobModel(YamlModel):
+    """How the job runs."""
+
+    parallelism: Annotated[int, Field(ge=1)] | SkipJsonSchema[None] = Field(
+        default=None, description="Keyed subtasks (default: Spark's default parallelism).")
+    max_parallelism: Annotated[int, Field(ge=1, le=32768)] = Field(
+        default=128, description="Key groups; fixed for the life of the state.")
+    epoch: Duration = Field(default="1s", validate_default=True,
+                            description="Epoch length for unbounded sources.")
+    checkpoint: CheckpointModel = Field(default_factory=CheckpointModel)
+    state: StateModel = Field(default_factory=StateModel)
+    restart: RestartModel = Field(default_factory=RestartModel)
+    shutdown_timeout: Duration = Field(
+        default="30s", validate_default=True,
+        description="After SIGTERM, how long the job may take to stop at its next epoch "
+        "boundary with a final checkpoint before it is cancelled.")
+    execution: ExecutionModel = Field(default_factory=ExecutionModel)
+    metrics: MetricsModel = Field(default_factory=MetricsModel)
+
+    @model_validator(mode="after")
+    def _parallelism_fits(self) -> JobModel:
+        if self.parallelism is not None and self.parallelism > self.max_parallelism:
+            raise PydanticCustomError(
+                RULE, "parallelism ({p}) cannot exceed max_parallelism ({mp}); raise "
+                "max_parallelism or lower parallelism",
+                {"at": "parallelism", "p": self.parallelism, "mp": self.max_parallelism})
+        return self
