@@ -199,9 +199,9 @@ def submit_job(spec: PipelineSpec, pipeline: Path, run_args: Sequence[str], opti
 
 def submit_conf(spec: PipelineSpec) -> dict[str, str]:
     """The pipeline's `spark:` block plus what its connectors need at the session's start (the
-    Kafka connector's and S3A's jars on `spark.jars`, the `fs.s3a.*` settings): under
+    Kafka connector and S3A on `spark.jars.packages`, the `fs.s3a.*` settings): under
     spark-submit the session exists before the driver's code runs, so they go on the command
-    line."""
+    line, where spark-submit resolves the packages and ships their jars to the executors."""
     from streamer.connectors.registry import session_conf
 
     conf = {str(k): str(v) for k, v in (spec.spark or {}).items()}
