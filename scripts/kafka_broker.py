@@ -4,7 +4,7 @@ the broker's jars are resolved from Maven Central with Maven's dependency plugin
 broker is a development tool; `streamer run` itself never needs Maven) into a cache directory,
 the storage is formatted with `kafka.tools.StorageTool`, and `kafka.Kafka` runs in a child JVM.
 
-    .venv/bin/python scripts/kafka_broker.py fetch            # resolve the jars (CI does this)
+    .venv/bin/python scripts/kafka_broker.py fetch [broker|spark]   # the jars (CI does this)
     .venv/bin/python scripts/kafka_broker.py run [--port 9092] [--dir DIR] [--topic NAME:N]
     .venv/bin/python scripts/kafka_broker.py consume TOPIC [--bootstrap 127.0.0.1:9092]
 
@@ -337,7 +337,9 @@ def main() -> None:
     """The command line: fetch, run or consume."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("fetch", help="resolve the broker's and Spark's Kafka jars into the cache")
+    fetch = sub.add_parser("fetch", help="resolve the broker's jars (mvn) and Spark's Kafka "
+                           "connector (Spark's Ivy) into the cache")
+    fetch.add_argument("what", nargs="?", choices=("all", "broker", "spark"), default="all")
     run = sub.add_parser("run", help="run a broker until Ctrl-C")
     run.add_argument("--port", type=int, default=9092)
     run.add_argument("--dir", default=None, help="data directory (default: a temporary one)")
@@ -358,9 +360,11 @@ def main() -> None:
         print(f"{len(records)} records in {args.topic} (read_committed)", file=sys.stderr)
         return
     if args.command == "fetch":
-        print(f"kafka {KAFKA_VERSION}: {kafka_jars()}")
-        jars = resolve_now(spark_kafka_packages())
-        print(f"Spark's Kafka connector: {len(jars)} jars in {Path(jars[0]).parent}")
+        if args.what in ("all", "broker"):
+            print(f"kafka {KAFKA_VERSION}: {kafka_jars()}")
+        if args.what in ("all", "spark"):
+            jars = resolve_now(spark_kafka_packages())
+            print(f"Spark's Kafka connector: {', '.join(Path(j).name for j in jars)}")
         return
     def interrupt(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
