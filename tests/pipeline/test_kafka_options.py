@@ -130,6 +130,10 @@ def test_spark_submit_gets_the_connector_packages_on_its_command_line() -> None:
     packages = conf["spark.jars.packages"].split(",")
     assert packages[0] == "com.example:udfs:1.0"
     assert packages[1].startswith(f"{KAFKA_CONNECTOR}:")
+    # `--conf spark.jars.packages=...` is the user's too: the connector goes after it.
+    cli = submit_conf(spec, {"spark.jars.packages": "com.example:cli:2.0"})
+    assert cli["spark.jars.packages"].split(",")[0] == "com.example:cli:2.0"
+    assert cli["spark.jars.packages"].split(",")[1].startswith(f"{KAFKA_CONNECTOR}:")
     assert Path(conf["spark.jars.ivySettings"]).is_file()
     confluent = load_pipeline_text(SPARK_CLIENT.replace("CLIENT", "confluent"), env={})
     assert "spark.jars.packages" not in submit_conf(confluent)
