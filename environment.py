@@ -43,7 +43,8 @@ GENERAL: tuple[Variable, ...] = (
              "(`spark-driver-<pid>.log`).",
              "`<temp dir>/streamer-logs`"),
     Variable("STREAMER_CACHE",
-             "Where jars fetched from Maven Central (Spark's Kafka connector, S3A) are kept.",
+             "Where downloads are kept: Spark's Ivy cache (`ivy/`: the jars of Spark's Kafka "
+             "connector and S3A, from Maven Central) and the test servers' files.",
              "`~/.cache/streamer`"),
 )
 

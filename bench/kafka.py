@@ -7,7 +7,7 @@ windows -> Kafka job against the same query in Spark Structured Streaming, in on
 A broker (scripts/kafka_broker.py: Kafka 4, KRaft, one node, 512 MB heap) runs on 127.0.0.1 of
 this machine. The input topic holds `--rows` JSON records `{user, amount, ts}` (`--keys`
 distinct users, ts over one hour in order per partition), produced once. Spark is `local[2]`
-with 2 shuffle partitions, one session with Spark's Kafka connector on `spark.jars`.
+with 2 shuffle partitions, one session with Spark's Kafka connector on `spark.jars.packages`.
 
 1. Source read: the whole topic as one planned slice, decoded (JSON against the schema), and
    aggregated (count, sum(amount)) with one Spark action, per client (`confluent`: confluent-
@@ -216,14 +216,14 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     args = parser.parse_args()
     console = Console(width=150)
-    from streamer.connectors.maven import spark_kafka_jars
+    from streamer.connectors.maven import packages_conf, spark_kafka_packages
     from streamer.runtime.cluster.spark import create_session
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-kafka-"))
     broker = KafkaBroker(scratch / "broker").start()
     try:
         spark = create_session("bench-kafka", "local[2]", ui=False, conf={
-            "spark.sql.shuffle.partitions": "2", "spark.jars": ",".join(spark_kafka_jars())})
+            "spark.sql.shuffle.partitions": "2", **packages_conf({}, spark_kafka_packages())})
         topic = broker.create_topic("bench-in", args.partitions)
         took = fill(broker, topic, args.rows, args.keys, args.partitions)
         console.print(f"produced {args.rows:,} records in {took:.1f}s "

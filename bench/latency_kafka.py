@@ -162,7 +162,7 @@ def main() -> None:
     parser.add_argument("--kinds", default="stateless,rolling")
     args = parser.parse_args()
     console = Console(width=150)
-    from streamer.connectors.maven import spark_kafka_jars
+    from streamer.connectors.maven import packages_conf, spark_kafka_packages
     from streamer.runtime.cluster.spark import create_session
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-kafka-latency-"))
@@ -170,7 +170,7 @@ def main() -> None:
     producer = None
     try:
         spark = create_session("bench-kafka-latency", "local[2]", ui=False, conf={
-            "spark.sql.shuffle.partitions": "2", "spark.jars": ",".join(spark_kafka_jars())})
+            "spark.sql.shuffle.partitions": "2", **packages_conf({}, spark_kafka_packages())})
         topic = broker.create_topic("latency-in", 2)
         producer = Producer(broker, topic, args.rate)
         producer.start()

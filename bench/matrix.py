@@ -469,9 +469,9 @@ def main() -> None:
     try:
         conf = {"spark.sql.shuffle.partitions": str(PARTITIONS)}
         if any("kafka" in (c.source, c.sink) for c in cells):
-            from streamer.connectors.maven import spark_kafka_jars
+            from streamer.connectors.maven import packages_conf, spark_kafka_packages
 
-            conf["spark.jars"] = ",".join(spark_kafka_jars())
+            conf.update(packages_conf(conf, spark_kafka_packages()))
             broker = broker_module().KafkaBroker(scratch / "broker").start()
         from streamer.runtime.cluster.spark import create_session
 

@@ -29,8 +29,9 @@ NOT_YET: tuple[str, ...] = ()
 
 def session_conf(spec: PipelineSpec, conf: Mapping[str, Any]) -> dict[str, str]:
     """The Spark settings the pipeline's connectors add to `conf` at the session's start:
-    Spark's Kafka connector jars (a `client: spark` source) and S3A's jars and `fs.s3a.*`
-    settings (files on s3://), each connector's jars after those before it on `spark.jars`."""
+    Spark's Kafka connector (a `client: spark` source) and S3A with its `fs.s3a.*` settings
+    (files on s3://), each connector's packages after those before it on
+    `spark.jars.packages`."""
     from streamer.connectors.files import s3a
     from streamer.connectors.kafka import kafka_source as kafka
 

@@ -11,6 +11,12 @@ class JavaNotFoundError(StreamerError):
     exit_code = 3
 
 
+class SparkStartError(StreamerError):
+    """Raised when Spark's driver cannot start because the jars a connector needs
+    (`spark.jars.packages`) cannot be resolved from Maven Central; make the repository
+    reachable (once: later runs read Spark's Ivy cache) and run again."""
+
+
 class JobFailedError(StreamerError):
     """Raised when a running job fails; the message names the epoch and the cause."""
 

@@ -1,15 +1,15 @@
 """A real single-node Apache Kafka 4 broker (KRaft, combined broker + controller) on 127.0.0.1,
 for the Kafka tests, the benchmark and the docs example (docs/operations/kafka.md). No docker:
-the broker's jars are resolved from Maven Central with Maven's dependency plugin into a cache
-directory, the storage is formatted with `kafka.tools.StorageTool`, and `kafka.Kafka` runs in
-a child JVM.
+the broker's jars are resolved from Maven Central with Maven's dependency plugin (`mvn`: the
+broker is a development tool; `streamer run` itself never needs Maven) into a cache directory,
+the storage is formatted with `kafka.tools.StorageTool`, and `kafka.Kafka` runs in a child JVM.
 
-    .venv/bin/python scripts/kafka_broker.py fetch            # resolve the jars (CI does this)
+    .venv/bin/python scripts/kafka_broker.py fetch [broker|spark]   # the jars (CI does this)
     .venv/bin/python scripts/kafka_broker.py run [--port 9092] [--dir DIR] [--topic NAME:N]
     .venv/bin/python scripts/kafka_broker.py consume TOPIC [--bootstrap 127.0.0.1:9092]
 
-`spark_kafka_jars()` resolves Spark's own Kafka connector (`spark-sql-kafka-0-10`, the version
-of the installed pyspark) the same way, for `client: spark` and the benchmark.
+`fetch` also has Spark resolve its own Kafka connector (`spark-sql-kafka-0-10`, for
+`client: spark`) into its Ivy cache, as a session's start would (`connectors/maven.py`).
 """
 
 from __future__ import annotations
@@ -28,9 +28,52 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from streamer.connectors.maven import resolve, spark_kafka_jars
+from streamer.connectors.exceptions import ConnectorError
+from streamer.connectors.maven import cache_dir, resolve_now, spark_kafka_packages
 
 KAFKA_VERSION = "4.1.1"
+
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>streamer</groupId><artifactId>{name}-deps</artifactId><version>1</version>
+  <dependencies>{deps}
+  </dependencies>
+</project>
+"""
+#: Every repository a pom names is fetched from Maven Central.
+_SETTINGS = """<settings><mirrors><mirror><id>central-only</id><mirrorOf>*</mirrorOf>
+  <url>https://repo1.maven.org/maven2</url></mirror></mirrors></settings>
+"""
+_DEP = """
+    <dependency><groupId>{g}</groupId><artifactId>{a}</artifactId><version>{v}</version>
+      </dependency>"""
+
+
+def resolve(name: str, coordinates: list[str]) -> Path:
+    """The directory holding `coordinates` (group:artifact:version) and their runtime
+    dependencies, resolved once with `mvn dependency:copy-dependencies` from Maven Central."""
+    target = cache_dir() / name
+    jars = target / "jars"
+    done = target / ".complete"
+    if done.exists():
+        return jars
+    if shutil.which("mvn") is None:
+        msg = f"Maven (mvn) is needed to fetch {name} from Maven Central; install it"
+        raise ConnectorError(msg)
+    target.mkdir(parents=True, exist_ok=True)
+    deps = "".join(_DEP.format(g=g, a=a, v=v) for g, a, v in (c.split(":") for c in coordinates))
+    (target / "pom.xml").write_text(_POM.format(name=name, deps=deps))
+    (target / "settings.xml").write_text(_SETTINGS)
+    cmd = ["mvn", "-q", "-B", "-U", "-s", str(target / "settings.xml"),
+           "-f", str(target / "pom.xml"), "dependency:copy-dependencies",
+           f"-DoutputDirectory={jars}", "-DincludeScope=runtime"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        msg = f"mvn could not resolve {coordinates}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+        raise ConnectorError(msg)
+    done.write_text("\n".join(sorted(p.name for p in jars.glob("*.jar"))))
+    return jars
+
 
 def kafka_jars() -> Path:
     """The broker's jars (kafka core with its server, tools and a log4j2 binding)."""
@@ -294,7 +337,9 @@ def main() -> None:
     """The command line: fetch, run or consume."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("fetch", help="resolve the broker's and Spark's Kafka jars into the cache")
+    fetch = sub.add_parser("fetch", help="resolve the broker's jars (mvn) and Spark's Kafka "
+                           "connector (Spark's Ivy) into the cache")
+    fetch.add_argument("what", nargs="?", choices=("all", "broker", "spark"), default="all")
     run = sub.add_parser("run", help="run a broker until Ctrl-C")
     run.add_argument("--port", type=int, default=9092)
     run.add_argument("--dir", default=None, help="data directory (default: a temporary one)")
@@ -315,8 +360,11 @@ def main() -> None:
         print(f"{len(records)} records in {args.topic} (read_committed)", file=sys.stderr)
         return
     if args.command == "fetch":
-        print(f"kafka {KAFKA_VERSION}: {kafka_jars()}")
-        print(f"spark-sql-kafka: {len(spark_kafka_jars())} jars")
+        if args.what in ("all", "broker"):
+            print(f"kafka {KAFKA_VERSION}: {kafka_jars()}")
+        if args.what in ("all", "spark"):
+            jars = resolve_now(spark_kafka_packages())
+            print(f"Spark's Kafka connector: {', '.join(Path(j).name for j in jars)}")
         return
     def interrupt(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt

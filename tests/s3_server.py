@@ -156,8 +156,8 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("build", help="build MinIO into the cache if it is not there")
-    sub.add_parser("fetch-s3a", help="fetch Spark's S3A jars (hadoop-aws, AWS SDK bundle) "
-                   "from Maven Central into the cache if they are not there")
+    sub.add_parser("fetch-s3a", help="have Spark resolve its S3A jars (hadoop-aws, AWS SDK "
+                   "bundle) from Maven Central into its Ivy cache if they are not there")
     run = sub.add_parser("run", help="run a MinIO server until Ctrl-C")
     run.add_argument("--port", type=int, default=9000)
     run.add_argument("--dir", default=None, help="data directory (default: a temporary one)")
@@ -167,9 +167,10 @@ def main() -> None:
         print(minio_binary())
         return
     if args.command == "fetch-s3a":
-        from streamer.connectors.files.s3a import s3a_jars
+        from streamer.connectors.files.s3a import s3a_packages
+        from streamer.connectors.maven import resolve_now
 
-        print("\n".join(s3a_jars()))
+        print("\n".join(resolve_now(s3a_packages())))
         return
     directory = Path(args.dir or tempfile.mkdtemp(prefix="streamer-minio-"))
     server = S3Server(directory, args.port).start()

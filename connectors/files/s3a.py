@@ -2,10 +2,11 @@
 
 A `files` source or sink whose path is `s3://bucket/key` has Spark read and write
 `s3a://bucket/key` directly (no local copy): `session_conf` puts `hadoop-aws` (the version of
-the Hadoop that pyspark bundles) and the AWS SDK v2 bundle its POM names on `spark.jars`
-(resolved from Maven Central once by `connectors/maven.py`, then from the cache), and sets the
-`spark.hadoop.fs.s3a.*` settings from the pipeline's `storage_options:` or the `AWS_*`
-variables, the same ones s3fs uses for streamer's own requests.
+the Hadoop that pyspark bundles) on `spark.jars.packages`, which Spark resolves from Maven
+Central with the AWS SDK v2 bundle its POM names (once, then from the cache:
+`connectors/maven.py`), and sets the `spark.hadoop.fs.s3a.*` settings from the pipeline's
+`storage_options:` or the `AWS_*` variables, the same ones s3fs uses for streamer's own
+requests.
 """
 
 from __future__ import annotations
@@ -18,13 +19,17 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from streamer.connectors.exceptions import ConnectorError
+from streamer.connectors.maven import HADOOP_CLIENT, Packages, packages_conf
 
 if TYPE_CHECKING:
     from streamer.pipeline.spec import PipelineSpec
 
-#: The jars the resolution keeps: S3A, the AWS SDK v2 bundle and their optional helpers
-#: (Hadoop's own classes are in pyspark's hadoop-client-api/-runtime jars).
-WANTED = ("hadoop-aws", "bundle", "analyticsaccelerator-s3", "wildfly-openssl")
+#: What hadoop-aws must not bring: Hadoop's own classes are in pyspark's
+#: hadoop-client-api/-runtime jars (hadoop-aws's POM marks hadoop-common `provided` today; the
+#: exclusions keep it so). What comes: hadoop-aws, the AWS SDK v2 bundle, the analytics
+#: accelerator and wildfly-openssl.
+EXCLUDES = (*HADOOP_CLIENT, "org.apache.hadoop:hadoop-common",
+            "org.apache.hadoop:hadoop-annotations")
 S3_PROTOCOLS = ("s3", "s3a")
 
 
@@ -50,14 +55,10 @@ def hadoop_version() -> str:
     return found[-1].name.removeprefix("hadoop-client-api-").removesuffix(".jar")
 
 
-def s3a_jars() -> list[str]:
-    """Jar paths of `hadoop-aws` matching pyspark's Hadoop and of the AWS SDK bundle that
-    hadoop-aws's POM names (for `spark.jars`); resolved from Maven Central once."""
-    from streamer.connectors.maven import resolve
-
-    version = hadoop_version()
-    jars = resolve(f"hadoop-aws-{version}", [f"org.apache.hadoop:hadoop-aws:{version}"])
-    return sorted(str(p) for p in jars.glob("*.jar") if p.name.startswith(WANTED))
+def s3a_packages() -> Packages:
+    """`hadoop-aws` matching pyspark's Hadoop (with the AWS SDK bundle its POM names), for
+    `spark.jars.packages`."""
+    return Packages((f"org.apache.hadoop:hadoop-aws:{hadoop_version()}",), EXCLUDES)
 
 
 def _setting(options: Mapping[str, Any], key: str, env: str) -> str | None:
@@ -112,12 +113,10 @@ def uses_s3(spec: PipelineSpec) -> bool:
 
 def session_conf(spec: PipelineSpec, conf: Mapping[str, Any]) -> dict[str, str]:
     """Spark settings a pipeline's `files` sources and sinks on S3 add to `conf`: the S3A
-    jars on `spark.jars` (after those already there) and the `fs.s3a.*` settings (the
-    pipeline's `spark:` block wins over them)."""
+    connector on `spark.jars.packages` (after those already there) and the `fs.s3a.*`
+    settings (the pipeline's `spark:` block wins over them)."""
     if not uses_s3(spec):
         return {}
-    from streamer.connectors.maven import after_jars
-
     out = {k: v for k, v in hadoop_conf(spec.storage_options).items() if k not in conf}
-    out["spark.jars"] = after_jars(conf, s3a_jars())
+    out.update(packages_conf(conf, s3a_packages()))
     return out

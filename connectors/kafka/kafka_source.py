@@ -15,8 +15,9 @@ Two clients read the ranges (`client:`):
   A slice of at most `ctx.local_rows` records (1,000 by default) is read on the
   driver instead, by one consumer kept for the run, into a local relation (`runtime.local`):
   no Spark job, no task start-up, no consumer per range.
-- `spark`: Spark's own Kafka connector (`spark-sql-kafka-0-10`, resolved from Maven Central
-  into `~/.cache/streamer` and put on the session's `spark.jars`), as a batch read with
+- `spark`: Spark's own Kafka connector (`spark-sql-kafka-0-10`, put on the session's
+  `spark.jars.packages`: Spark resolves it from Maven Central into `~/.cache/streamer/ivy`
+  once, `connectors/maven.py`), as a batch read with
   `startingOffsets` / `endingOffsets`.
 
 `format: json` decodes the value with the pipeline's `schema:` (undecodable values go to
@@ -95,14 +96,14 @@ def client_config(spec_options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def session_conf(spec: PipelineSpec, conf: Mapping[str, Any]) -> dict[str, str]:
-    """Spark settings a pipeline's Kafka sources add to `conf`: Spark's Kafka connector jars
-    on `spark.jars` (after the user's own) when a source has `client: spark` (resolved from
-    Maven Central once, then from the cache)."""
+    """Spark settings a pipeline's Kafka sources add to `conf`: Spark's Kafka connector on
+    `spark.jars.packages` (after the user's own) when a source has `client: spark`, which
+    Spark resolves from Maven Central at the session's start (once, then from the cache)."""
     if not any(s.type == "kafka" and s.option("client") == "spark" for s in spec.sources):
         return {}
-    from streamer.connectors.maven import after_jars, spark_kafka_jars
+    from streamer.connectors.maven import packages_conf, spark_kafka_packages
 
-    return {"spark.jars": after_jars(conf, spark_kafka_jars())}
+    return packages_conf(conf, spark_kafka_packages())
 
 
 class KafkaSource(Source):

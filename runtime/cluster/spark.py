@@ -18,9 +18,11 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from streamer.runtime.exceptions import JavaNotFoundError
+from streamer.runtime.exceptions import JavaNotFoundError, SparkStartError
 
 if TYPE_CHECKING:
+    from py4j.java_gateway import JavaGateway
+    from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
 MIN_JAVA = 17
@@ -147,7 +149,6 @@ def create_session(app_name: str = "streamer", master: str | None = None,
     check_java()
     quiet_python_loggers()
     from pyspark import SparkConf, SparkContext
-    from pyspark.java_gateway import launch_gateway
     from pyspark.sql import SparkSession
 
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ
@@ -168,23 +169,52 @@ def create_session(app_name: str = "streamer", master: str | None = None,
     for key, value in settings.items():
         spark_conf.set(key, value)
     if SparkContext._active_spark_context is None:
-        gateway = None
-        if not submitted:
-            # The JVM's own stderr (start-up banners, warnings) goes to a log file, not the
-            # user's terminal; errors that matter reach the user through streamer's messages.
-            # The JVM gets a process group of its own: a SIGTERM to streamer's group (what a
-            # service manager or `kill -TERM -<pgid>` sends) must reach only streamer, whose
-            # graceful stop needs the JVM alive; PySpark already keeps Ctrl-C from it. It
-            # still ends with streamer: it exits when its stdin (a pipe from here) closes.
-            log = spark_log_path()
-            log.parent.mkdir(parents=True, exist_ok=True)
-            with open(log, "ab") as sink, _jvm_environment(ui_bind_address(settings)):
-                gateway = launch_gateway(spark_conf, popen_kwargs={"stderr": sink,
-                                                                   "process_group": 0})
+        gateway = None if submitted else start_jvm(spark_conf, settings)
         SparkContext(conf=spark_conf, gateway=gateway)
     spark = SparkSession.builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def start_jvm(spark_conf: SparkConf, settings: Mapping[str, str]) -> JavaGateway:
+    """Launch the driver's JVM (PySpark's gateway), which resolves `spark.jars.packages` first.
+
+    The JVM's own output (start-up banners, warnings, Ivy's resolution report) goes to a log
+    file, not the user's terminal; errors that matter reach the user through streamer's
+    messages. The JVM gets a process group of its own: a SIGTERM to streamer's group (what a
+    service manager or `kill -TERM -<pgid>` sends) must reach only streamer, whose graceful
+    stop needs the JVM alive; PySpark already keeps Ctrl-C from it. It still ends with
+    streamer: it exits when its stdin (a pipe from here) closes.
+    """
+    from pyspark.errors import PySparkRuntimeError
+    from pyspark.java_gateway import launch_gateway
+
+    log = spark_log_path()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    start = log.stat().st_size if log.exists() else 0
+    with open(log, "ab") as sink, _jvm_environment(ui_bind_address(settings)):
+        try:
+            return launch_gateway(spark_conf, popen_kwargs={"stdout": sink, "stderr": sink,
+                                                            "process_group": 0})
+        except PySparkRuntimeError as exc:
+            packages = settings.get("spark.jars.packages")
+            if not packages:
+                raise
+            with open(log, "rb") as out:
+                out.seek(start)
+                report = out.read().decode(errors="replace")
+            raise SparkStartError(unresolved_message(packages, report, log)) from exc
+
+
+def unresolved_message(packages: str, report: str, log: Path) -> str:
+    """What to tell the user when Spark's Ivy could not resolve `packages` (its `report`)."""
+    reasons = re.findall(r"unresolved dependency: ([^\]]+)\]", report)
+    reasons += [line.strip(" :\t") for line in report.splitlines() if "download failed" in line]
+    reason = "; ".join(dict.fromkeys(" ".join(r.split()) for r in reasons)) or "see the log"
+    return (f"Spark could not resolve spark.jars.packages ({packages}): {reason}. Check the "
+            "coordinates and that Maven Central (https://repo1.maven.org) is reachable: the "
+            "first run downloads the jars, later runs read them from Spark's Ivy cache. "
+            f"Spark's report is in {log}")
 
 
 #: Settings whose value is a comma-separated list to which streamer's defaults add entries

@@ -25,7 +25,7 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -194,16 +194,20 @@ def submit_job(spec: PipelineSpec, pipeline: Path, run_args: Sequence[str], opti
     `run_args`; the driver's exit code."""
     name = spec.name
     args = [*(["--debug"] if debug else []), "run", str(pipeline.resolve()), *run_args]
-    return submit(pipeline, args, options, submit_conf(spec), app_name=f"streamer:{name}")
+    # The connectors' packages go after the user's, theirs from `--conf` included.
+    conf = submit_conf(spec, options.conf)
+    return submit(pipeline, args, replace(options, conf={}), conf, app_name=f"streamer:{name}")
 
 
-def submit_conf(spec: PipelineSpec) -> dict[str, str]:
-    """The pipeline's `spark:` block plus what its connectors need at the session's start (the
-    Kafka connector's and S3A's jars on `spark.jars`, the `fs.s3a.*` settings): under
-    spark-submit the session exists before the driver's code runs, so they go on the command
-    line."""
+def submit_conf(spec: PipelineSpec, cli: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The pipeline's `spark:` block, `cli` (`--conf`) over it, and what its connectors need at
+    the session's start (the Kafka connector and S3A on `spark.jars.packages` after the user's
+    own, the `fs.s3a.*` settings): under spark-submit the session exists before the driver's
+    code runs, so they go on the command line, where spark-submit resolves the packages and
+    ships their jars to the executors."""
     from streamer.connectors.registry import session_conf
 
     conf = {str(k): str(v) for k, v in (spec.spark or {}).items()}
+    conf.update(cli or {})
     conf.update(session_conf(spec, conf))
     return conf

@@ -208,3 +208,33 @@ def test_driver_crashes_on_the_cluster_keep_exactly_once(
     assert got.committed() == want, "\n".join(log) + "\n" + diff(got.committed(), want)
     assert got.leftovers() == []
     print("\n".join(log))
+
+
+@pytest.mark.kafka
+def test_a_spark_kafka_source_on_the_cluster_reads_with_the_shipped_connector(
+        standalone: StandaloneCluster, kafka: Any, tmp_path: Path) -> None:
+    """`client: spark` under spark-submit: spark-submit resolves the connector from
+    `spark.jars.packages` (the Ivy cache) and the executors, which run the Kafka reads, get
+    its jars from the driver."""
+    import json
+    import uuid
+
+    source = kafka.create_topic(f"t-{uuid.uuid4().hex[:10]}", 2)
+    records = [{"user": f"u{i % 5}", "n": i} for i in range(3000)]
+    kafka.produce(source, [(None, r, i % 2) for i, r in enumerate(records)])
+    pipeline = tmp_path / "kafka.yaml"
+    pipeline.write_text(f"""\
+name: cluster-kafka
+storage: {tmp_path / "storage"}
+sources:
+  - {{id: clicks, type: kafka, client: spark, bootstrap_servers: "{kafka.bootstrap}",
+     topic: {source}, bounded: true, max_records_per_epoch: 1500,
+     schema: {{user: string, n: bigint}}}}
+sinks:
+  - {{id: out, type: files, input: clicks, path: {tmp_path / "out"}, format: jsonl}}
+""" + quick_jvm())
+    run = run_streamer(pipeline, *submit_args(standalone))
+    assert run.returncode == 0 and run.finished and run.finished["status"] == "finished", \
+        run.describe()
+    rows = [json.loads(r) for r in FilesOutput(tmp_path / "out").committed().elements()]
+    assert sorted(rows, key=lambda r: r["n"]) == records

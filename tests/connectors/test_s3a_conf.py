@@ -6,10 +6,12 @@ are tests/runtime/test_s3a.py's."""
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
+from streamer.connectors import maven
 from streamer.connectors.base import ConnectorContext
 from streamer.connectors.files import s3a
 from streamer.connectors.files.files_source import FilesSource
@@ -53,13 +55,21 @@ def test_storage_options_become_s3a_settings(monkeypatch: pytest.MonkeyPatch) ->
     assert S3A + "access.key" not in anon
 
 
-def test_session_conf_only_for_s3_paths(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(s3a, "s3a_jars", lambda: ["/cache/hadoop-aws.jar", "/cache/bundle.jar"])
+def test_session_conf_only_for_s3_paths(monkeypatch: pytest.MonkeyPatch,
+                                        tmp_path: Path) -> None:
+    monkeypatch.setenv("STREAMER_CACHE", str(tmp_path / "cache"))
     spec = load_pipeline_text(textwrap.dedent(PIPELINE.format(
         endpoint="http://127.0.0.1:9000", path="s3://bucket/in/*.jsonl")))
     conf = s3a.session_conf(spec, {"spark.jars": "/mine.jar",
+                                   "spark.jars.packages": "com.example:udfs:1.0",
                                    S3A + "endpoint": "http://user-choice:1"})
-    assert conf["spark.jars"] == "/mine.jar,/cache/hadoop-aws.jar,/cache/bundle.jar"
+    # Spark resolves hadoop-aws (pyspark's Hadoop version) after the user's own packages.
+    assert conf["spark.jars.packages"] == (
+        f"com.example:udfs:1.0,org.apache.hadoop:hadoop-aws:{s3a.hadoop_version()}")
+    assert "spark.jars" not in conf  # the user's jars are left as they are
+    assert "org.apache.hadoop:hadoop-client-runtime" in conf["spark.jars.excludes"].split(",")
+    assert conf["spark.jars.ivy"] == str(tmp_path / "cache" / "ivy")
+    assert Path(conf["spark.jars.ivySettings"]).read_text() == maven.IVY_SETTINGS
     assert S3A + "endpoint" not in conf  # the pipeline's spark: block wins
     assert conf[S3A + "endpoint.region"] == "eu-west-1"
     local = load_pipeline_text(textwrap.dedent(PIPELINE.format(

@@ -92,31 +92,48 @@ sinks:
 
 
 @pytest.mark.kafka
-def test_spark_client_puts_the_connector_jars_after_the_users_jars() -> None:
+def test_spark_client_puts_the_connector_after_the_users_packages() -> None:
+    """Spark resolves the connector (its version found on Maven Central, or in the Ivy cache
+    after the first run) through `spark.jars.packages`, from Maven Central only."""
     from streamer.connectors.kafka.kafka_source import session_conf
+    from streamer.connectors.maven import IVY_SETTINGS, KAFKA_CONNECTOR, ivy_dir
 
     spec = load_pipeline_text(SPARK_CLIENT.replace("CLIENT", "spark"), env={})
-    jars = session_conf(spec, {"spark.jars": "/my/udfs.jar"})["spark.jars"].split(",")
-    assert jars[0] == "/my/udfs.jar"
-    names = [Path(j).name for j in jars[1:]]
-    assert any(n.startswith("spark-sql-kafka-0-10_2.13-") for n in names)
-    assert any(n.startswith("kafka-clients-") for n in names)
-    assert all(Path(j).exists() for j in jars[1:])
+    conf = session_conf(spec, {"spark.jars": "/my/udfs.jar",
+                               "spark.jars.packages": "com.example:udfs:1.0"})
+    mine, connector = conf["spark.jars.packages"].split(",")
+    assert mine == "com.example:udfs:1.0"
+    assert connector.startswith(f"{KAFKA_CONNECTOR}:4.")
+    assert "spark.jars" not in conf  # the user's jars are left as they are
+    assert "org.apache.kafka:kafka-clients" not in conf["spark.jars.excludes"]
+    assert conf["spark.jars.ivy"] == str(ivy_dir())
+    assert Path(conf["spark.jars.ivySettings"]).read_text() == IVY_SETTINGS
+    # A user's own Ivy choices are theirs: left as they are.
+    theirs = session_conf(spec, {"spark.jars.ivy": "/ivy", "spark.jars.ivySettings": "/s.xml"})
+    assert not {"spark.jars.ivy", "spark.jars.ivySettings"} & set(theirs)
     confluent = load_pipeline_text(SPARK_CLIENT.replace("CLIENT", "confluent"), env={})
     assert session_conf(confluent, {"spark.jars": "/my/udfs.jar"}) == {}
 
 
 @pytest.mark.kafka
-def test_spark_submit_gets_the_connector_jars_on_its_command_line() -> None:
-    """Under spark-submit the session exists before the driver runs: the jars a local run adds
-    to the session must be in the submitted conf."""
+def test_spark_submit_gets_the_connector_packages_on_its_command_line() -> None:
+    """Under spark-submit the session exists before the driver runs: the packages a local run
+    adds to the session must be in the submitted conf (spark-submit resolves them and ships
+    their jars to the executors)."""
+    from streamer.connectors.maven import KAFKA_CONNECTOR
     from streamer.runtime.cluster.submit import submit_conf
 
     text = SPARK_CLIENT.replace("CLIENT", "spark")
-    spec = load_pipeline_text(text.replace("sources:", 'spark: {spark.jars: "/my/udfs.jar"}\n'
-                                           "sources:", 1), env={})
-    jars = submit_conf(spec)["spark.jars"].split(",")
-    assert jars[0] == "/my/udfs.jar"
-    assert any(Path(j).name.startswith("spark-sql-kafka-0-10_2.13-") for j in jars[1:])
+    spec = load_pipeline_text(text.replace(
+        "sources:", 'spark: {spark.jars.packages: "com.example:udfs:1.0"}\nsources:', 1), env={})
+    conf = submit_conf(spec)
+    packages = conf["spark.jars.packages"].split(",")
+    assert packages[0] == "com.example:udfs:1.0"
+    assert packages[1].startswith(f"{KAFKA_CONNECTOR}:")
+    # `--conf spark.jars.packages=...` is the user's too: the connector goes after it.
+    cli = submit_conf(spec, {"spark.jars.packages": "com.example:cli:2.0"})
+    assert cli["spark.jars.packages"].split(",")[0] == "com.example:cli:2.0"
+    assert cli["spark.jars.packages"].split(",")[1].startswith(f"{KAFKA_CONNECTOR}:")
+    assert Path(conf["spark.jars.ivySettings"]).is_file()
     confluent = load_pipeline_text(SPARK_CLIENT.replace("CLIENT", "confluent"), env={})
-    assert "spark.jars" not in submit_conf(confluent)
+    assert "spark.jars.packages" not in submit_conf(confluent)
