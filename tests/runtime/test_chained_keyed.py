@@ -160,6 +160,7 @@ operators:
       right: per_auction
       on: [auction]
       window: {{tumbling: 10s}}
+      right_prefix: w_    # (per_auction's own window_start and window_end, apart from the join's)
 sinks:
   - {{id: out, type: files, input: best, path: {out}, format: jsonl}}
 """)
@@ -169,7 +170,8 @@ sinks:
     for auction, price, ts in records():
         start = ts - ts % 10_000
         expected[(auction, price, iso(start), tops[(auction, start)][1])] += 1
-    got = Counter((r["auction"], r["price"], r["window_start"], r["top"]) for r in rows)
+    got = Counter((r["auction"], r["price"], r["window_start"], r["w_top"]) for r in rows)
+    assert all(r["w_window_start"] == r["window_start"] for r in rows)  # the same window
     assert got == expected
 
 
