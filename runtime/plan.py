@@ -16,7 +16,6 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from streamer.columns import CHANGE, EVENT_TIME, HIDDEN_PREFIX
-from streamer.connectors.arrow.arrow_json import TYPES
 from streamer.connectors.base import WritesTaskFiles
 from streamer.pipeline.spec import ExecutionSpec
 from streamer.runtime.arrow_input import ArrowInput, plan_arrow_input
@@ -353,7 +352,7 @@ def _arrow_sink(spec: PipelineSpec, flow: Dataflow, spark: SparkSession, node: N
     job.execution.arrow_input and task_sink on."""
     from pyspark.sql.types import StructType
 
-    from streamer.operators.arrow_sql import arrow_type
+    from streamer.operators.arrow_sql import arrow_type, supported
 
     sink = sinks[node.id]
     if not isinstance(sink, WritesTaskFiles) or len(node.inputs) != 1 \
@@ -376,7 +375,7 @@ def _arrow_sink(spec: PipelineSpec, flow: Dataflow, spark: SparkSession, node: N
     out = []
     for f in schema.fields:
         kind = f.dataType.simpleString()
-        if kind not in TYPES:
+        if not supported(kind):
             return f"column {f.name!r} is {kind}"
         out.append((f.name, arrow_type(kind)))
     arrow = plan_arrow_input(spark, flow, node.id, sources, schemas, tuple(out))

@@ -45,13 +45,20 @@ CHAINS = [
     [op("filter", "amount = amount AND -n < 5 AND ok <=> true")],
     [op("with_columns", {"t": "timestamp_millis(id)", "u": "timestamp_micros(n)"}),
      op("filter", "t > timestamp_millis(0) OR u IS NULL", 1)],
+    [op("with_columns", {"r": "id % n", "s": "n % 3", "t": "id % -1", "u": "-7 % n"}),
+     op("filter", "r <> 0 OR s = 1", 1)],
+    [op("with_columns", {"d": "0.908 * id", "e": "0.5 * n + 1.25", "f": "CAST(n AS DECIMAL(12,2))",
+                         "g": "-(0.908 * id) - 1"}),
+     op("filter", "d > 1000000 OR e < 0 OR f = 2.00", 1)],
+    [op("select", {"a": "get(split(user, '/'), 1)", "b": "get(split(user, '/'), n)",
+                   "c": "get(split(user, 'u'), 0)", "n": "n"})],
 ]
 
 ROWS = st.lists(st.fixed_dictionaries({
     "id": st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1), st.integers(-5, 5)),
     "n": st.one_of(st.none(), st.integers(-(2**31), 2**31 - 1), st.integers(-5, 5)),
     "amount": st.one_of(st.none(), st.floats(), st.sampled_from([0.0, -0.0, 1.5, 10.0])),
-    "user": st.one_of(st.none(), st.sampled_from(["u1", "u2", "", "é", "a"])),
+    "user": st.one_of(st.none(), st.sampled_from(["u1", "u2", "", "é", "a", "/a//u/", "x/é"])),
     "ok": st.one_of(st.none(), st.booleans()),
     "ts": st.none()}), max_size=12)
 #: Rows no chain overflows or divides by zero on.
@@ -76,6 +83,12 @@ def spark_result(spark: Any, rows: list[dict[str, Any]], ops: list[OperatorSpec]
 def same(a: Any, b: Any) -> bool:
     if a.column_names != b.column_names or a.num_rows != b.num_rows:
         return False
+    import pyarrow as pa
+
+    for x, y in zip(a.schema.types, b.schema.types, strict=True):
+        # (a decimal's type is part of its value: its scale)
+        if (pa.types.is_decimal(x) or pa.types.is_decimal(y)) and x != y:
+            return False
     for x, y in zip(a.to_pylist(), b.to_pylist(), strict=True):
         for key in x:
             u, v = x[key], y[key]
@@ -131,7 +144,9 @@ def test_programs_compute_what_spark_computes(spark: Any, chain: int) -> None:
 @pytest.mark.parametrize(("text", "why"), [
     ("upper(user) = 'U1'", "upper"), ("CAST(amount AS DECIMAL(10,2)) > 0", "decimal"),
     ("CAST(user AS INT) > 1", "cast from string"), ("ts > '2026-01-01'", "cast from string"),
-    ("id + 1.5 > 0", "decimal")])
+    ("CAST(id AS DECIMAL(38,0)) * 1.5 > 0", "decimal arithmetic that spark rounds"),
+    ("id / 1.5 > 0", "decimal"), ("get(split(user, '.'), 0) = 'a'", "regular expression"),
+    ("get(split(user, '/', 2), 0) = 'a'", "a limit"), ("amount % 2 > 0", "remainder")])
 def test_what_is_not_translated_is_named(spark: Any, text: str, why: str) -> None:
     from pyspark.sql.types import StructType
 
@@ -156,6 +171,15 @@ def test_overflow_and_division_by_zero_are_refused(spark: Any) -> None:
     assert isinstance(halves, Program)
     with pytest.raises(Refused):
         halves.run(table)
+    rests = compile_ops(spark, StructType.fromDDL(DDL), [op("with_columns", {"x": "id % (n - 1)"})])
+    assert isinstance(rests, Program)
+    with pytest.raises(Refused, match="division by zero"):
+        rests.run(table)
+    narrow = compile_ops(spark, StructType.fromDDL(DDL),
+                         [op("with_columns", {"x": "CAST(id AS DECIMAL(5,0))"})])
+    assert isinstance(narrow, Program)
+    with pytest.raises(Refused):
+        narrow.run(table)
     nulls = compile_ops(spark, StructType.fromDDL(DDL), [op("with_columns", {"x": "id + 1"})])
     assert isinstance(nulls, Program)  # a null slot holding garbage does not overflow
     got, _ = nulls.run(table.set_column(0, "id", pa.array([1, None], pa.int64())))
