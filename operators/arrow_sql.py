@@ -11,8 +11,10 @@ so that both are exact), `%` of integers (the sign of the dividend, as Java's), 
 doubles, comparisons, `AND`/`OR` (both three-valued), `NOT`, `IS [NOT] NULL`, `<=>`,
 `timestamp_millis`/`timestamp_micros` of integers (checked against overflow as Spark does),
 casts of integers and decimals to decimals (checked: a value that does not fit is refused),
-and `get(split(s, 'sep'), i)` where `sep` is plain text (no regular-expression character,
-so Java's regex split and Arrow's literal split agree; `get` gives null out of range).
+`get(split(s, 'sep'), i)` where `sep` is plain text (no regular-expression character, so
+Java's regex split and Arrow's literal split agree; `get` gives null out of range),
+`CASE WHEN`, `hour` of a timestamp in a UTC session, `length` of a string and `replace` of
+literal text.
 
 At run time `Program.run` raises `Refused` wherever Arrow's answer could differ from Spark's,
 and the caller has Spark compute those rows instead (where Spark then also fails, it fails
@@ -36,6 +38,8 @@ from streamer.frames import empty_frame
 #: (`DECIMAL`).
 TYPES = ("int", "bigint", "double", "string", "boolean", "timestamp")
 DECIMAL = re.compile(r"decimal\((\d+),(\d+)\)")
+#: Session time zones in which an hour of the day is UTC's.
+_UTC = ("UTC", "Etc/UTC", "GMT", "Etc/GMT", "Z", "+00:00")
 #: Characters that make a `split` separator a regular expression rather than plain text.
 _REGEX = set("\\^$.|?*+()[]{}")
 #: Casts whose Arrow result is Spark's (a long rounds to the nearest double in both).
@@ -141,6 +145,18 @@ def _eval(expr: Any, env: dict[int, Any], rows: int) -> Any:
             return pc.if_else(pc.equal(args[1], -1), pc.multiply(args[0], 0), rest)
         if kind == "split_get":
             return _split_get(_array(args[0], rows), expr[3], args[1])
+        if kind == "case":  # (a null condition is not true, as in Spark)
+            result = args[-1] if expr[2] else pa.scalar(None, arrow_type(target))
+            pairs = args[:-1] if expr[2] else args
+            for cond, value in reversed(list(zip(pairs[::2], pairs[1::2], strict=True))):
+                result = pc.if_else(pc.coalesce(cond, False), value, result)
+            return result
+        if kind == "hour":  # (of a UTC timestamp: `_expr` checked the zone)
+            return pc.cast(pc.hour(args[0]), pa.int32())
+        if kind == "length":  # (characters, as Spark counts them: code points)
+            return pc.utf8_length(args[0])
+        if kind == "replace":
+            return pc.replace_substring(args[0], expr[3], expr[4])
         if kind == "to_timestamp":  # timestamp_millis / timestamp_micros of an integer
             micros = pc.multiply_checked(pc.cast(args[0], pa.int64()), pa.scalar(
                 expr[3], pa.int64()))
@@ -302,6 +318,18 @@ def _expr(e: Any) -> Any:
         return _cast(kind, args[0])
     if cls == "Get" and args[0].getClass().getSimpleName() == "StringSplit":
         return ("split_get", kind, *_split(args[0]), _expr(args[1]))
+    if cls == "CaseWhen":
+        has_else = bool(e.elseValue().isDefined())
+        return ("case", kind, has_else, *[_expr(a) for a in args])
+    if cls == "Hour" and str(e.timeZoneId().get()) in _UTC:
+        return ("hour", kind, _expr(args[0]))
+    if cls == "Length" and args[0].dataType().simpleString() == "string":
+        return ("length", kind, _expr(args[0]))
+    if cls == "StringReplace":
+        search, by = (_plain(a, e) for a in args[1:])
+        if not search:  # (Spark gives the string unchanged)
+            return _expr(args[0])
+        return ("replace", kind, _expr(args[0]), search, by)
     if cls == "Remainder" and kind in ("int", "bigint"):
         return ("remainder", kind, *[_expr(a) for a in args])
     if cls in _ARITHMETIC and DECIMAL.fullmatch(kind):
@@ -343,15 +371,20 @@ def _cast(kind: str, arg: Any) -> Any:
     return ("cast", kind, _expr(arg))
 
 
+def _plain(arg: Any, e: Any) -> str:
+    """The text of string literal `arg` of expression `e`."""
+    if arg.getClass().getSimpleName() != "Literal" or arg.value() is None:
+        msg = f"{e.sql()}: an argument that is not a literal"
+        raise Untranslatable(msg)
+    return str(arg.value().toString())
+
+
 def _split(split: Any) -> tuple[Any, str]:
     """(The string, the separator) of a `split(s, 'sep')` whose separator is plain text and
     whose limit keeps every piece, as Arrow's literal split gives them."""
     kids = split.children()
     text, separator, limit = (kids.apply(i) for i in range(3))
-    if separator.getClass().getSimpleName() != "Literal" or separator.value() is None:
-        msg = f"{split.sql()}: a separator that is not a literal"
-        raise Untranslatable(msg)
-    plain = str(separator.value().toString())
+    plain = _plain(separator, split)
     if not plain or set(plain) & _REGEX:
         msg = f"{split.sql()}: a separator that is a regular expression"
         raise Untranslatable(msg)

@@ -7,6 +7,7 @@ refuses the rows or gives exactly Spark's result; expressions it cannot translat
 
 from __future__ import annotations
 
+import datetime
 import math
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,15 @@ CHAINS = [
      op("filter", "d > 1000000 OR e < 0 OR f = 2.00", 1)],
     [op("select", {"a": "get(split(user, '/'), 1)", "b": "get(split(user, '/'), n)",
                    "c": "get(split(user, 'u'), 0)", "n": "n"})],
+    [op("with_columns", {
+        "h": "hour(ts)", "w": "CASE WHEN n > 1 THEN n END", "e": "replace(user, '', 'x')",
+        "part": "CASE WHEN hour(ts) >= 8 AND hour(ts) <= 18 THEN 'day' WHEN hour(ts) <= 6 "
+                "OR ok THEN 'night' ELSE 'other' END",
+        "c": "length(user) - length(replace(user, 'u', ''))", "r": "replace(user, '/', 'é/')"}),
+     op("filter", "part <> 'other' OR c > 0", 1)],
 ]
+#: Times of day on either side of the CASE's hours (UTC, the session's zone).
+TIMES = [datetime.datetime(2026, 11, 29, h, 30, tzinfo=datetime.UTC) for h in (0, 6, 7, 8, 18, 19)]
 
 ROWS = st.lists(st.fixed_dictionaries({
     "id": st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1), st.integers(-5, 5)),
@@ -60,7 +69,7 @@ ROWS = st.lists(st.fixed_dictionaries({
     "amount": st.one_of(st.none(), st.floats(), st.sampled_from([0.0, -0.0, 1.5, 10.0])),
     "user": st.one_of(st.none(), st.sampled_from(["u1", "u2", "", "é", "a", "/a//u/", "x/é"])),
     "ok": st.one_of(st.none(), st.booleans()),
-    "ts": st.none()}), max_size=12)
+    "ts": st.one_of(st.none(), st.sampled_from(TIMES))}), max_size=12)
 #: Rows no chain overflows or divides by zero on.
 SMALL = [{"id": 3, "n": 2, "amount": 12.5, "user": "u1", "ok": True, "ts": None},
          {"id": -4, "n": 5, "amount": None, "user": None, "ok": False, "ts": None}]
@@ -185,3 +194,18 @@ def test_overflow_and_division_by_zero_are_refused(spark: Any) -> None:
     got, _ = nulls.run(table.set_column(0, "id", pa.array([1, None], pa.int64())))
     assert got.column("x").to_pylist() == [2, None]
 
+
+
+def test_an_hour_in_a_session_zone_that_is_not_utc_is_left_to_spark(spark: Any) -> None:
+    from pyspark.sql.types import StructType
+
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "America/New_York")
+    try:
+        found = compile_ops(spark, StructType.fromDDL(DDL), [op("filter", "hour(ts) > 3")])
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", zone)
+    assert isinstance(found, str)
+    assert "hour(ts)" in found, found
+    assert isinstance(compile_ops(spark, StructType.fromDDL(DDL), [op("filter", "hour(ts) > 3")]),
+                      Program)
