@@ -8,7 +8,7 @@ key's table row); the keyed stage unions the two and routes the rows by key grou
 them for its subtasks) as it does any keyed operator's. A record whose key or event time is
 null is a bad record: a dead letter of the source its side reads (through stateless
 operators) when that source has `on_error`, else the epoch fails with a message naming the
-join and the record.
+join and the record (`runtime.bad_records`).
 `split_late` takes the records behind the watermark out for the `late:` output.
 """
 
@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from streamer.columns import EVENT_TIME, HIDDEN_PREFIX, JOIN_SIDE, TOMBSTONE
-from streamer.connectors.base import DECODE_ERROR_MARKER
+from streamer.columns import EVENT_TIME, JOIN_SIDE, TOMBSTONE
 from streamer.operators.join import DELETE, JoinColumns, join_columns
+from streamer.runtime.bad_records import bad_records, origin_of
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -55,15 +55,6 @@ def plan_join(op: OperatorSpec, flow: Dataflow, schemas: Mapping[str, Any]) -> J
     schema = StructType([*fields, StructField(EVENT_TIME, TimestampType()),
                          StructField(JOIN_SIDE, IntegerType())])
     return JoinPlan(op, columns, schema, (origin_of(flow, join.left), origin_of(flow, join.right)))
-
-
-def origin_of(flow: Dataflow, node_id: str) -> SourceSpec | None:
-    """The source whose records `node_id` passes on through stateless operators only, or
-    None (a keyed operator or a union is in between): where its bad records are accounted."""
-    node = flow.node(node_id)
-    while node.role == "operator" and node.kind != "keyed" and len(node.inputs) == 1:
-        node = flow.node(node.inputs[0])
-    return node.source if node.role == "source" else None
 
 
 def project_sides(plan: JoinPlan, left: DataFrame | None, right: DataFrame | None
@@ -109,31 +100,6 @@ def _bad_records(plan: JoinPlan, side: int, df: DataFrame, keys: tuple[str, ...]
     reason = (f"join {plan.op.id!r}: the {('left', 'right')[side]} input {name!r} has a record "
               f"whose key ({', '.join(keys)}) or event time is null")
     return bad_records(plan.origins[side], df, is_bad, reason, "the join")
-
-
-def bad_records(origin: SourceSpec | None, df: DataFrame, is_bad: Column, reason: str,
-                before: str) -> tuple[DataFrame, tuple[str, DataFrame] | None]:
-    """`df` without its records where `is_bad`, and their dead letters as (the `on_error`
-    sink of `origin`, the source the records come from through stateless operators, frame),
-    each with `reason`; without an `on_error` (or an origin), `df` with a guard that fails
-    the epoch on such a record, naming it, `reason` and the fix (filter them out `before`)."""
-    from pyspark.sql import functions as F
-
-    shown = [c for c in df.columns if not c.startswith(HIDDEN_PREFIX)]
-    record = F.to_json(F.struct(*[F.col(f"`{c}`") for c in shown]),
-                       {"ignoreNullFields": "false"})
-    if origin is None or origin.on_error is None:
-        fix = (f"add on_error: <sink id> to source {origin.id!r} to send such records to a "
-               "dead-letter sink, or " if origin is not None else "")
-        guard = F.when(is_bad, F.raise_error(F.concat(
-            F.lit(f"{DECODE_ERROR_MARKER}{reason}: "), F.substring(record, 1, 500),
-            F.lit(f"; {fix}filter them out before {before}")))).otherwise(F.lit(True))
-        return df.where(guard), None
-    dead = df.where(is_bad).select(
-        F.lit(origin.id).alias("source"), F.lit(None).cast("string").alias("split"),
-        F.lit(None).cast("string").alias("offset"), record.alias("record"),
-        F.lit(reason).alias("error"))
-    return df.where(~is_bad), (origin.on_error, dead)
 
 
 def table_load(plan: JoinPlan, slices: Mapping[str, Any]) -> int | None:

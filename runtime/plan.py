@@ -19,7 +19,7 @@ from streamer.columns import CHANGE, EVENT_TIME, HIDDEN_PREFIX
 from streamer.connectors.base import WritesTaskFiles
 from streamer.pipeline.spec import ExecutionSpec
 from streamer.runtime.arrow_input import ArrowInput, plan_arrow_input
-from streamer.runtime.join_plan import origin_of
+from streamer.runtime.bad_records import origin_of
 from streamer.runtime.keyed_plan import DirectShape, KeyedStage
 from streamer.runtime.stages.base import EpochDecision, Stage, SubtaskSlice
 from streamer.runtime.stages.keyed_stage import (

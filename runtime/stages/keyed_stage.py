@@ -361,7 +361,7 @@ class KeyedOperatorStage(Stage):
         added to `routed`), never dropped."""
         from pyspark.sql import functions as F
 
-        from streamer.runtime.join_plan import bad_records
+        from streamer.runtime.bad_records import bad_records
 
         reason = (f"operator {self.node_id!r}: a record whose close time {until!r} (window: "
                   "{until: ...}) is null")
