@@ -53,6 +53,7 @@ from streamer.operators.contract import (
     Planning,
 )
 from streamer.operators.join_interval import LEFT, RIGHT, STATES, run_interval
+from streamer.pipeline.join_names import WINDOW_COLUMNS, name_clashes
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -109,25 +110,10 @@ def join_columns(join: Any, left: Any, right: Any
                              "right; cast one side (with_columns) so both have one type"))
     left_others = [n for n in lf if n not in join.left_key]
     right_others = [n for n in rf if n not in join.right_key]
-    taken = set(join.left_key) | set(left_others)
-    clashes = [n for n in right_others if join.right_prefix + n in taken]
-    if clashes:
-        where = "right_prefix" if join.right_prefix else "right"
-        names = ", ".join(repr(join.right_prefix + n) for n in clashes)
-        problems.append((where, f"column(s) {names} would be on both sides of the output; "
-                         "set right_prefix: (e.g. "
-                         f"{join.right + '_'!r}) or rename them with a select before the join"))
+    problems += name_clashes(join, list(lf), list(rf))
     cols = JoinColumns(tuple(join.left_key), tuple(left_others),
                        tuple(join.right_prefix + n for n in right_others), tuple(right_others),
                        tuple(join.right_key))
-    own = [n for n in WINDOW_COLUMNS if join.mode == "window"
-           and n in (*cols.keys, *cols.left, *cols.right)]
-    if own:
-        names = ", ".join(repr(n) for n in own)
-        problems.append(("window", f"column(s) {names} of an input would clash with the window "
-                         "join's own window_start and window_end (the window each pair met "
-                         "in); drop or rename them with a select before the join, or set "
-                         "right_prefix: when they are the right input's"))
     fields = [StructField(n, lf[n].dataType, True) for n in (*cols.keys, *cols.left) if n in lf]
     fields += [StructField(join.right_prefix + n, rf[n].dataType, True) for n in right_others]
     return cols, problems, fields
@@ -135,9 +121,6 @@ def join_columns(join: Any, left: Any, right: Any
 
 #: The columns a window join adds to its output: the window each pair met in, as Flink's
 #: window join carries `window_start` and `window_end`.
-WINDOW_COLUMNS = ("window_start", "window_end")
-
-
 def window_fields(join: Any) -> list[Any]:
     """The StructFields a join adds after its input columns: a window join's window."""
     from pyspark.sql.types import StructField, TimestampType

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 
 from streamer.pipeline.exceptions import Problem
+from streamer.pipeline.join_names import WINDOW_COLUMNS, name_clashes
 from streamer.pipeline.model import did_you_mean
 from streamer.pipeline.spec import OperatorSpec, PipelineSpec, SourceSpec
 from streamer.pipeline.yaml_loader import Path
@@ -251,11 +252,14 @@ class TypeChecker:
         sides = {"left": (join.left, join.left_key), "right": (join.right, join.right_key)}
         by_on = (*o.path, "join", "on") in self.spec.positions.values
         out: Columns = {}
+        names: list[list[str]] = []
         for side, (ref, keys) in sides.items():
             node = self.nodes.get(ref)
             if node is None:
                 out = None
                 continue
+            if node.columns is not None:
+                names.append([n for n in node.columns if not n.startswith("__")])
             if not node.event_time:
                 self.report((*o.path, "join", side), f"the {side} input {ref!r} of join "
                             f"{o.id!r} has no event time; a join matches records by event "
@@ -273,8 +277,13 @@ class TypeChecker:
                 out.update({k: node.columns.get(k) for k in keys})
             out.update({f"{prefix}{name}": kind for name, kind in node.columns.items()
                         if name not in keys})
+        clashes = name_clashes(join, *names) if len(names) == 2 else []
+        for where, message in clashes:
+            self.report((*o.path, "join", where), f"join {o.id!r}: {message}")
+        if clashes:
+            out = None
         if out is not None and join.mode == "window":  # the window each pair met in
-            out.update({"window_start": "timestamp", "window_end": "timestamp"})
+            out.update(dict.fromkeys(WINDOW_COLUMNS, "timestamp"))
         self.nodes[o.id] = _Node(out, True)
 
 

@@ -80,7 +80,7 @@ def test_a_window_over_an_updating_window_and_a_join_of_updates_are_refused() ->
         window: {tumbling: 1h}
         aggregate: {n: sum(n)}
       - id: joined
-        join: {left: bids, right: early, on: [auction], window: {tumbling: 1m}}
+        join: {left: bids, right: early, on: [auction], window: {tumbling: 1m}, right_prefix: e_}
     """, "[per_hour, joined]")
     assert len(found) == 2
     assert found[0] == (

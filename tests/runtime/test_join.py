@@ -144,7 +144,8 @@ def test_savepoint_then_restore_at_another_parallelism_and_backend(
 
     # A changed bound, type or key is refused before anything runs, naming the operator.
     for old, new in (("between: [0s, 30s]", "between: [0s, 1m]"), ("type: left", "type: full"),
-                     ("on: [order_id]", "left_key: [order_id], right_key: [paid]")):
+                     ("on: [order_id]",
+                      "left_key: [order_id], right_key: [paid], right_prefix: p_")):
         spec = load_pipeline_text(job.text().replace(old, new))
         decisions = plan_restore(meta, spec)
         assert [(d.operator, d.action) for d in decisions] == [("paid", "refuse")], old
