@@ -10,84 +10,20 @@ the same `file:line:col: ... ; fix` line the rest of the file gets (docs/decisio
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationInfo,
-    WithJsonSchema,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, model_validator
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
-from streamer.pipeline.model import type_name
-from streamer.pipeline.units import DURATION_HINT, DURATION_PATTERN, parse_duration_ms
-
-#: The types of the errors this module raises; `pydantic_bridge` reports a `RULE` error at the
-#: key its context names (`at`), a `NULL` one with what the key takes, the others at their
-#: key with the message as it is.
-_DURATION, _BLANK, NULL, RULE = "duration", "blank", "null", "rule"
-
-
-class Fix:
-    """The fix that ends every message about a key (`Annotated[int, Fix("...")]`)."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-
-def _duration(allow_zero: bool) -> Any:
-    def check(value: Any) -> int:
-        ms = parse_duration_ms(value)
-        if ms is None and parse_duration_ms(value, whole=False) is not None:
-            raise PydanticCustomError(_DURATION, "must be a whole number of milliseconds, "
-                                      "got {got}", {"got": type_name(value)})
-        if ms is None:
-            raise PydanticCustomError(_DURATION, "must be {hint}, got {got}",
-                                      {"hint": DURATION_HINT, "got": type_name(value)})
-        if ms == 0 and not allow_zero:
-            raise PydanticCustomError(_DURATION, "must be longer than 0")
-        return ms
-    return BeforeValidator(check)
-
-
-_DURATION_SCHEMA = WithJsonSchema({"type": "string", "pattern": DURATION_PATTERN})
-#: A duration longer than 0 (`10s`), validated into milliseconds.
-Duration = Annotated[int, _duration(False), _DURATION_SCHEMA]
-#: A duration that may be 0 (`0s`).
-DurationOrZero = Annotated[int, _duration(True), _DURATION_SCHEMA]
-
-
-def _not_blank(value: str) -> str:
-    if not value.strip():
-        raise PydanticCustomError(_BLANK, "must not be empty")
-    return value
-
-
-NonEmptyStr = Annotated[str, Field(min_length=1), BeforeValidator(
-    lambda v: _not_blank(v) if isinstance(v, str) else v)]
-
-
-class YamlModel(BaseModel):
-    """A mapping of the pipeline file: unknown keys are errors, values are not coerced, and
-    a key written with no value (`parallelism:`) is an error, not its default."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _not_null(cls, value: Any, info: ValidationInfo) -> Any:
-        """`key:` with no value, for a key whose default is "not set" (None), is refused as
-        the hand-built model does (the other keys refuse None by their type); the message
-        says what the key takes (`pydantic_bridge`)."""
-        if value is None and cls.model_fields[str(info.field_name)].default is None:
-            raise PydanticCustomError(NULL, "got nothing (null)")
-        return value
+from streamer.pipeline.yaml_model import (
+    RULE,
+    Duration,
+    DurationOrZero,
+    Fix,
+    NonEmptyStr,
+    YamlModel,
+)
 
 
 class CheckpointModel(YamlModel):

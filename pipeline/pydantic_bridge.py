@@ -1,22 +1,32 @@
-"""The pydantic models of the pipeline file (`pipeline/job_model.py`) inside the hand-built
-one (`pipeline/model.py`): a `ModelNode` validates its part of the file with pydantic and
-turns each of pydantic's errors into the message the rest of the file gets (`file:line:col`
-from the loader's positions, the key quoted, the nearest valid key, the fix), and renders
-the model's JSON Schema inline, as `streamer schema` and the docs reference read it.
+"""The pydantic models of the pipeline file (`pipeline/job_model.py`, `pipeline/sink_model.py`)
+inside the hand-built one (`pipeline/model.py`): a `ModelNode` validates its part of the file
+with pydantic and turns each of pydantic's errors into the message the rest of the file gets
+(`file:line:col` from the loader's positions, the key quoted, the entry named by its id, the
+nearest valid key or type, the fix), and renders the model's JSON Schema inline, as `streamer
+schema` and the docs reference read it.
 """
 
 from __future__ import annotations
 
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Tag, ValidationError
 from pydantic.fields import FieldInfo
 
-from streamer.pipeline.job_model import NULL, RULE, Fix
-from streamer.pipeline.model import Checker, Node, did_you_mean, label, nearest, type_name
+from streamer.pipeline.model import (
+    Checker,
+    Node,
+    Rule,
+    did_you_mean,
+    label,
+    nearest,
+    type_name,
+)
+from streamer.pipeline.schema_base import named
 from streamer.pipeline.yaml_loader import Path
+from streamer.pipeline.yaml_model import NULL, RULE, Fix, adapter
 
 
 def _members(annotation: Any) -> list[Any]:
@@ -30,8 +40,27 @@ def _members(annotation: Any) -> list[Any]:
 
 
 def _model_in(annotation: Any) -> type[BaseModel] | None:
-    return next((m for m in _members(annotation)
-                 if isinstance(m, type) and issubclass(m, BaseModel)), None)
+    models = [m for m in _members(annotation)
+              if isinstance(m, type) and issubclass(m, BaseModel)]
+    return models[0] if len(models) == 1 else None
+
+
+def _branch(annotation: Any, name: str) -> Any:
+    """The member of a union that pydantic names `name` in an error's `loc` (a model's tag
+    `files` or class name, a `Tag`), or None when `name` names none."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _branch(get_args(annotation)[0], name)
+    if origin is not Union and origin is not types.UnionType:
+        return None
+    for arg in get_args(annotation):
+        tags = [m.tag for m in getattr(arg, "__metadata__", ()) if isinstance(m, Tag)]
+        model = _model_in(arg)
+        kind = model.model_fields.get("type") if model else None
+        if name in tags or (model is not None and (name == model.__name__ or (
+                kind is not None and get_args(kind.annotation) == (name,)))):
+            return arg
+    return None
 
 
 def expects(annotation: Any) -> str:
@@ -39,6 +68,8 @@ def expects(annotation: Any) -> str:
     members = [m for m in _members(annotation) if m is not type(None)]
     if _model_in(annotation) is not None:
         return "must be a mapping"
+    if any(get_origin(m) is dict for m in members):
+        return "must be a mapping of name: value"
     for kind, words in ((bool, "must be true or false"), (int, "must be a whole number"),
                         (str, "must be a string")):
         if kind in members:
@@ -47,60 +78,136 @@ def expects(annotation: Any) -> str:
     return f"must be one of {', '.join(map(str, literals))}" if literals else "must be set"
 
 
-def _field(model: type[BaseModel], loc: tuple[Any, ...]) -> FieldInfo | None:
-    """The field at `loc` (a pydantic error's location) of `model`, if there is one."""
-    current: type[BaseModel] | None = model
-    found = None
+@dataclass
+class _Spot:
+    """Where a pydantic error is in the file: the keys of its `loc` (without the names of
+    union members), the model field of the last key and the model of its mapping."""
+
+    keys: tuple[Any, ...] = ()
+    field: FieldInfo | None = None
+    owner: type[BaseModel] | None = None
+    #: The annotation of the value at the error (a union's, for a `type:` that names none).
+    current: Any = None
+
+
+def _is_union(annotation: Any) -> bool:
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _is_union(get_args(annotation)[0])
+    return origin is Union or origin is types.UnionType
+
+
+def _optional(annotation: Any) -> Any:
+    """`X | None` as X (the None of an optional key is refused before the union)."""
+    if not _is_union(annotation) or get_origin(annotation) is Annotated:
+        return annotation
+    rest = [a for a in get_args(annotation) if _members(a) != [type(None)]]
+    return rest[0] if len(rest) == 1 else annotation
+
+
+def _container(annotation: Any, kind: type) -> Any:
+    """The items' (or values') annotation of the list (or dict) `annotation` allows."""
+    found = next((m for m in _members(annotation) if get_origin(m) is kind), None)
+    return get_args(found)[-1] if found is not None else None
+
+
+def _spot(annotation: Any, value: Any, loc: tuple[Any, ...]) -> _Spot:
+    keys: list[Any] = []
+    spot = _Spot()
+    current = annotation
     for part in loc:
-        if current is None or not isinstance(part, str) or part not in current.model_fields:
+        branch = _branch(current, part) if isinstance(part, str) else None
+        if branch is not None:  # `parallelism.constrained-int`, `sinks.0.files.path`
+            current = branch
+            continue
+        real = isinstance(value, dict | list) and (
+            part in value if isinstance(value, dict) else isinstance(part, int))
+        model = _model_in(current)
+        if isinstance(part, str) and model is not None and (
+                part in model.model_fields or real or part == loc[-1]):
+            spot.owner, spot.field = model, model.model_fields.get(part)
+            current = spot.field.annotation if spot.field else Any
+        elif isinstance(part, str) and not real and _is_union(current):
+            current = _optional(current)  # an unnamed member of a union: `none`, `str`,
+            continue  # `dict[...]`, a validator's `function-before[...]`
+        else:
+            spot.owner, spot.field = None, None
+            current = _container(current, list if isinstance(part, int) else dict)
+        keys.append(part)
+        value = value[part] if real else None
+    spot.keys, spot.current = tuple(keys), current
+    return spot
+
+
+def _value_at(value: Any, keys: tuple[Any, ...]) -> Any:
+    for key in keys:
+        try:
+            value = value[key]
+        except (KeyError, IndexError, TypeError):
             return None
-        found = current.model_fields[part]
-        current = _model_in(found.annotation)
-    return found
+    return value
 
 
-def _owner(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel]:
-    """The model of the mapping at `loc` (`loc` () is `model` itself)."""
-    field = _field(model, loc) if loc else None
-    return (_model_in(field.annotation) if field else None) or model
+def _tag_message(err: Any, where: Path, what: str, tags: list[str]) -> tuple[Path, str, bool]:
+    """A `type:` that names no variant (`union_tag_invalid`) or none (`..._not_found`)."""
+    if not isinstance(err["input"], dict):
+        return where, f"{label(where)} must be a mapping, got {type_name(err['input'])}", False
+    kind = err["input"].get("type")
+    valid = ", ".join(tags)
+    if kind is None:
+        return where, f"{what} is missing required key 'type' (one of {valid})", False
+    if not isinstance(kind, str):
+        return ((*where, "type"), f"'type' of {what} must be one of {valid}, got "
+                f"{type_name(kind)}", False)
+    hint = nearest(kind, tags)
+    return ((*where, "type"), f"unknown type {kind!r} for {what}; valid: {valid}"
+            + (f"; did you mean {hint!r}?" if hint else ""), False)
 
 
-def _keys(model: type[BaseModel], loc: tuple[Any, ...], kind: str) -> tuple[Any, ...]:
-    """The keys of the file in a pydantic error's `loc`, without the names pydantic gives
-    the members of a union (`parallelism: int | None` fails as `parallelism.constrained-int`
-    and `parallelism.none`; `prometheus: PrometheusModel | None` as
-    `prometheus.PrometheusModel.port`)."""
-    out: list[Any] = []
-    current: type[BaseModel] | None = model
-    for i, part in enumerate(loc):
-        last = i == len(loc) - 1
-        if current is not None and isinstance(part, str) and part in current.model_fields:
-            out.append(part)
-            current = _model_in(current.model_fields[part].annotation)
-        elif current is not None and last and kind in ("extra_forbidden", "missing"):
-            out.append(part)  # the unknown (or missing) key itself
-        elif not isinstance(part, str):
-            out.append(part)
-    return tuple(out)
+@dataclass
+class _Where:
+    """What `_message` needs besides the error: the annotation, the value, its path."""
+
+    annotation: Any
+    value: Any
+    path: Path
+
+    def name(self, keys: tuple[Any, ...], owner: type[BaseModel] | None) -> str:
+        """How a message names the mapping at `keys`: `sink 'out'`, else its label."""
+        where = (*self.path, *keys)
+        noun = getattr(owner, "noun", None)
+        if noun is not None:
+            return str(named(*noun)(_value_at(self.value, keys), where))
+        return label(where)
 
 
-def _message(model: type[BaseModel], err: Any, path: Path) -> tuple[Path, str, bool]:
-    """(where, message, at the key) for one of pydantic's errors at `path` + its loc."""
-    loc = _keys(model, tuple(err["loc"]), err["type"])
-    where: Path = (*path, *loc)
+def _message(at: _Where, err: Any) -> tuple[Path, str, bool]:
+    """(where, message, at the key) for one of pydantic's errors at `at.path` + its loc."""
     kind, ctx, got = err["type"], err.get("ctx") or {}, err.get("input")
-    field = _field(model, loc)
+    spot = _spot(at.annotation, at.value, tuple(err["loc"]))
+    loc, field = spot.keys, spot.field
+    where: Path = (*at.path, *loc)
     fixes = [m.text for m in (field.metadata if field else []) if isinstance(m, Fix)]
     fix = f"; {fixes[0]}" if fixes else ""
     name = label(where)
+    if kind in ("union_tag_invalid", "union_tag_not_found"):
+        variants = [m for m in _members(spot.current)
+                    if isinstance(m, type) and issubclass(m, BaseModel)]
+        tags = [str(get_args(m.model_fields["type"].annotation)[0]) for m in variants]
+        return _tag_message(err, where, at.name(loc, variants[0]), tags)
     if kind == "extra_forbidden":
-        valid = list(_owner(model, loc[:-1]).model_fields)
-        return where, (f"unknown key {loc[-1]!r} in {label(where[:-1])}"
+        owner = spot.owner
+        valid = list(owner.model_fields) if owner else []
+        return where, (f"unknown key {loc[-1]!r} in {at.name(loc[:-1], owner)}"
                        f"{did_you_mean(str(loc[-1]), valid)}"), True
     if kind == "missing":
-        return where[:-1], f"{label(where[:-1])} is missing required key {loc[-1]!r}", False
-    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        owner = spot.owner
+        return where[:-1], f"{at.name(loc[:-1], owner)} is missing required key {loc[-1]!r}", \
+            False
+    if kind in ("model_type", "model_attributes_type"):
         return where, f"{name} must be a mapping, got {type_name(got)}", False
+    if kind == "dict_type":
+        return where, f"{name} must be a mapping of name: value, got {type_name(got)}", False
     if kind == "literal_error" and field is not None:
         choices = [str(v) for m in _members(field.annotation) if get_origin(m) is Literal
                    for v in get_args(m)]
@@ -125,23 +232,25 @@ def _message(model: type[BaseModel], err: Any, path: Path) -> tuple[Path, str, b
     return where, f"{name} {err['msg']}{fix}", False  # our own errors: duration, blank
 
 
-def check_model(model: type[BaseModel], value: Any, path: Path, ck: Checker) -> Any:
-    """Validate `value` at `path` with `model`; report every error to `ck`. The model's
-    instance, or None when `value` is not valid."""
+def check_model(annotation: Any, value: Any, path: Path, ck: Checker) -> Any:
+    """Validate `value` at `path` as `annotation` (a model, or a union of them); report
+    every error to `ck`. The validated value, or None when `value` is not valid."""
     try:
-        return model.model_validate(value)
+        return adapter(annotation).validate_python(value)
     except ValidationError as exc:
+        at = _Where(annotation, value, path)
         for err in exc.errors(include_url=False):
             if err["type"] == "none_required":  # the None of `X | None`: null is refused
                 continue  # before the union (`YamlModel._not_null`), so this is noise
-            where, message, at_key = _message(model, err, path)
+            where, message, at_key = _message(at, err)
             ck.report(where, message, at_key=at_key)
         return None
 
 
 def _inline(schema: Any, defs: dict[str, Any]) -> Any:
     """`schema` with its `$ref`s replaced by what they name, without pydantic's titles, an
-    object's default (its keys' defaults say it) or a default of None (not set)."""
+    object's default (its keys' defaults say it), a default of None (not set) or the OpenAPI
+    `discriminator` (`oneOf` and each variant's `const` say it in JSON Schema's words)."""
     if isinstance(schema, list):
         return [_inline(item, defs) for item in schema]
     if not isinstance(schema, dict):
@@ -150,8 +259,10 @@ def _inline(schema: Any, defs: dict[str, Any]) -> Any:
         return _inline({**defs[schema["$ref"].rsplit("/", 1)[-1]],
                         **{k: v for k, v in schema.items() if k != "$ref"}}, defs)
     out = {k: _inline(v, defs) for k, v in schema.items()
-           if k not in ("title", "$defs") and not (
+           if k not in ("title", "$defs", "discriminator") and not (
                k == "default" and (v is None or isinstance(v, dict)))}
+    if isinstance(out.get("required"), list):  # in name order, as the hand-built model
+        out["required"] = sorted(out["required"])
     if isinstance(out.get("description"), str):
         out["description"] = " ".join(out["description"].split())
     return out
@@ -159,16 +270,29 @@ def _inline(schema: Any, defs: dict[str, Any]) -> Any:
 
 @dataclass
 class ModelNode(Node):
-    """A part of the pipeline file described by a pydantic model."""
+    """A part of the pipeline file described by a pydantic model, or by a discriminated
+    union of them; `rules` (by the value's `type:`, "" for any) check relations between
+    keys on the raw mapping, beside pydantic."""
 
-    model: type[BaseModel]
+    model: Any
     description: str = ""
+    rules: dict[str, list[Rule]] = field(default_factory=dict)
 
     def check(self, value: Any, path: Path, ck: Checker) -> None:
-        """Report every problem pydantic finds in `value`, in the file's words."""
+        """Report every problem pydantic finds in `value`, in the file's words, and every
+        broken rule."""
         check_model(self.model, value, path, ck)
+        if isinstance(value, dict):
+            kind = value.get("type")
+            if not isinstance(kind, str) or _branch(self.model, kind) is None:
+                kind = ""  # a type that names no variant: only the type's message
+            for rule in self.rules.get(kind, []):
+                rule(value, path, ck)
 
     def schema(self) -> dict[str, Any]:
         """The model's JSON Schema, its definitions inlined."""
-        raw = self.model.model_json_schema()
-        return dict(_inline(raw, raw.get("$defs", {})))
+        raw = adapter(self.model).json_schema()
+        out = dict(_inline(raw, raw.get("$defs", {})))
+        if self.description:
+            out["description"] = self.description
+        return out

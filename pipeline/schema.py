@@ -47,7 +47,8 @@ from streamer.pipeline.schema_base import (
     named,
 )
 from streamer.pipeline.schema_joins import join_schema
-from streamer.pipeline.schema_sinks import SINK
+from streamer.pipeline.sink_model import RULES as SINK_RULES
+from streamer.pipeline.sink_model import Sink
 from streamer.pipeline.topn_spec import TOP_N
 from streamer.pipeline.units import parse_duration_ms
 from streamer.pipeline.yaml_loader import Path
@@ -427,8 +428,10 @@ OPERATOR = Obj(
 
 # -------------------------------------------------------------------------------- top level
 
-#: The `job:` block is a pydantic model (`pipeline/job_model.py`, issue 38).
+#: The `job:` block and each sink are pydantic models (`pipeline/job_model.py`,
+#: `pipeline/sink_model.py`, issue 38).
 JOB = ModelNode(JobModel)
+SINK = ModelNode(Sink, "Where results go.", rules=SINK_RULES)
 
 ROW = MapOf(AnyValue(), "One row: column -> value.")
 TEST = Obj(

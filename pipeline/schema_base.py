@@ -1,6 +1,6 @@
 """What every part of the pipeline file's model shares: id and column patterns, the id and
 reference types, and the helpers that name an entry in a message. Apart from `schema.py` so that
-the sink schemas (`schema_sinks.py`) can build on it without a cycle."""
+the other schema modules (`schema_joins.py`, `sink_model.py`) can build on it without a cycle."""
 
 from __future__ import annotations
 

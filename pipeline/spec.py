@@ -19,6 +19,7 @@ from streamer.pipeline.aggregate_calls import parse_call, split_arguments
 from streamer.pipeline.exceptions import Location
 from streamer.pipeline.job_model import JobModel, PrometheusModel
 from streamer.pipeline.over_spec import OverSpec, build_over
+from streamer.pipeline.sink_model import sink_options
 from streamer.pipeline.source_spec import SourceSpec, WatermarkSpec
 from streamer.pipeline.topn_spec import TopNSpec, build_top_n
 from streamer.pipeline.units import parse_duration_ms, parse_signed_duration_ms
@@ -206,7 +207,8 @@ class SinkSpec:
     path: Path
 
     def option(self, name: str, default: Any = None) -> Any:
-        """A type-specific setting, or `default`."""
+        """A type-specific setting (its default filled in by `pipeline/sink_model.py`), or
+        `default` when it is not set."""
         return self.options.get(name, default)
 
 
@@ -565,8 +567,7 @@ def build_spec(data: Mapping[str, Any], positions: Positions,
                       for i, raw in enumerate(data.get("operators") or []))
     sinks = tuple(
         SinkSpec(id=raw["id"], type=raw["type"], inputs=_inputs(raw.get("input")),
-                 options={k: v for k, v in raw.items() if k not in {"id", "type", "input"}},
-                 path=("sinks", i))
+                 options=sink_options(raw), path=("sinks", i))
         for i, raw in enumerate(data["sinks"]))
     tests = tuple(TestCase(name=t["name"], inputs=t["inputs"], expect=t["expect"],
                            path=("tests", i)) for i, t in enumerate(data.get("tests") or []))

@@ -21,8 +21,6 @@ if TYPE_CHECKING:
 
     from streamer.pipeline.spec import SinkSpec
 
-DEFAULT_MAX_ROWS = 20
-
 
 @dataclass(frozen=True)
 class _Pending:
@@ -50,7 +48,7 @@ class ConsoleSink(TableSink):
 
     def __init__(self, spec: SinkSpec, ctx: ConnectorContext) -> None:
         super().__init__(spec, ctx)
-        self.max_rows: int = int(spec.option("max_rows", DEFAULT_MAX_ROWS))
+        self.max_rows: int = int(spec.option("max_rows"))
         self._pending: dict[int, _Pending] = {}
 
     def write_table(self, epoch: int, table: pa.Table) -> dict[str, int]:

@@ -107,7 +107,7 @@ class DeltaSink(StagedTableSink):
         super().__init__(spec, ctx)
         self.path: str = spec.option("path")
         self.uri = table_uri(self.path)
-        self.mode: str = spec.option("mode", "append")
+        self.mode: str = spec.option("mode")
         self.keys = columns_of(spec.option("key"))
         self.partition_by = columns_of(spec.option("partition_by"))
         self.storage_options = {str(k): str(v) for k, v in

@@ -70,9 +70,9 @@ class Settings:
         key = spec.option("key") or ()
         return cls(sink_id=spec.id, dsn=str(spec.option("dsn")),
                    password_env=spec.option("password_env"), schema=schema or None,
-                   table=table, mode=str(spec.option("mode", "append")),
+                   table=table, mode=str(spec.option("mode")),
                    key=(key,) if isinstance(key, str) else tuple(key),
-                   create_table=bool(spec.option("create_table", True)))
+                   create_table=bool(spec.option("create_table")))
 
     @property
     def where(self) -> str:

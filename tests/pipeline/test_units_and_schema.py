@@ -184,7 +184,10 @@ def test_sources_and_sinks_are_one_of_their_types(schema: dict[str, Any], sectio
     assert listing["type"] == "array"
     assert listing["minItems"] == 1
     branches = listing["items"]["oneOf"]
-    assert [b["properties"]["type"] for b in branches] == [{"const": k} for k in kinds]
+    # `{"const": k}`, and `"type": "string"` beside it where the pydantic models give it
+    assert [b["properties"]["type"]["const"] for b in branches] == kinds
+    assert all(set(b["properties"]["type"]) <= {"const", "type"}
+               and b["properties"]["type"].get("type", "string") == "string" for b in branches)
     for branch in branches:
         assert {"id", "type"} <= set(branch["required"])
         assert branch["additionalProperties"] is False

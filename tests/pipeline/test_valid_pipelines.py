@@ -87,7 +87,7 @@ def test_minimal_pipeline_gets_every_default() -> None:
                             event_time=None, watermark=None, on_error=None,
                             options={"fields": {"x": "offset"}}, path=("sources", 0)),),
         operators=(),
-        sinks=(SinkSpec(id="out", type="console", inputs=("src",), options={},
+        sinks=(SinkSpec(id="out", type="console", inputs=("src",), options={"max_rows": 20},
                         path=("sinks", 0)),),
         tests=(),
         file="p.yaml",

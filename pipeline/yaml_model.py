@@ -1,0 +1,162 @@
+"""What the pydantic models of the pipeline file share (issue 38, item 3): `YamlModel` (unknown
+keys are errors, no coercion, `key:` with no value is an error), and the value types whose
+messages are the file's own: durations, non-empty strings, names of a pattern, one value or a
+list of them, mappings of name to value and scalars. `pipeline/pydantic_bridge.py` turns each
+error into a `file:line:col` line (docs/decisions/pydantic.md).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from streamer.pipeline.model import type_name
+from streamer.pipeline.units import DURATION_HINT, DURATION_PATTERN, parse_duration_ms
+
+#: The types of the errors this module raises; `pydantic_bridge` reports a `RULE` error at the
+#: key its context names (`at`), a `NULL` one with what the key takes, the others at their
+#: key with the message as it is.
+_DURATION, _BLANK, _PATTERN, _EMPTY, _SCALAR = "duration", "blank", "pattern", "empty", "scalar"
+NULL, RULE = "null", "rule"
+
+
+class Fix:
+    """The fix that ends every message about a key (`Annotated[int, Fix("...")]`)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _duration(allow_zero: bool) -> Any:
+    def check(value: Any) -> int:
+        ms = parse_duration_ms(value)
+        if ms is None and parse_duration_ms(value, whole=False) is not None:
+            raise PydanticCustomError(_DURATION, "must be a whole number of milliseconds, "
+                                      "got {got}", {"got": type_name(value)})
+        if ms is None:
+            raise PydanticCustomError(_DURATION, "must be {hint}, got {got}",
+                                      {"hint": DURATION_HINT, "got": type_name(value)})
+        if ms == 0 and not allow_zero:
+            raise PydanticCustomError(_DURATION, "must be longer than 0")
+        return ms
+    return BeforeValidator(check)
+
+
+_DURATION_SCHEMA = WithJsonSchema({"type": "string", "pattern": DURATION_PATTERN})
+#: A duration longer than 0 (`10s`), validated into milliseconds.
+Duration = Annotated[int, _duration(False), _DURATION_SCHEMA]
+#: A duration that may be 0 (`0s`).
+DurationOrZero = Annotated[int, _duration(True), _DURATION_SCHEMA]
+
+
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise PydanticCustomError(_BLANK, "must not be empty")
+    return value
+
+
+NonEmptyStr = Annotated[str, Field(min_length=1), BeforeValidator(
+    lambda v: _not_blank(v) if isinstance(v, str) else v)]
+
+
+class YamlModel(BaseModel):
+    """A mapping of the pipeline file: unknown keys are errors, values are not coerced, and
+    a key written with no value (`parallelism:`) is an error, not its default."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _not_null(cls, value: Any, info: ValidationInfo) -> Any:
+        """`key:` with no value, for a key whose default is "not set" (None), is refused as
+        the hand-built model does (the other keys refuse None by their type); the message
+        says what the key takes (`pydantic_bridge`)."""
+        if value is None and cls.model_fields[str(info.field_name)].default is None:
+            raise PydanticCustomError(NULL, "got nothing (null)")
+        return value
+
+
+
+
+#: One adapter per annotation (building one takes milliseconds), by its id: the annotations
+#: are module-level objects that live as long as the process.
+_ADAPTERS: dict[int, TypeAdapter[Any]] = {}
+
+
+def adapter(annotation: Any) -> TypeAdapter[Any]:
+    """The (one) `TypeAdapter` of `annotation`: a model, or a union of them."""
+    found = _ADAPTERS.get(id(annotation))
+    if found is None:
+        found = _ADAPTERS[id(annotation)] = TypeAdapter(annotation)
+    return found
+
+
+def text(description: str = "", pattern: str | None = None, hint: str = "") -> Any:
+    """A non-empty string, matching `pattern` (whole) when given: `'table' '9lives' must be
+    <hint>` when it does not."""
+    def check(value: Any) -> Any:
+        if isinstance(value, str):
+            _not_blank(value)
+            if pattern and not re.fullmatch(pattern, value):
+                raise PydanticCustomError(_PATTERN, "{got} must be {hint}",
+                                          {"got": repr(value), "hint": hint or pattern})
+        return value
+    schema: dict[str, Any] = {"type": "string"}
+    if pattern:
+        schema["pattern"] = f"^{pattern}$"
+    schema["minLength"] = 1
+    if description:
+        schema["description"] = description
+    return Annotated[str, BeforeValidator(check), WithJsonSchema(schema)]
+
+
+def _one_or_list(value: Any) -> str:
+    return "list" if isinstance(value, list) else "one"
+
+
+def one_or_list(item: Any, noun: str) -> Any:
+    """One value, or a non-empty list of them (`input: a` or `input: [a, b]`). Only the
+    branch the value's shape picks reports (a callable discriminator): `input: 3` is one
+    message, not one per member of the union."""
+    def not_empty(value: Any) -> Any:
+        if isinstance(value, list) and not value:
+            raise PydanticCustomError(_EMPTY, "must name at least one {noun}", {"noun": noun})
+        return value
+    one = TypeAdapter(item).json_schema()
+    schema = {"anyOf": [one, {"type": "array", "items": one, "minItems": 1}]}
+    return Annotated[Annotated[item, Tag("one")] | Annotated[list[item], Tag("list")],
+                     Discriminator(_one_or_list), BeforeValidator(not_empty),
+                     WithJsonSchema(schema)]
+
+
+def _scalar(value: Any) -> Any:
+    if isinstance(value, dict | list) or value is None:
+        raise PydanticCustomError(_SCALAR, "must be a string, number or boolean, got {got}",
+                                  {"got": type_name(value)})
+    return value
+
+
+#: Any string, number or boolean (a client's or an object store's settings, as-is).
+Scalar = Annotated[Any, BeforeValidator(_scalar),
+                   WithJsonSchema({"type": ["string", "number", "boolean"]})]
+#: A mapping of user-chosen names to scalars, passed through as-is.
+Settings = dict[Any, Scalar]
+
+
+def tag(value: str) -> Any:
+    """The `type:` of one variant of a discriminated union (`Literal["files"]`)."""
+    return Literal[value]
