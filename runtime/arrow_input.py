@@ -208,24 +208,12 @@ def _decode_one(plan: ArrowInput, target: str | TaskTarget,
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from streamer.connectors.arrow.arrow_csv import decode as decode_csv
-    from streamer.connectors.arrow.arrow_json import decode
-    from streamer.connectors.files.files_source import SPLIT
     from streamer.worker import prepare_task
 
     prepare_task()
     index, unit = item
     try:
-        if plan.kind == "parquet":
-            table, split = _parquet(plan, unit), SPLIT
-        else:
-            data, records, split = _read(plan, unit)
-            if plan.kind == "csv":
-                assert plan.conf is not None
-                table = decode_csv(data, plan.columns, header=plan.conf["header"],
-                                   delimiter=plan.conf["delimiter"])
-            else:
-                table = decode(data, plan.columns, records)
+        table, split = decode_unit(plan, unit)
         max_ts = None
         if plan.event_time is not None:
             table, _ = plan.event_time.run(table)
@@ -258,6 +246,24 @@ def _decode_one(plan: ArrowInput, target: str | TaskTarget,
     path = f"{target}/part-{index:05d}.parquet"
     pq.write_table(out, path, compression="none")
     return {**done, "path": path}
+
+
+def decode_unit(plan: ArrowInput, unit: Any) -> tuple[Any, str]:
+    """(The source's columns of one file or Kafka range, decoded with Arrow as Spark would,
+    the name of its split); `ArrowRefused` where that is not certain. The continuous mode's
+    source subtasks (`runtime.continuous_source`) read their files with it too."""
+    from streamer.connectors.arrow.arrow_csv import decode as decode_csv
+    from streamer.connectors.arrow.arrow_json import decode
+    from streamer.connectors.files.files_source import SPLIT
+
+    if plan.kind == "parquet":
+        return _parquet(plan, unit), SPLIT
+    data, records, split = _read(plan, unit)
+    if plan.kind == "csv":
+        assert plan.conf is not None
+        return decode_csv(data, plan.columns, header=plan.conf["header"],
+                          delimiter=plan.conf["delimiter"]), split
+    return decode(data, plan.columns, records), split
 
 
 def _parquet(plan: ArrowInput, name: str) -> Any:
