@@ -278,6 +278,7 @@ def output(root: Path, name: str, parallelism: int) -> list[list[Any]]:
     return out
 
 
+@pytest.mark.slow
 def test_a_gang_restores_from_a_checkpoint_and_ends_with_the_oracles_counts(
         tmp_path: Path, chain: Any) -> None:
     files = write_files(tmp_path, 6, 300, seed=8)
