@@ -317,15 +317,21 @@ def _read(plan: ArrowInput, unit: Any) -> tuple[bytes, int | None, str]:
 
     topic, partition, start, end = unit
     assert plan.conf is not None
-    values: list[bytes] = []
+    values: list[bytes | None] = []
     for batch in read_range(dict(plan.conf), topic, partition, start, end):
-        column = batch.column(1)
-        if column.null_count:
-            msg = "a value is null (a tombstone: a bad record to Spark)"
-            raise ArrowRefused(msg)
-        values += column.to_pylist()
-    data = b"\n".join(values)
+        values += batch.column(1).to_pylist()
+    return kafka_text(values), len(values), split_name(topic, partition)
+
+
+def kafka_text(values: list[bytes | None]) -> bytes:
+    """Kafka values as the JSON-lines text `arrow_json.decode` reads, one line each;
+    `ArrowRefused` for a null value (a tombstone: a bad record to Spark) or one that holds a
+    line break (Spark decodes each value alone)."""
+    if any(v is None for v in values):
+        msg = "a value is null (a tombstone: a bad record to Spark)"
+        raise ArrowRefused(msg)
+    data = b"\n".join(v for v in values if v is not None)
     if data.count(b"\n") != max(len(values) - 1, 0) or b"\r" in data:
         msg = "a value holds a line break"
         raise ArrowRefused(msg)
-    return data, len(values), split_name(topic, partition)
+    return data

@@ -3,11 +3,12 @@ fused stateless chain on Arrow, routes each row by key group to the keyed subtas
 channels, and carries watermarks, barriers and end of input in the data. Free of Spark, so
 a barrier task hosts it as it is; the driver compiles its plan (`SourcePlan`).
 
-- **Splits**: its files, in order (a local parquet, JSON-lines or CSV source: what
-  `runtime.arrow_input.decode_unit` reads as Spark would; a file it refuses is an error
-  here, as there is no Spark to fall back to: the planner will refuse such a pipeline).
-  Each file is decoded whole, then taken `batch_rows` rows at a time, so the position
-  between two slices is (file, row).
+- **Splits** (`runtime.continuous_splits`): its files in order (local parquet, JSON lines
+  or CSV, decoded whole as the epoch mode's Arrow tasks decode them, then taken
+  `batch_rows` rows at a time: the position is (file, row)), or its Kafka partitions (one
+  consumer assigned at their offsets: the position is the next offset per partition, the
+  epoch mode's offsets). Input Arrow cannot read as Spark would is an error here, as there
+  is no Spark to fall back to: the planner will refuse such a pipeline.
 - **A slice**: the event time (`ArrowInput.event_time`) and the chain (`ArrowInput.program`,
   an `operators.arrow_sql.Program`), then, per keyed subtask, the rows of its key groups
   shaped as the epoch mode's direct read shapes an epoch's input
@@ -17,29 +18,32 @@ a barrier task hosts it as it is; the driver compiles its plan (`SourcePlan`).
   watermark, which the source does not know (the keyed loop does not drop them yet either).
 - **Watermarks**: as the epoch mode computes them (`runtime.watermarks.WatermarkTracker`:
   per split its maximum event time less the bounded out-of-orderness, the minimum over
-  active splits), sent on every channel after the slice that advanced it.
+  active splits), sent on every channel after the slice that advanced it. Once every split
+  had nothing for the source's `idle_timeout`, the channels are told it is idle (the keyed
+  subtasks leave it out of their watermark) until it reads records again.
 - **Barriers**: `inject(n)` (from the coordinator's barrier stream, any thread) is taken
   between two slices: the subtask records its position, acknowledges n with it, and sends
   barrier n on every channel after the rows of the slices before it. After its end of
   input it still acknowledges barriers, with its final position.
-- **Restore**: from a recorded position: the files before it are skipped, the file at it is
-  read from its row on, and the watermark tracker resumes from the position's.
+- **Restore**: from a recorded position: the splits resume there (the files before it
+  skipped, the file at it read from its row on; the partitions from their offsets), and the
+  watermark tracker resumes from the position's.
 """
 
 from __future__ import annotations
 
 import queue
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from streamer.exceptions import StreamerError
 from streamer.exchange.alignment import MIN_WATERMARK
 from streamer.operators.direct import DirectRead, ipc_bytes, read_direct
 from streamer.operators.keyed_config import KeyedConfig
 from streamer.pipeline.source_spec import SourceSpec
-from streamer.runtime.arrow_input import ArrowInput, decode_unit
+from streamer.runtime.arrow_input import ArrowInput
+from streamer.runtime.continuous_splits import ContinuousSourceError, Slice
 from streamer.runtime.watermarks import WatermarkTracker
 
 
@@ -111,66 +115,65 @@ class SourcePlan:
         return self.route.empty(table.schema)
 
 
-class ContinuousSourceError(StreamerError):
-    """A source subtask met input it cannot read as Spark would (the continuous mode has no
-    Spark to fall back to): the message names the file and why."""
+class Splits(Protocol):
+    """What a source subtask reads (`runtime.continuous_splits`: files or Kafka partitions)."""
+
+    def next_slice(self) -> Slice | None:
+        """The next rows (advancing the position), or None at the end of the input."""
+
+    def position(self) -> dict[str, Any]:
+        """Where it is (JSON)."""
+
+    def epoch_offsets(self) -> dict[str, Any]:
+        """Its position as the epoch mode's source records offsets."""
+
+    def resume(self, position: Mapping[str, Any]) -> None:
+        """Continue from a recorded position."""
+
+    def where(self) -> str:
+        """What it reads now (for messages)."""
+
+    def close(self) -> None:
+        """Release its readers."""
 
 
 class SourceSubtask:
-    """One source subtask over its `files` (in order), sending to `channels` (channel i
-    goes to keyed subtask i). `ack(n, position)` acknowledges barrier n; `position` is a
-    recorded one to resume from (`position()`'s JSON), or None for the start."""
+    """One source subtask over its `splits`, sending to `channels` (channel i goes to keyed
+    subtask i). `ack(n, position)` acknowledges barrier n; `position` is a recorded one to
+    resume from (`position()`'s JSON), or None for the start."""
 
-    def __init__(self, plan: SourcePlan, files: Sequence[str], channels: Sequence[Channel], *,
+    def __init__(self, plan: SourcePlan, splits: Splits, channels: Sequence[Channel], *,
                  ack: Callable[[int, dict[str, Any]], None],
-                 position: dict[str, Any] | None = None, batch_rows: int = 1_000,
+                 position: dict[str, Any] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         if len(channels) != plan.route.cfg.parallelism:
             msg = (f"{len(channels)} channels for {plan.route.cfg.parallelism} keyed "
                    "subtasks")
             raise ValueError(msg)
         self.plan = plan
-        self.files = list(files)
+        self.splits = splits
         self.channels = list(channels)
         self.ack = ack
-        self.batch_rows = batch_rows
         self.clock = clock
         self.tracker = WatermarkTracker({plan.spec.id: plan.spec})
-        self.file = 0  # the index of the file being read
-        self.row = 0  # rows of it sent
         self.records = 0  # rows read in all (before the chain)
         self.sent_watermark = MIN_WATERMARK
+        self.idle = False  # whether the channels were told it is idle
         self.ended = False
         self._barriers: queue.Queue[int] = queue.Queue()
-        self._table: Any = None  # the file being read, decoded
-        self._split = ""
         self._schema = plan.out_schema()
         if position is not None:
-            self._resume(position)
+            splits.resume(position)
+            self.records = int(position.get("records", 0))
+            self.tracker.restore(position.get("watermark", {}), int(self.clock() * 1000))
+            self.sent_watermark = self.tracker.current
 
-    # ------------------------------------------------------------------ positions
     def position(self) -> dict[str, Any]:
-        """Where the subtask is: the files done, the file being read and its rows sent, the
-        rows read in all, and the watermark tracker (JSON)."""
-        current = self.files[self.file] if self.file < len(self.files) else None
-        return {"done": self.files[:self.file], "file": current, "row": self.row,
-                "records": self.records, "watermark": self.tracker.to_json()}
-
-    def _resume(self, position: dict[str, Any]) -> None:
-        done = set(position.get("done", []))
-        unknown = done - set(self.files)
-        if unknown:
-            msg = f"the position names files this subtask does not read: {sorted(unknown)}"
-            raise ValueError(msg)
-        current = position.get("file")
-        self.file = self.files.index(current) if current is not None else len(self.files)
-        if set(self.files[:self.file]) != done:
-            msg = "the position's files done are not the ones before its file"
-            raise ValueError(msg)
-        self.row = int(position.get("row", 0))
-        self.records = int(position.get("records", 0))
-        self.tracker.restore(position.get("watermark", {}), int(self.clock() * 1000))
-        self.sent_watermark = self.tracker.current
+        """Where the subtask is: its splits' position, their epoch-mode offsets, the rows
+        read in all, whether its input ended, and the watermark tracker (JSON)."""
+        return {**self.splits.position(), "epoch_offsets": self.splits.epoch_offsets(),
+                "records": self.records, "ended": self.ended,
+                "watermark": self.tracker.to_json()}
 
     # ------------------------------------------------------------------ the loop
     def inject(self, checkpoint: int) -> None:
@@ -188,14 +191,19 @@ class SourceSubtask:
         self.barriers()
         if self.ended:
             return False
-        table = self._next_slice()
-        if table is None:
+        piece = self.splits.next_slice()
+        if piece is None:
             for channel in self.channels:
                 channel.end()
             self.ended = True
+            self.splits.close()
             self.barriers()
             return False
-        self._emit(table)
+        maxima: dict[str, int | None] = dict.fromkeys(piece.polled)
+        if piece.table.num_rows:
+            self.records += piece.table.num_rows
+            maxima.update(self._emit(piece))
+        self._watermark(maxima)
         return True
 
     def barriers(self) -> None:
@@ -211,61 +219,66 @@ class SourceSubtask:
                 for channel in self.channels:
                     channel.barrier(checkpoint)
 
-    def _next_slice(self) -> Any:
-        """The next `batch_rows` rows of the files (advancing the position), or None."""
-        from streamer.exceptions import ArrowRefused
-
-        while self.file < len(self.files):
-            if self._table is None:
-                name = self.files[self.file]
-                try:
-                    self._table, self._split = decode_unit(self.plan.input, name)
-                except ArrowRefused as exc:
-                    msg = f"source {self.plan.spec.id!r}: cannot read {name!r} with Arrow: {exc}"
-                    raise ContinuousSourceError(msg) from exc
-            if self.row < self._table.num_rows:
-                table = self._table.slice(self.row, self.batch_rows)
-                self.row += table.num_rows
-                self.records += table.num_rows
-                return table
-            self.file += 1
-            self.row = 0
-            self._table = None
-        return None
-
-    def _emit(self, table: Any) -> None:
-        """A slice through the chain to the keyed subtasks, then the watermark."""
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
+    def _emit(self, piece: Slice) -> dict[str, int | None]:
+        """A slice through the chain to the keyed subtasks; its newest event time per split."""
         from streamer.columns import EVENT_TIME
 
-        max_ts = None
+        table = piece.table
+        maxima: dict[str, int | None] = {}
         if self.plan.input.event_time is not None:
             table, _ = self.plan.input.event_time.run(table)
             ts = table.column(EVENT_TIME)
             if ts.null_count:
-                msg = (f"source {self.plan.spec.id!r}: a record of "
-                       f"{self.files[self.file]!r} has no event time")
+                msg = (f"source {self.plan.spec.id!r}: a record of {self.splits.where()} has "
+                       "no event time")
                 raise ContinuousSourceError(msg)
-            if table.num_rows:
-                max_ts = pc.max(ts).cast(pa.int64()).as_py() // 1000
+            maxima = newest_per_split(ts, piece.splits)
         table, _ = self.plan.input.program.run(table)
         for subtask, channel in enumerate(self.channels):
             rows = self.plan.route.shape(table, subtask).cast(self._schema)
             if rows.num_rows:
                 for batch in rows.combine_chunks().to_batches():
                     channel.send(batch)
-        self._watermark({self._split: max_ts})
+        return maxima
 
     def _watermark(self, maxima: dict[str, int | None]) -> None:
+        """Advance the watermark (sent on every channel when it moved); tell the channels
+        when every split went idle (`watermark.idle_timeout`), as the tracker judges it."""
         now = int(self.clock() * 1000)
         self.tracker.observe(self.plan.spec.id, maxima, now)
         current = self.tracker.advance(now)
+        if any(ts is not None for ts in maxima.values()):
+            self.idle = False
+        elif not self.idle and self._all_idle(now):
+            self.idle = True
+            for channel in self.channels:
+                channel.idle()
         if current > self.sent_watermark:
             self.sent_watermark = current
             for channel in self.channels:
                 channel.watermark(current)
+
+    def _all_idle(self, now: int) -> bool:
+        spec = self.plan.spec.watermark
+        if spec is None or spec.idle_timeout_ms is None or not self.tracker.splits:
+            return False
+        return all(now - s.last_active_ms >= spec.idle_timeout_ms
+                   for s in self.tracker.splits.values())
+
+
+def newest_per_split(ts: Any, splits: str | list[str]) -> dict[str, int | None]:
+    """The newest event time (epoch ms) of the rows of each split: `splits` names one for
+    all of `ts`, or the split of each row."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    micros = ts.cast(pa.int64())
+    if isinstance(splits, str):
+        return {splits: pc.max(micros).as_py() // 1000} if len(ts) else {}
+    grouped = pa.table({"split": pa.array(splits, pa.string()), "ts": micros}).group_by(
+        "split", use_threads=False).aggregate([("ts", "max")])
+    return {s: m // 1000 for s, m in zip(grouped.column("split").to_pylist(),
+                                         grouped.column("ts_max").to_pylist(), strict=True)}
 
 
 def split_files(files: Sequence[str], subtasks: int) -> list[list[str]]:

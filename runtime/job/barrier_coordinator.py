@@ -10,8 +10,9 @@ snapshot's state handle (`operators.continuous.ContinuousSubtask`'s `ack`, as
 `{"snapshot": handle}`). Checkpoint n completes in numbered steps, as
 `runtime.job.checkpointing.CheckpointCoordinator.complete` does for an epoch:
 1. every acknowledgement is in (a subtask's second acknowledgement of n is ignored);
-2. `_metadata` is written atomically: per source uid its offsets (the files every subtask
-   finished, and each subtask's position under `continuous`), the watermark (the least of
+2. `_metadata` is written atomically: per source uid its offsets (as the epoch mode
+   records them: the files read whole, or each partition's next offset; and each subtask's
+   position under `continuous`), the watermark (the least of
    the subtasks' trackers, their splits named `<split>@<subtask>`), per operator uid its
    subtasks' handles, the epoch (the newest state version of the handles: an epoch-mode
    restore continues after it);
@@ -37,6 +38,9 @@ from streamer.checkpoint.checkpoint_metadata import (
 from streamer.exceptions import StreamerError
 from streamer.exchange.coordination import CoordinationServer
 from streamer.runtime.watermarks import MIN_WATERMARK
+
+#: Where a source's offsets keep each subtask's position (beside the epoch mode's splits).
+CONTINUOUS = "continuous"
 
 
 class CheckpointDeclinedError(StreamerError):
@@ -188,12 +192,13 @@ class BarrierCoordinator:
         finished = []
         for source_id, (uid, subtasks) in self.layout.sources.items():
             positions = {i: acks[source_task(source_id, i)] for i in range(subtasks)}
-            offsets[uid] = {"files": sorted(f for p in positions.values() for f in p["done"]),
-                            "continuous": {str(i): p for i, p in positions.items()}}
+            offsets[uid] = merge_offsets([p.get("epoch_offsets", {})
+                                          for p in positions.values()])
+            offsets[uid][CONTINUOUS] = {str(i): p for i, p in positions.items()}
             records[uid] = sum(int(p.get("records", 0)) for p in positions.values())
             trackers = {i: p.get("watermark", {}) for i, p in positions.items()}
             currents += [int(t.get("current", MIN_WATERMARK)) for t in trackers.values()]
-            if all(p["file"] is None for p in positions.values()):
+            if all(p.get("ended") for p in positions.values()):
                 finished.append(source_id)
             splits += [[source_id, f"{split}@{i}", max_ts, active]
                        for i, t in trackers.items()
@@ -214,9 +219,22 @@ class BarrierCoordinator:
         self.server.close()
 
 
+def merge_offsets(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The source's offsets as the epoch mode records them, from its subtasks' parts: lists
+    (the files read) joined and sorted, other values (a partition's offset) as they are."""
+    merged: dict[str, Any] = {}
+    for part in parts:
+        for split, value in part.items():
+            if isinstance(value, list):
+                merged[split] = sorted({*merged.get(split, []), *value})
+            else:
+                merged[split] = value
+    return merged
+
+
 def source_positions(meta: CheckpointMetadata, uid: str) -> dict[int, dict[str, Any]]:
     """Each subtask's recorded position of source `uid` in checkpoint `meta`."""
-    found = meta.offsets.get(uid, {}).get("continuous", {})
+    found = meta.offsets.get(uid, {}).get(CONTINUOUS, {})
     return {int(i): dict(p) for i, p in found.items()}
 
 

@@ -70,13 +70,14 @@ def source(subtask: int, files: list[str], plan: Any, locations: list[str], coor
     that many rows (it still takes barriers) and waits to be killed; `pace_s` between
     slices keeps it slow enough for checkpoints to fall in the middle of its files."""
     from streamer.runtime.continuous_source import SourceSubtask
+    from streamer.runtime.continuous_splits import FileSplits
 
     try:
         schema = plan.out_schema()
         senders = [ExchangeSender(location, subtask, schema) for location in locations]
         client = CoordinationClient(coordinator, source_task(plan.spec.id, subtask))
-        src = SourceSubtask(plan, files, senders, ack=client.ack, position=position,
-                            batch_rows=40)
+        src = SourceSubtask(plan, FileSplits(plan.input, files, 40), senders, ack=client.ack,
+                            position=position)
         client.follow_barriers(src.inject)
         while src.step():
             time.sleep(pace_s)

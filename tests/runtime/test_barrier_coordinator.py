@@ -32,7 +32,8 @@ from streamer.state.snapshot import take_snapshot
 
 def position(rows: int) -> dict[str, Any]:
     """A source subtask's position after `rows` rows of file `a`."""
-    return {"done": [], "file": "a", "row": rows, "records": rows,
+    return {"done": [], "file": "a", "row": rows, "records": rows, "ended": False,
+            "epoch_offsets": {"files": ["z"] if rows > 2 else []},
             "watermark": {"current": rows * 10, "finished": [],
                           "splits": [["events", "files", rows * 10, 0]], "operators": {}}}
 
@@ -83,6 +84,7 @@ def test_checkpoints_complete_on_every_ack_and_are_declined_without_one(tmp_path
         store.read(2)
     meta = store.read(3)
     assert source_positions(meta, "events-uid") == {0: position(3)}
+    assert meta.offsets["events-uid"]["files"] == ["z"]
     assert keyed_handles(meta, "count-uid") == {0: handles[3]}
     assert meta.watermark["current"] == 30
     assert meta.watermark["splits"] == [["events", "files@0", 30, 0]]

@@ -37,6 +37,7 @@ from streamer.pipeline.spec import AggregateSpec, OperatorSpec
 from streamer.pipeline.yaml_loader import Path as YamlPath
 from streamer.runtime.arrow_input import ArrowInput
 from streamer.runtime.continuous_source import KeyedRoute, SourcePlan, SourceSubtask, split_files
+from streamer.runtime.continuous_splits import FileSplits
 from streamer.runtime.job.barrier_coordinator import (
     BarrierCoordinator,
     GangLayout,
@@ -146,7 +147,8 @@ def test_a_barrier_position_is_the_rows_sent_before_it(tmp_path: Path, chain: An
     acks: dict[int, dict[str, Any]] = {}
     senders = [ExchangeSender(s.location, 0, plan.out_schema()) for s in servers]
     try:
-        src = SourceSubtask(plan, files, senders, ack=acks.__setitem__, batch_rows=25)
+        src = SourceSubtask(plan, FileSplits(plan.input, files, 25), senders,
+                            ack=acks.__setitem__)
         # Barriers at the start, mid-file, two in a row, at a file's end, and after the end.
         at = {0, 2, 5, 6, 8, 11}
         checkpoint, step = 0, 0
@@ -202,8 +204,8 @@ def sent_after(plan: SourcePlan, files: list[str], position: dict[str, Any]) -> 
     servers = [ExchangeServer("127.0.0.1", 1, 16 << 20) for _ in range(2)]
     senders = [ExchangeSender(s.location, 0, plan.out_schema()) for s in servers]
     try:
-        src = SourceSubtask(plan, files, senders, ack=lambda n, p: None, position=position,
-                            batch_rows=25)
+        src = SourceSubtask(plan, FileSplits(plan.input, files, 25), senders,
+                            ack=lambda n, p: None, position=position)
         assert src.tracker.current == position["watermark"]["current"]
         src.run()
         sent: Counter[str] = Counter()
