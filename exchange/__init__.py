@@ -8,7 +8,9 @@ keyed subtask does with its input channels, and how tasks send each other record
   channels, upstream subtasks push Arrow record batches and control messages to it, with
   bounded buffers and credit-based flow control;
 - `gate`: a subtask's input gate, which reads the exchange's channels through the aligner
-  and leaves a blocked channel's messages in the exchange (so its sender runs out of credit).
+  and leaves a blocked channel's messages in the exchange (so its sender runs out of credit);
+- `coordination`: the control plane between the driver's coordinator and the subtasks:
+  barrier streams down to the sources, acknowledgements up.
 
 The package imports only the core: Spark tasks (operators/) and the driver (runtime/) both
 may use it. docs/architecture.md, "Continuous execution (issue 36)", says what is built and

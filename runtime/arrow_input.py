@@ -208,24 +208,12 @@ def _decode_one(plan: ArrowInput, target: str | TaskTarget,
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from streamer.connectors.arrow.arrow_csv import decode as decode_csv
-    from streamer.connectors.arrow.arrow_json import decode
-    from streamer.connectors.files.files_source import SPLIT
     from streamer.worker import prepare_task
 
     prepare_task()
     index, unit = item
     try:
-        if plan.kind == "parquet":
-            table, split = _parquet(plan, unit), SPLIT
-        else:
-            data, records, split = _read(plan, unit)
-            if plan.kind == "csv":
-                assert plan.conf is not None
-                table = decode_csv(data, plan.columns, header=plan.conf["header"],
-                                   delimiter=plan.conf["delimiter"])
-            else:
-                table = decode(data, plan.columns, records)
+        table, split = decode_unit(plan, unit)
         max_ts = None
         if plan.event_time is not None:
             table, _ = plan.event_time.run(table)
@@ -258,6 +246,24 @@ def _decode_one(plan: ArrowInput, target: str | TaskTarget,
     path = f"{target}/part-{index:05d}.parquet"
     pq.write_table(out, path, compression="none")
     return {**done, "path": path}
+
+
+def decode_unit(plan: ArrowInput, unit: Any) -> tuple[Any, str]:
+    """(The source's columns of one file or Kafka range, decoded with Arrow as Spark would,
+    the name of its split); `ArrowRefused` where that is not certain. The continuous mode's
+    source subtasks (`runtime.continuous_source`) read their files with it too."""
+    from streamer.connectors.arrow.arrow_csv import decode as decode_csv
+    from streamer.connectors.arrow.arrow_json import decode
+    from streamer.connectors.files.files_source import SPLIT
+
+    if plan.kind == "parquet":
+        return _parquet(plan, unit), SPLIT
+    data, records, split = _read(plan, unit)
+    if plan.kind == "csv":
+        assert plan.conf is not None
+        return decode_csv(data, plan.columns, header=plan.conf["header"],
+                          delimiter=plan.conf["delimiter"]), split
+    return decode(data, plan.columns, records), split
 
 
 def _parquet(plan: ArrowInput, name: str) -> Any:
@@ -311,15 +317,21 @@ def _read(plan: ArrowInput, unit: Any) -> tuple[bytes, int | None, str]:
 
     topic, partition, start, end = unit
     assert plan.conf is not None
-    values: list[bytes] = []
+    values: list[bytes | None] = []
     for batch in read_range(dict(plan.conf), topic, partition, start, end):
-        column = batch.column(1)
-        if column.null_count:
-            msg = "a value is null (a tombstone: a bad record to Spark)"
-            raise ArrowRefused(msg)
-        values += column.to_pylist()
-    data = b"\n".join(values)
+        values += batch.column(1).to_pylist()
+    return kafka_text(values), len(values), split_name(topic, partition)
+
+
+def kafka_text(values: list[bytes | None]) -> bytes:
+    """Kafka values as the JSON-lines text `arrow_json.decode` reads, one line each;
+    `ArrowRefused` for a null value (a tombstone: a bad record to Spark) or one that holds a
+    line break (Spark decodes each value alone)."""
+    if any(v is None for v in values):
+        msg = "a value is null (a tombstone: a bad record to Spark)"
+        raise ArrowRefused(msg)
+    data = b"\n".join(v for v in values if v is not None)
     if data.count(b"\n") != max(len(values) - 1, 0) or b"\r" in data:
         msg = "a value holds a line break"
         raise ArrowRefused(msg)
-    return data, len(values), split_name(topic, partition)
+    return data
