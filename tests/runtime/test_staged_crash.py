@@ -16,12 +16,12 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from streamer_process import FilesOutput, quick_jvm, run_streamer
-from test_crash import SEED, Lap, LapJob, check_campaign, crash_campaign
+from fragments import KEEP, files_sink, files_source, job, section
+from streamer_process import FilesOutput, quick_jvm
+from test_crash import Lap, LapJob, check_campaign, reference_and_campaign, reference_run
 from test_direct import AGGREGATE
 from test_staged import json_events
 
@@ -34,43 +34,18 @@ JOB = "staged-crash"
 FILES, ROWS = 6, 200
 EPOCHS = FILES
 
-PIPELINE = """\
-name: {job}
-storage: {root}/storage
-job:
-  parallelism: 2
-  max_parallelism: 16
-  checkpoint: {{interval: 1ms, retain: 2}}
-  state: {{backend: rocksdb, local_dir: {root}/local}}
-  restart: {{attempts: 0, delay: 0s}}
-  execution: {{small_epoch_rows: 0, local_rows: 0}}
-sources:
-  - id: events
-    type: files
-    path: {data}
-    format: jsonl
-    schema: {{user: string, grp: int, ts: timestamp, amount: double, qty: bigint}}
-    max_files_per_epoch: 1
-    event_time: ts
-    watermark: {{max_out_of_orderness: 5s}}
-operators:
-  - {{id: keep, input: events, filter: "qty >= 0 or amount is null"}}
-  - id: agg
-    input: keep
-""" + AGGREGATE.format(keys="[user]", window="window: {{tumbling: 1m}}") + """\
-sinks:
-  - id: out
-    type: files
-    input: agg
-    path: {root}/out
-    format: jsonl
-""" + quick_jvm().replace("{", "{{").replace("}", "}}")
 
 
 def write_job(root: Path, data: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     path = root / "job.yaml"
-    path.write_text(PIPELINE.format(job=JOB, root=root, data=data))
+    path.write_text(
+        job(JOB, root, max_parallelism=16, backend="rocksdb", attempts=0,
+            execution="{small_epoch_rows: 0, local_rows: 0}")
+        + section("sources", files_source(data))
+        + section("operators", KEEP, "  - id: agg\n    input: keep\n" + AGGREGATE.format(
+            keys="[user]", window="window: {tumbling: 1m}"))
+        + section("sinks", files_sink("agg", root / "out")) + quick_jvm())
     return path
 
 
@@ -89,9 +64,7 @@ def staged_every_epoch(root: Path) -> list[str]:
 
 def reference_output(root: Path, data: Path) -> Counter[str]:
     """What one uninterrupted run without checkpoints commits, every epoch staged."""
-    run = run_streamer(write_job(root, data), "--no-checkpoints")
-    assert run.returncode == 0 and run.finished, run.describe()
-    assert run.finished["epochs"] == EPOCHS, run.finished
+    run = reference_run(write_job(root, data), EPOCHS)
     assert staged_every_epoch(root) == []
     assert sum(1 for e in run.events if e.get("event") == "epoch" and e["staged"]) >= FILES
     rows = FilesOutput(root / "out").committed()
@@ -115,11 +88,7 @@ def test_sigkill_around_the_staging_write_then_rerun_commits_exactly_the_referen
         tmp_path: Path) -> None:
     data = tmp_path / "data"
     json_events(data, files=FILES, rows=ROWS, seed=11)
-    print(f"staged crash test seed {SEED} (STREAMER_TEST_CRASH_SEED), {KILLS} kills in {tmp_path}")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        reference_f = pool.submit(reference_output, tmp_path / "reference", data / "jsonl")
-        campaign_f = pool.submit(crash_campaign, "staged", tmp_path / "staged",
-                                 staged_job(data / "jsonl"), KILLS)
-        reference, campaign = reference_f.result(), campaign_f.result()
-    check_campaign(campaign, reference, KILLS, EPOCHS,
-                   kinds=KINDS)
+    reference, campaign = reference_and_campaign(
+        "staged", tmp_path, lambda root: reference_output(root, data / "jsonl"),
+        staged_job(data / "jsonl"), KILLS)
+    check_campaign(campaign, reference, KILLS, EPOCHS, kinds=KINDS)

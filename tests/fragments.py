@@ -1,0 +1,206 @@
+"""Pieces of pipeline YAML that tests and benchmarks put together, so that the jobs they share
+are written once: test_crash.py's clicks (a datagen source) through 5-second tumbling windows
+into files, the JSON-lines files source of the staged and Arrow tests, a Kafka topic in and
+out. Each function returns block YAML with its values filled in (no `str.format` fields, so
+no doubled braces): `job` the top of a pipeline, the others one list item of `sources:`,
+`operators:` or `sinks:` (indented by two), which `section` puts under its key.
+
+    text = (job("crash", root, backend="rocksdb", attempts=0)
+            + section("sources", clicks(limit=600, per_epoch=120))
+            + section("operators", window("per_window", "clicks", "5s", CRASH_AGGREGATE))
+            + section("sinks", files_sink("per_window", root / "out")))
+
+Importable from every test (tests/ is on `sys.path`: pytest puts the folder of the root
+conftest.py there) and from bench/ (whose modules put tests/ there themselves).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+#: 2026-01-01T00:00:00Z, the event time the generated records start at.
+BASE_MS = 1767225600000
+#: A checkpoint after every epoch, the last two kept.
+EVERY_EPOCH = "{interval: 1ms, retain: 2}"
+#: The aggregate of test_crash.py's windows (and of the jobs that copy its output).
+CRASH_AGGREGATE = "{n: count(), spent: sum(amount), first: min(ts), last: max(ts)}"
+#: The aggregate most windows over clicks compute.
+SPENT = "{n: count(), spent: sum(amount)}"
+#: The columns of the JSON events `test_staged.json_events` writes.
+EVENTS_SCHEMA = "{user: string, grp: int, ts: timestamp, amount: double, qty: bigint}"
+#: test_crash.py's clicks as Kafka records: the event time is the `ts` column, in ms.
+CLICKS_SCHEMA = "{user: string, amount: double, ts: bigint}"
+
+
+def job(name: str, root: Path | str | None = None, *, storage: Path | str | None = None,
+        parallelism: int | str = 2, max_parallelism: int | None = None,
+        epoch: str | None = None, checkpoint: str | None = EVERY_EPOCH,
+        backend: str | None = None, local_dir: Path | str | None = None,
+        attempts: int | None = None, execution: str | None = None,
+        storage_options: dict[str, str] | None = None) -> str:
+    """The pipeline's `name:`, `storage:` (`<root>/storage` by default, reached with
+    `storage_options`) and `job:` block. The state backend keeps its local files in
+    `local_dir` (`<root>/local` by default); a `restart:` is written when `attempts` is given
+    (with no delay between attempts)."""
+    if storage is None and root is not None:
+        storage = f"{root}/storage"
+    lines = [f"name: {name}"] + ([f"storage: {storage}"] if storage is not None else [])
+    if storage_options:
+        lines += ["storage_options:"] + [f"  {k}: {v}" for k, v in storage_options.items()]
+    lines += ["job:", f"  parallelism: {parallelism}"]
+    if max_parallelism is not None:
+        lines.append(f"  max_parallelism: {max_parallelism}")
+    if epoch is not None:
+        lines.append(f"  epoch: {epoch}")
+    if checkpoint is not None:
+        lines.append(f"  checkpoint: {checkpoint}")
+    if backend is not None:
+        local = local_dir if local_dir is not None else f"{root}/local"
+        lines.append(f"  state: {{backend: {backend}, local_dir: {local}}}")
+    if attempts is not None:
+        lines.append(f"  restart: {{attempts: {attempts}, delay: 0s}}")
+    if execution is not None:
+        lines.append(f"  execution: {execution}")
+    return "\n".join(lines) + "\n"
+
+
+def section(key: str, *items: str) -> str:
+    """`key:` (sources, operators or sinks) with its list items."""
+    return f"{key}:\n" + "".join(items)
+
+
+def clicks(*, limit: int | str, per_epoch: int | str, id: str = "clicks", splits: int = 2,
+           base_ms: int | str = BASE_MS, uid: str | None = None, rate: int | None = None,
+           out_of_orderness: str = "1s") -> str:
+    """test_crash.py's datagen source: per split, `limit` clicks 100 ms apart from `base_ms`,
+    of the 13 users u0-u12 (offset * 7 + split), amounts 0-9 (at most `rate` a second)."""
+    return f"""\
+  - id: {id}
+""" + (f"    uid: {uid}\n" if uid else "") + f"""\
+    type: datagen
+    splits: {splits}
+""" + (f"    rows_per_second: {rate}\n" if rate is not None else "") + f"""\
+    limit: {limit}
+    max_records_per_epoch: {per_epoch}
+    fields:
+      user: "concat('u', cast((offset * 7 + split) % 13 as string))"
+      amount: "cast(offset % 10 as double)"
+      ts: "timestamp_millis({base_ms} + offset * 100)"
+    event_time: ts
+    watermark: {{max_out_of_orderness: {out_of_orderness}}}
+"""
+
+
+def files_source(path: Path | str, fmt: str = "jsonl", *, id: str = "events",
+                 schema: str | None = EVENTS_SCHEMA, files_per_epoch: int | None = 1,
+                 event_time: str | None = "ts", out_of_orderness: str | None = "5s",
+                 on_error: str | None = None) -> str:
+    """A files source (one file an epoch by default) of the JSON events of
+    `test_staged.json_events`, event time `ts`."""
+    lines = [f"  - id: {id}", "    type: files", f"    path: {path}", f"    format: {fmt}"]
+    if schema is not None:
+        lines.append(f"    schema: {schema}")
+    if files_per_epoch is not None:
+        lines.append(f"    max_files_per_epoch: {files_per_epoch}")
+    if event_time is not None:
+        lines.append(f"    event_time: {event_time}")
+    if out_of_orderness is not None:
+        lines.append(f"    watermark: {{max_out_of_orderness: {out_of_orderness}}}")
+    if on_error is not None:
+        lines.append(f"    on_error: {on_error}")
+    return "\n".join(lines) + "\n"
+
+
+def kafka_source(bootstrap: str, topic: str, *, per_epoch: int | str, id: str = "clicks",
+                 uid: str | None = None, schema: str = CLICKS_SCHEMA,
+                 out_of_orderness: str = "1s", client: str | None = None) -> str:
+    """A bounded Kafka source of JSON records whose event time is their `ts` in ms."""
+    return f"  - id: {id}\n" + (f"    uid: {uid}\n" if uid else "") + (
+        f"    client: {client}\n" if client else "") + f"""\
+    type: kafka
+    bootstrap_servers: {bootstrap}
+    topic: {topic}
+    bounded: true
+    max_records_per_epoch: {per_epoch}
+    schema: {schema}
+    event_time: timestamp_millis(ts)
+    watermark: {{max_out_of_orderness: {out_of_orderness}}}
+"""
+
+
+#: The filter and derived columns of the staged and Arrow tests' JSON events (`KEEP` reads
+#: `events`; `derive` reads `keep`).
+KEEP = '  - {id: keep, input: events, filter: "qty >= 0 or amount is null"}\n'
+
+
+def derive(columns: str) -> str:
+    """The stateless `derive` after `KEEP`, adding or replacing `columns` (a flow mapping)."""
+    return f"  - {{id: derive, input: keep, with_columns: {columns}}}\n"
+
+
+def window(id: str, input: str, size: str, aggregate: str = SPENT, *, key_by: str = "[user]",
+           uid: str | None = None, emit: str | None = None) -> str:
+    """A keyed tumbling window of `size` (`emit: updates` with `emit`)."""
+    spec = f"{{tumbling: {size}, emit: {emit}}}" if emit else f"{{tumbling: {size}}}"
+    return f"  - id: {id}\n" + (f"    uid: {uid}\n" if uid else "") + f"""\
+    input: {input}
+    key_by: {key_by}
+    window: {spec}
+    aggregate: {aggregate}
+"""
+
+
+def totals(id: str = "totals", input: str = "clicks",
+           aggregate: str = "{n: count(), spent: sum(amount), last: max(ts)}") -> str:
+    """A rolling aggregate per user (an update stream: `aggregate:` without a window)."""
+    return f"""\
+  - id: {id}
+    input: {input}
+    key_by: [user]
+    aggregate: {aggregate}
+"""
+
+
+def delta_sink(input: str, path: Path | str, *, id: str, merge_key: str | None = None) -> str:
+    """A Delta table sink: appended to, or merged into by `merge_key`."""
+    merge = f"    mode: merge\n    key: {merge_key}\n" if merge_key else ""
+    return f"""\
+  - id: {id}
+    type: delta
+    input: {input}
+    path: {path}
+""" + merge
+
+
+def files_sink(input: str | None, path: Path | str, fmt: str = "jsonl", *,
+               id: str = "out") -> str:
+    """A files sink of `input` into `path` (without `input`, a dead-letter output)."""
+    return f"  - id: {id}\n    type: files\n" + (f"    input: {input}\n" if input else "") + \
+        f"    path: {path}\n    format: {fmt}\n"
+
+
+def kafka_sink(input: str, bootstrap: str, topic: str, *, id: str = "out",
+               key: str = "user") -> str:
+    """A Kafka sink of `input` into `topic`, keyed by `key`."""
+    return f"""\
+  - id: {id}
+    type: kafka
+    input: {input}
+    bootstrap_servers: {bootstrap}
+    topic: {topic}
+    key: {key}
+"""
+
+
+def crash_job(name: str, root: Path | str, *, backend: str = "rocksdb", limit: int = 600,
+              per_epoch: int = 120, attempts: int = 0, rate: int | None = None,
+              extra_operators: str = "", **options: Any) -> str:
+    """test_crash.py's job up to its sinks: the clicks (2 splits of `limit`, `per_epoch` an
+    epoch over both, at most `rate` a second) through the 5-second windows `per_window`, at
+    parallelism 2 with a checkpoint every epoch; `extra_operators` go after the windows,
+    `options` to `job`."""
+    return (job(name, root, backend=backend, attempts=attempts, **options)
+            + section("sources", clicks(limit=limit, per_epoch=per_epoch, rate=rate))
+            + section("operators", window("per_window", "clicks", "5s", CRASH_AGGREGATE),
+                      extra_operators))
