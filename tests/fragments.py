@@ -92,6 +92,16 @@ def clicks(*, limit: int | str, per_epoch: int | str, id: str = "clicks", splits
 """
 
 
+def click_records(per_partition: int, partitions: int = 2) -> list[tuple[None, dict[str, Any],
+                                                                       int]]:
+    """The records `clicks` generates, for a Kafka topic (`(key, value, partition)` for the
+    test broker's `produce`): per partition p and offset o, what the datagen generates for
+    split p, in order within the partition."""
+    return [(None, {"user": f"u{(o * 7 + p) % 13}", "amount": float(o % 10),
+                    "ts": BASE_MS + o * 100}, p)
+            for o in range(per_partition) for p in range(partitions)]
+
+
 def files_source(path: Path | str, fmt: str = "jsonl", *, id: str = "events",
                  schema: str | None = EVENTS_SCHEMA, files_per_epoch: int | None = 1,
                  event_time: str | None = "ts", out_of_orderness: str | None = "5s",
@@ -152,10 +162,10 @@ def window(id: str, input: str, size: str, aggregate: str = SPENT, *, key_by: st
 
 
 def totals(id: str = "totals", input: str = "clicks",
-           aggregate: str = "{n: count(), spent: sum(amount), last: max(ts)}") -> str:
+           aggregate: str = "{n: count(), spent: sum(amount), last: max(ts)}", *,
+           uid: str | None = None) -> str:
     """A rolling aggregate per user (an update stream: `aggregate:` without a window)."""
-    return f"""\
-  - id: {id}
+    return f"  - id: {id}\n" + (f"    uid: {uid}\n" if uid else "") + f"""\
     input: {input}
     key_by: [user]
     aggregate: {aggregate}

@@ -12,7 +12,6 @@ and nothing staged may be left once a run finishes.
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from pathlib import Path
@@ -20,7 +19,14 @@ from pathlib import Path
 import pytest
 from fragments import KEEP, derive, files_sink, files_source, job, section
 from streamer_process import FilesOutput, quick_jvm
-from test_crash import Lap, LapJob, check_campaign, reference_and_campaign, reference_run
+from test_crash import (
+    Lap,
+    LapJob,
+    check_campaign,
+    epochs_that,
+    reference_and_campaign,
+    reference_run,
+)
 from test_staged import json_events
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -31,7 +37,6 @@ JOB = "arrow-sink-crash"
 #: One JSON file of 200 events per epoch, the last one also the final epoch.
 FILES, ROWS = 6, 200
 EPOCHS = FILES
-
 
 
 def write_job(root: Path, data: Path) -> Path:
@@ -50,14 +55,8 @@ def write_job(root: Path, data: Path) -> Path:
 def arrow_every_epoch(root: Path) -> list[str]:
     """What is wrong with the runs in `root` (their `--json` events): an epoch with input
     that the Arrow tasks did not decode."""
-    wrong = []
-    for events in sorted(root.glob("*.jsonl")):
-        for line in events.read_text().splitlines():
-            event = json.loads(line)
-            if event.get("event") == "epoch" and event["records_in_total"] and \
-                    event["arrow_decoded"] != {"events": 1} and not event["arrow_refused"]:
-                wrong.append(f"{events.name}: epoch {event['epoch']} ran {event}")
-    return wrong
+    return epochs_that(root, lambda e: bool(
+        e["records_in_total"] and e["arrow_decoded"] != {"events": 1} and not e["arrow_refused"]))
 
 
 def committed(root: Path) -> Counter[str]:

@@ -22,7 +22,13 @@ import pytest
 from fragments import files_sink, job, section
 from streamer_process import FilesOutput, quick_jvm
 from test_broadcast import SOURCES_AND_OPERATOR, check_rules_in_order
-from test_crash import Lap, LapJob, check_campaign, reference_and_campaign, reference_run
+from test_crash import (
+    LapJob,
+    check_campaign,
+    collect_files,
+    reference_and_campaign,
+    reference_run,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -55,11 +61,7 @@ def reference_output(root: Path) -> Counter[str]:
 
 
 def broadcast_job() -> LapJob:
-    def collect(root: Path, lap: Lap) -> None:
-        output = FilesOutput(root / "out")
-        lap.rows, lap.leftovers = output.committed(), output.leftovers()
-
-    return LapJob(JOB, write_job, collect, epochs=EPOCHS, kinds=KINDS)
+    return LapJob(JOB, write_job, collect_files(), epochs=EPOCHS, kinds=KINDS)
 
 
 def test_sigkill_with_broadcast_state_then_every_subtask_applies_the_restored_rules(

@@ -26,6 +26,7 @@ campaigns of other sinks and jobs (test_*_crash.py) use this module's harness:
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import statistics
@@ -308,14 +309,40 @@ class LapJob:
     kinds: tuple[str, ...] = KINDS
 
 
-def files_job(backend: str, fmt: str = "jsonl") -> LapJob:
-    """This module's datagen -> windows -> files job on `backend`, writing `fmt` files."""
+def collect_files(fmt: str = "jsonl") -> Callable[[Path, Lap], None]:
+    """A `LapJob.collect` of a job whose one files sink writes `fmt` files to `<root>/out`."""
 
     def collect(root: Path, lap: Lap) -> None:
         output = FilesOutput(root / "out", fmt)
         lap.rows, lap.leftovers = output.committed(), output.leftovers()
 
-    return LapJob(JOB, lambda root: write_job(root, backend, fmt), collect)
+    return collect
+
+
+def alternating_backends(write_job: Callable[[Path, str], Path]) -> Callable[[Path], Path]:
+    """A `LapJob.write` that writes lap n's job (in `<label>-<n>`) on `BACKENDS[(n - 1) % 2]`."""
+
+    def write(root: Path) -> Path:
+        lap = int(root.name.rpartition("-")[2])
+        return write_job(root, BACKENDS[(lap - 1) % len(BACKENDS)])
+
+    return write
+
+
+def epochs_that(root: Path, wrong: Callable[[dict[str, Any]], bool]) -> list[str]:
+    """The epochs of the runs in `root` (their `--json` events) that are `wrong`."""
+    found = []
+    for events in sorted(root.glob("*.jsonl")):
+        for line in events.read_text().splitlines():
+            event = json.loads(line)
+            if event.get("event") == "epoch" and wrong(event):
+                found.append(f"{events.name}: epoch {event['epoch']} ran {event}")
+    return found
+
+
+def files_job(backend: str, fmt: str = "jsonl") -> LapJob:
+    """This module's datagen -> windows -> files job on `backend`, writing `fmt` files."""
+    return LapJob(JOB, lambda root: write_job(root, backend, fmt), collect_files(fmt))
 
 
 def run_lap(campaign: Campaign, root: Path, kills_wanted: int, planner: Planner,

@@ -23,7 +23,14 @@ from pathlib import Path
 import pytest
 from fragments import files_sink, job, section
 from streamer_process import FilesOutput, quick_jvm
-from test_crash import BACKENDS, Lap, LapJob, check_campaign, reference_and_campaign, reference_run
+from test_crash import (
+    LapJob,
+    alternating_backends,
+    check_campaign,
+    collect_files,
+    reference_and_campaign,
+    reference_run,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -92,16 +99,8 @@ def reference_output(root: Path) -> Counter[str]:
 
 def join_job() -> LapJob:
     """The join job for test_crash.py's campaign: lap n on `BACKENDS[(n - 1) % 2]`."""
-
-    def write(root: Path) -> Path:
-        lap = int(root.name.rpartition("-")[2])
-        return write_job(root, BACKENDS[(lap - 1) % len(BACKENDS)])
-
-    def collect(root: Path, lap: Lap) -> None:
-        output = FilesOutput(root / "out")
-        lap.rows, lap.leftovers = output.committed(), output.leftovers()
-
-    return LapJob(JOB, write, collect, epochs=EPOCHS, kinds=KINDS)
+    return LapJob(JOB, alternating_backends(write_job), collect_files(), epochs=EPOCHS,
+                  kinds=KINDS)
 
 
 def test_sigkill_at_fail_points_and_random_moments_then_rerun_commits_exactly_the_reference(

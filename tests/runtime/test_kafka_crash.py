@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fragments import BASE_MS, CRASH_AGGREGATE, job, kafka_sink, kafka_source, section, window
+from fragments import CRASH_AGGREGATE, click_records, job, kafka_sink, kafka_source, section, window
 from streamer_process import quick_jvm
 from test_crash import (
     EPOCHS,
@@ -44,10 +44,7 @@ def fill_source(kafka: Any) -> str:
     """The input topic: per partition p and offset o, the row datagen's job of test_crash.py
     would generate for split p (user, amount, ts in order within the partition)."""
     name = kafka.create_topic(f"kcrash-in-{uuid.uuid4().hex[:8]}", 2)
-    kafka.produce(name, [
-        (None, {"user": f"u{(o * 7 + p) % 13}", "amount": float(o % 10),
-                "ts": BASE_MS + o * 100}, p)
-        for o in range(PER_PARTITION) for p in (0, 1)])
+    kafka.produce(name, click_records(PER_PARTITION))
     return name
 
 

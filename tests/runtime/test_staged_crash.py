@@ -13,7 +13,6 @@ state directory (`_staged`), once a run finishes.
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from pathlib import Path
@@ -21,7 +20,14 @@ from pathlib import Path
 import pytest
 from fragments import KEEP, files_sink, files_source, job, section
 from streamer_process import FilesOutput, quick_jvm
-from test_crash import Lap, LapJob, check_campaign, reference_and_campaign, reference_run
+from test_crash import (
+    Lap,
+    LapJob,
+    check_campaign,
+    epochs_that,
+    reference_and_campaign,
+    reference_run,
+)
 from test_direct import AGGREGATE
 from test_staged import json_events
 
@@ -33,7 +39,6 @@ JOB = "staged-crash"
 #: One JSON file of 200 events per epoch, the last one also the final epoch.
 FILES, ROWS = 6, 200
 EPOCHS = FILES
-
 
 
 def write_job(root: Path, data: Path) -> Path:
@@ -52,14 +57,8 @@ def write_job(root: Path, data: Path) -> Path:
 def staged_every_epoch(root: Path) -> list[str]:
     """What is wrong with the runs in `root` (their `--json` events): an epoch with input
     whose window did not read it from staged files."""
-    wrong = []
-    for events in sorted(root.glob("*.jsonl")):
-        for line in events.read_text().splitlines():
-            event = json.loads(line)
-            if event.get("event") == "epoch" and event["records_in_total"] and (
-                    event["staged"] != ["agg"] or event["direct"] or event["local"]):
-                wrong.append(f"{events.name}: epoch {event['epoch']} ran {event}")
-    return wrong
+    return epochs_that(root, lambda e: bool(e["records_in_total"] and (
+        e["staged"] != ["agg"] or e["direct"] or e["local"])))
 
 
 def reference_output(root: Path, data: Path) -> Counter[str]:

@@ -25,7 +25,14 @@ from pathlib import Path
 import pytest
 from fragments import files_sink, job, section
 from streamer_process import FilesOutput, quick_jvm
-from test_crash import BACKENDS, Lap, LapJob, check_campaign, reference_and_campaign, reference_run
+from test_crash import (
+    Lap,
+    LapJob,
+    alternating_backends,
+    check_campaign,
+    reference_and_campaign,
+    reference_run,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -122,15 +129,10 @@ def reference_output(root: Path) -> Counter[str]:
 
 def topn_job() -> LapJob:
     """The job for test_crash.py's campaign: lap n on `BACKENDS[(n - 1) % 2]`."""
-
-    def write(root: Path) -> Path:
-        lap = int(root.name.rpartition("-")[2])
-        return write_job(root, BACKENDS[(lap - 1) % len(BACKENDS)])
-
     def collect(root: Path, lap: Lap) -> None:
         lap.rows, lap.leftovers = committed(root)
 
-    return LapJob(JOB, write, collect, epochs=EPOCHS, kinds=KINDS)
+    return LapJob(JOB, alternating_backends(write_job), collect, epochs=EPOCHS, kinds=KINDS)
 
 
 def test_sigkill_with_top_n_and_distinct_counts_then_rerun_commits_exactly_the_reference(
