@@ -19,14 +19,7 @@ from pathlib import Path
 import pytest
 from fragments import KEEP, derive, files_sink, files_source, job, section
 from streamer_process import FilesOutput, quick_jvm
-from test_crash import (
-    Lap,
-    LapJob,
-    check_campaign,
-    epochs_that,
-    reference_and_campaign,
-    reference_run,
-)
+from test_crash import Lap, LapJob, checked_campaign, epochs_that, reference_run
 from test_staged import json_events
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -95,7 +88,5 @@ def test_sigkill_around_the_arrow_tasks_writes_then_rerun_commits_exactly_the_re
     lines = bad.read_text().splitlines()
     lines[7] = lines[7][:15]
     bad.write_text("\n".join(lines) + "\n")
-    reference, campaign = reference_and_campaign(
-        "arrow-sink", tmp_path, lambda root: reference_output(root, data / "jsonl"),
-        arrow_job(data / "jsonl"), KILLS)
-    check_campaign(campaign, reference, KILLS, EPOCHS, kinds=KINDS)
+    checked_campaign("arrow-sink", tmp_path, lambda root: reference_output(root, data / "jsonl"),
+                     arrow_job(data / "jsonl"), KILLS)

@@ -22,13 +22,7 @@ import pytest
 from fragments import files_sink, job, section
 from streamer_process import FilesOutput, quick_jvm
 from test_broadcast import SOURCES_AND_OPERATOR, check_rules_in_order
-from test_crash import (
-    LapJob,
-    check_campaign,
-    collect_files,
-    reference_and_campaign,
-    reference_run,
-)
+from test_crash import LapJob, checked_campaign, collect_files, reference_run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -66,9 +60,7 @@ def broadcast_job() -> LapJob:
 
 def test_sigkill_with_broadcast_state_then_every_subtask_applies_the_restored_rules(
         tmp_path: Path) -> None:
-    reference, campaign = reference_and_campaign("broadcast", tmp_path, reference_output,
-                                                 broadcast_job(), KILLS)
-    check_campaign(campaign, reference, KILLS, EPOCHS, kinds=KINDS)
+    campaign = checked_campaign("broadcast", tmp_path, reference_output, broadcast_job(), KILLS)
     # A run restored broadcast state holding a rule or more (a checkpoint of epoch 1-5) and
     # went on to process events (each fail point's kill lets an epoch or more complete).
     assert any(1 <= kill.resumed_at < EPOCHS for kill in campaign.kills), campaign.schedule

@@ -433,18 +433,20 @@ def reference_run(path: Path, epochs: int, *args: str, **kwargs: Any) -> Run:
     return run
 
 
-def reference_and_campaign(label: str, tmp_path: Path,
-                           reference: Callable[[Path], Counter[str]], job: LapJob, kills: int,
-                           per_lap: int | None = None) -> tuple[Counter[str], Campaign]:
+def checked_campaign(label: str, tmp_path: Path, reference: Callable[[Path], Counter[str]],
+                     job: LapJob, kills: int, per_lap: int | None = None) -> Campaign:
     """A campaign's reference output (`reference` of `<tmp_path>/reference`) and its kill
-    campaign (`crash_campaign` in `<tmp_path>/<label>`), run side by side: each pays its JVM
-    starts, and together they share the machine better than one after another."""
+    campaign (`crash_campaign` in `<tmp_path>/<label>`), run side by side (each pays its JVM
+    starts, and together they share the machine better than one after another), then checked
+    against each other (`check_campaign`, with the job's epochs and kinds of kill)."""
     print(f"{label} crash test seed {SEED} (STREAMER_TEST_CRASH_SEED), {kills} kills in "
           f"{tmp_path}")
     with ThreadPoolExecutor(max_workers=2) as pool:
         reference_f = pool.submit(reference, tmp_path / "reference")
         campaign_f = pool.submit(crash_campaign, label, tmp_path / label, job, kills, per_lap)
-        return reference_f.result(), campaign_f.result()
+        campaign = campaign_f.result()
+        check_campaign(campaign, reference_f.result(), kills, job.epochs, kinds=job.kinds)
+    return campaign
 
 
 @pytest.fixture(scope="module")

@@ -22,16 +22,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 from fragments import delta_sink, totals
-from test_crash import (
-    EPOCHS,
-    SINK_KINDS,
-    Lap,
-    LapJob,
-    check_campaign,
-    pipeline,
-    reference_and_campaign,
-    reference_run,
-)
+from test_crash import EPOCHS, SINK_KINDS, Lap, LapJob, checked_campaign, pipeline, reference_run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -83,6 +74,4 @@ def delta_job() -> LapJob:
 
 def test_sigkill_into_delta_tables_then_they_hold_the_uninterrupted_runs_rows(
         tmp_path: Path) -> None:
-    reference, campaign = reference_and_campaign("delta", tmp_path, reference_output,
-                                                 delta_job(), KILLS)
-    check_campaign(campaign, reference, KILLS, kinds=SINK_KINDS)
+    checked_campaign("delta", tmp_path, reference_output, delta_job(), KILLS)

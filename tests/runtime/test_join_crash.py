@@ -23,14 +23,7 @@ from pathlib import Path
 import pytest
 from fragments import files_sink, job, section
 from streamer_process import FilesOutput, quick_jvm
-from test_crash import (
-    LapJob,
-    alternating_backends,
-    check_campaign,
-    collect_files,
-    reference_and_campaign,
-    reference_run,
-)
+from test_crash import LapJob, alternating_backends, checked_campaign, collect_files, reference_run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -105,7 +98,5 @@ def join_job() -> LapJob:
 
 def test_sigkill_at_fail_points_and_random_moments_then_rerun_commits_exactly_the_reference(
         tmp_path: Path) -> None:
-    reference, campaign = reference_and_campaign("join", tmp_path, reference_output,
-                                                 join_job(), KILLS, per_lap=3)
-    check_campaign(campaign, reference, KILLS, EPOCHS, kinds=KINDS)
+    campaign = checked_campaign("join", tmp_path, reference_output, join_job(), KILLS, per_lap=3)
     assert len(campaign.laps) >= 2, campaign.schedule  # both backends

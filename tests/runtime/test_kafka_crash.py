@@ -23,15 +23,7 @@ from typing import Any
 import pytest
 from fragments import CRASH_AGGREGATE, click_records, job, kafka_sink, kafka_source, section, window
 from streamer_process import quick_jvm
-from test_crash import (
-    EPOCHS,
-    KINDS,
-    Lap,
-    LapJob,
-    check_campaign,
-    reference_and_campaign,
-    reference_run,
-)
+from test_crash import EPOCHS, Lap, LapJob, checked_campaign, reference_run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.kafka]
 
@@ -95,7 +87,5 @@ def kafka_job(kafka: Any, source: str) -> LapJob:
 def test_sigkill_kafka_to_windows_to_kafka_then_read_committed_sees_each_record_once(
         kafka: Any, tmp_path: Path) -> None:
     source = fill_source(kafka)
-    reference, campaign = reference_and_campaign(
-        "kafka", tmp_path, lambda root: reference_output(root, kafka, source),
-        kafka_job(kafka, source), KILLS)
-    check_campaign(campaign, reference, KILLS, kinds=KINDS)
+    checked_campaign("kafka", tmp_path, lambda root: reference_output(root, kafka, source),
+                     kafka_job(kafka, source), KILLS)

@@ -26,16 +26,7 @@ from typing import Any
 
 import pytest
 from fragments import window
-from test_crash import (
-    EPOCHS,
-    SINK_KINDS,
-    Lap,
-    LapJob,
-    check_campaign,
-    pipeline,
-    reference_and_campaign,
-    reference_run,
-)
+from test_crash import EPOCHS, SINK_KINDS, Lap, LapJob, checked_campaign, pipeline, reference_run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.postgres]
 
@@ -87,6 +78,8 @@ def reference_output(root: Path, postgres: Any) -> Counter[str]:
     reference_run(path, EPOCHS)
     rows = committed(postgres, prefix)
     assert sum(rows.values()) > 200
+    assert sum(1 for r in rows if r.startswith("updates ")) == sum(
+        1 for r in rows if r.startswith("final "))  # every window, once, in both
     return rows
 
 
@@ -110,9 +103,5 @@ def postgres_job(postgres: Any) -> LapJob:
 
 def test_sigkill_into_postgres_then_the_tables_hold_exactly_the_reference_rows(
         postgres: Any, tmp_path: Path) -> None:
-    reference, campaign = reference_and_campaign(
-        "postgres", tmp_path, lambda root: reference_output(root, postgres),
-        postgres_job(postgres), KILLS)
-    assert sum(1 for r in reference if r.startswith("updates ")) == sum(
-        1 for r in reference if r.startswith("final "))  # every window, once, in both
-    check_campaign(campaign, reference, KILLS, kinds=SINK_KINDS)
+    checked_campaign("postgres", tmp_path, lambda root: reference_output(root, postgres),
+                     postgres_job(postgres), KILLS)

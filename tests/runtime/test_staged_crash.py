@@ -20,14 +20,7 @@ from pathlib import Path
 import pytest
 from fragments import KEEP, files_sink, files_source, job, section
 from streamer_process import FilesOutput, quick_jvm
-from test_crash import (
-    Lap,
-    LapJob,
-    check_campaign,
-    epochs_that,
-    reference_and_campaign,
-    reference_run,
-)
+from test_crash import Lap, LapJob, checked_campaign, epochs_that, reference_run
 from test_direct import AGGREGATE
 from test_staged import json_events
 
@@ -87,7 +80,5 @@ def test_sigkill_around_the_staging_write_then_rerun_commits_exactly_the_referen
         tmp_path: Path) -> None:
     data = tmp_path / "data"
     json_events(data, files=FILES, rows=ROWS, seed=11)
-    reference, campaign = reference_and_campaign(
-        "staged", tmp_path, lambda root: reference_output(root, data / "jsonl"),
-        staged_job(data / "jsonl"), KILLS)
-    check_campaign(campaign, reference, KILLS, EPOCHS, kinds=KINDS)
+    checked_campaign("staged", tmp_path, lambda root: reference_output(root, data / "jsonl"),
+                     staged_job(data / "jsonl"), KILLS)

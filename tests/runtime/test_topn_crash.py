@@ -25,14 +25,7 @@ from pathlib import Path
 import pytest
 from fragments import files_sink, job, section
 from streamer_process import FilesOutput, quick_jvm
-from test_crash import (
-    Lap,
-    LapJob,
-    alternating_backends,
-    check_campaign,
-    reference_and_campaign,
-    reference_run,
-)
+from test_crash import Lap, LapJob, alternating_backends, checked_campaign, reference_run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -137,7 +130,5 @@ def topn_job() -> LapJob:
 
 def test_sigkill_with_top_n_and_distinct_counts_then_rerun_commits_exactly_the_reference(
         tmp_path: Path) -> None:
-    reference, campaign = reference_and_campaign("topn", tmp_path, reference_output,
-                                                 topn_job(), KILLS, per_lap=3)
-    check_campaign(campaign, reference, KILLS, EPOCHS, kinds=KINDS)
+    campaign = checked_campaign("topn", tmp_path, reference_output, topn_job(), KILLS, per_lap=3)
     assert len(campaign.laps) >= 2, campaign.schedule  # both backends
