@@ -33,6 +33,20 @@ EVENTS_SCHEMA = "{user: string, grp: int, ts: timestamp, amount: double, qty: bi
 CLICKS_SCHEMA = "{user: string, amount: double, ts: bigint}"
 
 
+def keys(indent: str, **values: object) -> str:
+    """`key: value` lines at `indent`, in order, for the values that are not None."""
+    return "".join(f"{indent}{key}: {value}\n" for key, value in values.items()
+                   if value is not None)
+
+
+def write_pipeline(root: Path, text: str) -> Path:
+    """The pipeline file `<root>/job.yaml` holding `text` (`root` made if it is not there)."""
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "job.yaml"
+    path.write_text(text)
+    return path
+
+
 def job(name: str, root: Path | str | None = None, *, storage: Path | str | None = None,
         parallelism: int | str = 2, max_parallelism: int | None = None,
         epoch: str | None = None, checkpoint: str | None = EVERY_EPOCH,
@@ -45,24 +59,15 @@ def job(name: str, root: Path | str | None = None, *, storage: Path | str | None
     (with no delay between attempts)."""
     if storage is None and root is not None:
         storage = f"{root}/storage"
-    lines = [f"name: {name}"] + ([f"storage: {storage}"] if storage is not None else [])
-    if storage_options:
-        lines += ["storage_options:"] + [f"  {k}: {v}" for k, v in storage_options.items()]
-    lines += ["job:", f"  parallelism: {parallelism}"]
-    if max_parallelism is not None:
-        lines.append(f"  max_parallelism: {max_parallelism}")
-    if epoch is not None:
-        lines.append(f"  epoch: {epoch}")
-    if checkpoint is not None:
-        lines.append(f"  checkpoint: {checkpoint}")
-    if backend is not None:
-        local = local_dir if local_dir is not None else f"{root}/local"
-        lines.append(f"  state: {{backend: {backend}, local_dir: {local}}}")
-    if attempts is not None:
-        lines.append(f"  restart: {{attempts: {attempts}, delay: 0s}}")
-    if execution is not None:
-        lines.append(f"  execution: {execution}")
-    return "\n".join(lines) + "\n"
+    local = local_dir if local_dir is not None else f"{root}/local"
+    return f"name: {name}\n" + keys("", storage=storage) + (
+        "storage_options:\n" + keys("  ", **storage_options) if storage_options else ""
+    ) + "job:\n" + keys(
+        "  ", parallelism=parallelism, max_parallelism=max_parallelism, epoch=epoch,
+        checkpoint=checkpoint,
+        state=f"{{backend: {backend}, local_dir: {local}}}" if backend is not None else None,
+        restart=f"{{attempts: {attempts}, delay: 0s}}" if attempts is not None else None,
+        execution=execution)
 
 
 def section(key: str, *items: str) -> str:
@@ -108,18 +113,10 @@ def files_source(path: Path | str, fmt: str = "jsonl", *, id: str = "events",
                  on_error: str | None = None) -> str:
     """A files source (one file an epoch by default) of the JSON events of
     `test_staged.json_events`, event time `ts`."""
-    lines = [f"  - id: {id}", "    type: files", f"    path: {path}", f"    format: {fmt}"]
-    if schema is not None:
-        lines.append(f"    schema: {schema}")
-    if files_per_epoch is not None:
-        lines.append(f"    max_files_per_epoch: {files_per_epoch}")
-    if event_time is not None:
-        lines.append(f"    event_time: {event_time}")
-    if out_of_orderness is not None:
-        lines.append(f"    watermark: {{max_out_of_orderness: {out_of_orderness}}}")
-    if on_error is not None:
-        lines.append(f"    on_error: {on_error}")
-    return "\n".join(lines) + "\n"
+    watermark = f"{{max_out_of_orderness: {out_of_orderness}}}" if out_of_orderness else None
+    return f"  - id: {id}\n" + keys("    ", type="files", path=path, format=fmt, schema=schema,
+                                    max_files_per_epoch=files_per_epoch, event_time=event_time,
+                                    watermark=watermark, on_error=on_error)
 
 
 def kafka_source(bootstrap: str, topic: str, *, per_epoch: int | str, id: str = "clicks",

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fragments import crash_job, files_sink, section
+from fragments import crash_job, files_sink, section, write_pipeline
 from streamer_process import FilesOutput, Run, diff, quick_jvm, run_streamer
 
 from streamer.checkpoint.checkpoint_metadata import CheckpointStore
@@ -89,11 +89,8 @@ EPOCHS = 10
 
 
 def write_job(root: Path, backend: str = "rocksdb") -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / "job.yaml"
-    path.write_text(crash_job(JOB, root, backend=backend, attempts=3)
-                    + section("sinks", files_sink("per_window", root / "out")) + quick_jvm())
-    return path
+    return write_pipeline(root, crash_job(JOB, root, backend=backend, attempts=3) + section(
+        "sinks", files_sink("per_window", root / "out")) + quick_jvm())
 
 
 def local_reference(root: Path) -> Counter[str]:

@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from fragments import KEEP, derive, files_sink, files_source, job, section
+from fragments import KEEP, derive, files_sink, files_source, job, section, write_pipeline
 from streamer_process import FilesOutput, quick_jvm
 from test_crash import Lap, LapJob, checked_campaign, epochs_that, reference_run
 from test_staged import json_events
@@ -33,16 +33,13 @@ EPOCHS = FILES
 
 
 def write_job(root: Path, data: Path) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / "job.yaml"
-    path.write_text(
+    return write_pipeline(root, (
         job(JOB, root, attempts=0, execution="{small_epoch_rows: 0, local_rows: 0}")
         + section("sources", files_source(data, on_error="dead"))
         + section("operators", KEEP, derive('{qty: "qty * 2 + 1", half: "amount / 2"}'))
         + section("sinks", files_sink("derive", root / "out"),
                   files_sink(None, root / "dead", id="dead"))
-        + quick_jvm())
-    return path
+        + quick_jvm()))
 
 
 def arrow_every_epoch(root: Path) -> list[str]:

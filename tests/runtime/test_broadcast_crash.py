@@ -19,7 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from fragments import files_sink, job, section
+from fragments import files_sink, job, section, write_pipeline
 from streamer_process import FilesOutput, quick_jvm
 from test_broadcast import SOURCES_AND_OPERATOR, check_rules_in_order
 from test_crash import LapJob, checked_campaign, collect_files, reference_run
@@ -36,11 +36,10 @@ PROCESS = Path(__file__).with_name("broadcast_process.py")
 
 def write_job(root: Path) -> Path:
     """The pipeline file in `root`, with the process function's module next to it."""
-    root.mkdir(parents=True, exist_ok=True)
+    path = write_pipeline(root, job(JOB, root, backend="memory", attempts=0)
+                          + SOURCES_AND_OPERATOR.format()
+                          + section("sinks", files_sink("tagged", root / "out")) + quick_jvm())
     shutil.copy(PROCESS, root / PROCESS.name)
-    path = root / "job.yaml"
-    path.write_text(job(JOB, root, backend="memory", attempts=0) + SOURCES_AND_OPERATOR.format()
-                    + section("sinks", files_sink("tagged", root / "out")) + quick_jvm())
     return path
 
 

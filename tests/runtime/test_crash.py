@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fragments import crash_job, files_sink, section
+from fragments import crash_job, files_sink, section, write_pipeline
 from streamer_process import FilesOutput, Run, diff, quick_jvm, run_streamer
 
 from streamer.checkpoint.checkpoint_metadata import CheckpointStore
@@ -65,10 +65,8 @@ def pipeline(root: Path | str, backend: str, sinks: str, *, name: str = JOB,
 
 def write_job(root: Path, backend: str, fmt: str = "jsonl") -> Path:
     """The pipeline file of the job in `root` (its storage, state and output there too)."""
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / "job.yaml"
-    path.write_text(pipeline(root, backend, files_sink("per_window", root / "out", fmt)))
-    return path
+    return write_pipeline(root, pipeline(root, backend, files_sink("per_window", root / "out",
+                                                                   fmt)))
 
 
 BACKENDS = ("rocksdb", "memory")
@@ -97,9 +95,7 @@ def reference_outputs(root: Path) -> dict[str, Counter[str]]:
     per test session: the campaigns of this module and of test_s3_jobs.py share it."""
     with _references_lock:
         if not _references:
-            root.mkdir(parents=True, exist_ok=True)
-            path = root / "job.yaml"
-            path.write_text(reference_pipeline(root))
+            path = write_pipeline(root, reference_pipeline(root))
             reference_run(path, EPOCHS, env={"STREAMER_TASK_SINK": "0"})
             rows = {f: FilesOutput(root / f"out-{f}", f).committed() for f in FORMATS.values()}
             assert rows["jsonl"] and sum(rows["parquet"].values()) == sum(

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
-from fragments import delta_sink, totals
+from fragments import delta_sink, totals, write_pipeline
 from test_crash import EPOCHS, SINK_KINDS, Lap, LapJob, checked_campaign, pipeline, reference_run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -32,14 +32,10 @@ SINKS = {"windows": "windows", "totals_table": "totals"}  # sink id -> table dir
 
 def write_job(root: Path) -> Path:
     """The pipeline file of a lap (its storage, state and tables in `root`)."""
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / "job.yaml"
-    path.write_text(pipeline(root, "rocksdb", delta_sink("per_window", root / "windows",
-                                                         id="windows")
-                             + delta_sink("totals", root / "totals", id="totals_table",
-                                          merge_key="[user]"),
-                             name=JOB, extra_operators=totals()))
-    return path
+    sinks = (delta_sink("per_window", root / "windows", id="windows")
+             + delta_sink("totals", root / "totals", id="totals_table", merge_key="[user]"))
+    return write_pipeline(root, pipeline(root, "rocksdb", sinks, name=JOB,
+                                         extra_operators=totals()))
 
 
 def tables(root: Path) -> Counter[str]:

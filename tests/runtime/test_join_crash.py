@@ -21,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from fragments import files_sink, job, section
+from fragments import files_sink, job, section, write_pipeline
 from streamer_process import FilesOutput, quick_jvm
 from test_crash import LapJob, alternating_backends, checked_campaign, collect_files, reference_run
 
@@ -71,12 +71,9 @@ operators:
 
 
 def write_job(root: Path, backend: str) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / "job.yaml"
-    path.write_text(job(JOB, root, backend=backend, attempts=0)
-                    + SOURCES_AND_OPERATORS.format()
-                    + section("sinks", files_sink("tiered", root / "out")) + quick_jvm())
-    return path
+    return write_pipeline(root, job(JOB, root, backend=backend, attempts=0)
+                          + SOURCES_AND_OPERATORS.format()
+                          + section("sinks", files_sink("tiered", root / "out")) + quick_jvm())
 
 
 def reference_output(root: Path) -> Counter[str]:

@@ -21,7 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fragments import CRASH_AGGREGATE, click_records, job, kafka_sink, kafka_source, section, window
+from fragments import (
+    CRASH_AGGREGATE,
+    click_records,
+    job,
+    kafka_sink,
+    kafka_source,
+    section,
+    window,
+    write_pipeline,
+)
 from streamer_process import quick_jvm
 from test_crash import EPOCHS, Lap, LapJob, checked_campaign, reference_run
 
@@ -42,15 +51,12 @@ def fill_source(kafka: Any) -> str:
 
 def write_job(root: Path, kafka: Any, source: str) -> tuple[Path, str]:
     """The pipeline file of a lap and its output topic."""
-    root.mkdir(parents=True, exist_ok=True)
     sink = kafka.create_topic(f"kcrash-out-{uuid.uuid4().hex[:8]}", 2)
-    path = root / "job.yaml"
-    path.write_text(
+    return write_pipeline(root, (
         job(JOB, root, backend="rocksdb", attempts=0)
         + section("sources", kafka_source(kafka.bootstrap, source, per_epoch=PER_EPOCH))
         + section("operators", window("per_window", "clicks", "5s", CRASH_AGGREGATE))
-        + section("sinks", kafka_sink("per_window", kafka.bootstrap, sink)) + quick_jvm())
-    return path, sink
+        + section("sinks", kafka_sink("per_window", kafka.bootstrap, sink)) + quick_jvm())), sink
 
 
 def committed(kafka: Any, topic: str) -> Counter[str]:

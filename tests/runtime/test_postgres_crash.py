@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fragments import window
+from fragments import window, write_pipeline
 from test_crash import EPOCHS, SINK_KINDS, Lap, LapJob, checked_campaign, pipeline, reference_run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.postgres]
@@ -55,12 +55,10 @@ SINKS_YAML = """\
 
 def write_job(root: Path, postgres: Any) -> tuple[Path, str]:
     """The pipeline file of a lap and the prefix of its tables."""
-    root.mkdir(parents=True, exist_ok=True)
     prefix = f"pgcrash_{uuid.uuid4().hex[:8]}"
-    path = root / "job.yaml"
-    path.write_text(pipeline(root, "rocksdb", SINKS_YAML.format(dsn=postgres.dsn, prefix=prefix),
-                             name=JOB, extra_operators=UPDATES))
-    return path, prefix
+    sinks = SINKS_YAML.format(dsn=postgres.dsn, prefix=prefix)
+    return write_pipeline(root, pipeline(root, "rocksdb", sinks, name=JOB,
+                                         extra_operators=UPDATES)), prefix
 
 
 def committed(postgres: Any, prefix: str) -> Counter[str]:

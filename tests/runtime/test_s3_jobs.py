@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fragments import files_sink
+from fragments import files_sink, write_pipeline
 from streamer_process import STREAMER, FilesOutput, Run, diff, quick_jvm, run_streamer
 from test_crash import (
     JOB,
@@ -121,10 +121,7 @@ def s3_job(s3: Any, base: str) -> LapJob:
         return f"{base}/{root.parent.name}-{root.name}"
 
     def write(root: Path) -> Path:
-        root.mkdir(parents=True, exist_ok=True)
-        path = root / "job.yaml"
-        path.write_text(s3_pipeline(s3, prefix(root), root / "local"))
-        return path
+        return write_pipeline(root, s3_pipeline(s3, prefix(root), root / "local"))
 
     def collect(root: Path, lap: Lap) -> None:
         fs = s3.filesystem()

@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from fragments import KEEP, files_sink, files_source, job, section
+from fragments import KEEP, files_sink, files_source, job, section, write_pipeline
 from streamer_process import FilesOutput, quick_jvm
 from test_crash import Lap, LapJob, checked_campaign, epochs_that, reference_run
 from test_direct import AGGREGATE
@@ -35,16 +35,13 @@ EPOCHS = FILES
 
 
 def write_job(root: Path, data: Path) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / "job.yaml"
-    path.write_text(
+    return write_pipeline(root, (
         job(JOB, root, max_parallelism=16, backend="rocksdb", attempts=0,
             execution="{small_epoch_rows: 0, local_rows: 0}")
         + section("sources", files_source(data))
         + section("operators", KEEP, "  - id: agg\n    input: keep\n" + AGGREGATE.format(
             keys="[user]", window="window: {tumbling: 1m}"))
-        + section("sinks", files_sink("agg", root / "out")) + quick_jvm())
-    return path
+        + section("sinks", files_sink("agg", root / "out")) + quick_jvm()))
 
 
 def staged_every_epoch(root: Path) -> list[str]:

@@ -23,7 +23,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
-from fragments import files_sink, job, section
+from fragments import files_sink, job, section, write_pipeline
 from streamer_process import FilesOutput, quick_jvm
 from test_crash import Lap, LapJob, alternating_backends, checked_campaign, reference_run
 
@@ -71,14 +71,11 @@ operators:
 
 
 def write_job(root: Path, backend: str) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / "job.yaml"
-    path.write_text(job(JOB, root, backend=backend, attempts=0)
-                    + SOURCES_AND_OPERATORS.format(bids=BIDS, base=BASE_MS)
-                    + section("sinks", files_sink("top3_sum", root / "out/sums", id="sums"),
-                              files_sink("bidders", root / "out/distinct", id="distinct"))
-                    + quick_jvm())
-    return path
+    sinks = section("sinks", files_sink("top3_sum", root / "out/sums", id="sums"),
+                    files_sink("bidders", root / "out/distinct", id="distinct"))
+    return write_pipeline(root, job(JOB, root, backend=backend, attempts=0)
+                          + SOURCES_AND_OPERATORS.format(bids=BIDS, base=BASE_MS) + sinks
+                          + quick_jvm())
 
 
 def committed(root: Path) -> tuple[Counter[str], list[str]]:
