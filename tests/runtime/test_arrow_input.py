@@ -9,48 +9,30 @@ import json
 from pathlib import Path
 
 import pytest
-from test_direct import committed_rows, run
+from fragments import KEEP, derive, files_sink, files_source, section
+from test_direct import committed_rows, keyed_head, run
 from test_staged import json_events
 
 pytestmark = pytest.mark.spark
 
-PIPELINE = """
-name: {name}
-job:
-  parallelism: {parallelism}
-  max_parallelism: 16
-  state: {{backend: {backend}, local_dir: "{state}"}}
-  execution: {{small_epoch_rows: 0, local_rows: 0, arrow_input: {arrow}}}
-sources:
-  - id: events
-    type: files
-    path: "{data}"
-    format: jsonl
-    schema: {{user: string, grp: int, ts: timestamp, amount: double, qty: bigint}}
-    max_files_per_epoch: 2
-    event_time: ts
-    watermark: {{max_out_of_orderness: 5s}}
-    on_error: dead
-operators:
-{prefix}  - id: keyed
-    input: {last}
-    key_by: {keys}
-    {body}
-sinks:
-  - id: out
-    type: files
-    input: keyed
-    path: "{out}"
-    format: jsonl
-  - id: dead
-    type: files
-    path: "{dead}"
-    format: jsonl
-"""
 
-PREFIX = """  - {id: keep, input: events, filter: "qty >= 0 or amount is null"}
-  - {id: derive, input: keep, with_columns: {qty: "qty * 2 + 1", half: "amount / 2"}}
-"""
+
+def pipeline(name: str, data: Path, out: Path, dead: Path, state: Path, arrow: str,
+             parallelism: int, backend: str, keys: str, body: str, prefix: str, last: str,
+             fmt: str = "jsonl") -> str:
+    """The events (`fmt` files, bad records to `dead`) through the stateless `prefix` and
+    the keyed operator `keyed` (`keys`, `body`) reading `last`, with arrow_input on or off
+    (`arrow`) and never a local epoch."""
+    return (keyed_head(name, parallelism, backend, state, execution=(
+                f"{{small_epoch_rows: 0, local_rows: 0, arrow_input: {arrow}}}"))
+            + section("sources", files_source(data, fmt, files_per_epoch=2, on_error="dead"))
+            + section("operators", prefix, f"  - id: keyed\n    input: {last}\n"
+                                           f"    key_by: {keys}\n    {body}\n")
+            + section("sinks", files_sink("keyed", out), files_sink(None, dead, id="dead")))
+
+
+#: The filter and the derived columns before the keyed operator (test_arrow_sink_crash.py's).
+PREFIX = KEEP + derive('{qty: "qty * 2 + 1", half: "amount / 2"}')
 WINDOW = "aggregate: {n: count(), total: sum(qty), high: max(amount), mean: avg(half)}"
 CASES = {  # name: (parallelism, backend, prefix, keys, body)
     "tumbling-rocksdb-p3": (3, "rocksdb", True, "[user]",
@@ -78,7 +60,7 @@ def run_both(spark, tmp_path: Path, data: Path, case: str, *, extra: str = ""):
     found = {}
     for arrow in ("false", "true"):
         out, dead = tmp_path / f"out-{arrow}", tmp_path / f"dead-{arrow}"
-        _, result = run(spark, PIPELINE.format(
+        _, result = run(spark, pipeline(
             name=f"arrow-{arrow}", data=data, out=out, dead=dead, state=tmp_path / f"st-{arrow}",
             arrow=arrow, parallelism=parallelism, backend=backend, keys=keys, body=body,
             prefix=(PREFIX if prefix else "") + extra,
@@ -151,7 +133,7 @@ def test_an_expression_arrow_does_not_take_keeps_sparks_staging(spark, tmp_path:
     json_events(tmp_path / "data", files=3, rows=100, seed=2)
     extra = '  - {id: loud, input: derive, with_columns: {user: "upper(user)"}}\n'
     parallelism, backend, _, keys, body = CASES["tumbling-rocksdb-p3"]
-    text = PIPELINE.format(
+    text = pipeline(
         name="upper", data=tmp_path / "data" / "jsonl", out=tmp_path / "out",
         dead=tmp_path / "dead", state=tmp_path / "st", arrow="true", parallelism=parallelism,
         backend=backend, keys=keys, body=body, prefix=PREFIX + extra, last="loud")
@@ -272,12 +254,11 @@ def test_parquet_with_operators_goes_through_arrow_tasks(spark, tmp_path: Path,
     write_events(tmp_path / "naive", files=2, rows=300, seed=9, zoned=False)
     (data / "part-002.parquet").unlink()
     (tmp_path / "naive" / "part-001.parquet").rename(data / "part-002.parquet")
-    text = PIPELINE.replace("format: jsonl\n    schema", "format: parquet\n    schema")
     found = {}
     for arrow in ("false", "true"):
         out = tmp_path / f"out-{arrow}"
-        _, result = run(spark, text.format(
-            name=f"pq-{arrow}", data=data, out=out, dead=tmp_path / f"dead-{arrow}",
+        _, result = run(spark, pipeline(
+            fmt="parquet", name=f"pq-{arrow}", data=data, out=out, dead=tmp_path / f"dead-{arrow}",
             state=tmp_path / f"st-{arrow}", arrow=arrow, parallelism=2, backend="rocksdb",
             keys="[user]", body="window: {tumbling: 1m}\n    " + WINDOW, prefix=PREFIX,
             last="derive"))
@@ -327,14 +308,14 @@ def test_csv_files_go_through_arrow_tasks(spark, tmp_path: Path, monkeypatch) ->
     user, rest = lines[5].split(",", 1)
     lines[5] = f'"{user}",{rest}'  # the same value, quoted: Spark's to read
     quoted.write_text("\n".join(lines) + "\n")
-    text = PIPELINE.replace("format: jsonl\n    schema", "format: csv\n    schema")
     found = {}
     for arrow in ("false", "true"):
         out, dead = tmp_path / f"out-{arrow}", tmp_path / f"dead-{arrow}"
-        _, result = run(spark, text.format(
-            name=f"csv-{arrow}", data=data, out=out, dead=dead, state=tmp_path / f"st-{arrow}",
-            arrow=arrow, parallelism=2, backend="rocksdb", keys="[user]",
-            body="window: {tumbling: 1m}\n    " + WINDOW, prefix=PREFIX, last="derive"))
+        _, result = run(spark, pipeline(
+            fmt="csv", name=f"csv-{arrow}", data=data, out=out, dead=dead,
+            state=tmp_path / f"st-{arrow}", arrow=arrow, parallelism=2, backend="rocksdb",
+            keys="[user]", body="window: {tumbling: 1m}\n    " + WINDOW, prefix=PREFIX,
+            last="derive"))
         assert result.status == "finished", result
         found[arrow] = (committed_rows(out), committed_rows(dead) if dead.exists() else [],
                         epoch_metrics(result), result)

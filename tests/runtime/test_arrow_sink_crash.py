@@ -17,8 +17,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from fragments import KEEP, derive, files_sink, files_source, job, section, write_pipeline
+from fragments import files_sink, files_source, job, section, write_pipeline
 from streamer_process import FilesOutput, quick_jvm
+from test_arrow_input import PREFIX
 from test_crash import Lap, LapJob, checked_campaign, epochs_that, reference_run
 from test_staged import json_events
 
@@ -36,7 +37,7 @@ def write_job(root: Path, data: Path) -> Path:
     return write_pipeline(root, (
         job(JOB, root, attempts=0, execution="{small_epoch_rows: 0, local_rows: 0}")
         + section("sources", files_source(data, on_error="dead"))
-        + section("operators", KEEP, derive('{qty: "qty * 2 + 1", half: "amount / 2"}'))
+        + section("operators", PREFIX)
         + section("sinks", files_sink("derive", root / "out"),
                   files_sink(None, root / "dead", id="dead"))
         + quick_jvm()))

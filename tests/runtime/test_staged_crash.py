@@ -21,7 +21,7 @@ import pytest
 from fragments import KEEP, files_sink, files_source, job, section, write_pipeline
 from streamer_process import FilesOutput, quick_jvm
 from test_crash import Lap, LapJob, checked_campaign, epochs_that, reference_run
-from test_direct import AGGREGATE
+from test_direct import agg
 from test_staged import json_events
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -39,8 +39,7 @@ def write_job(root: Path, data: Path) -> Path:
         job(JOB, root, max_parallelism=16, backend="rocksdb", attempts=0,
             execution="{small_epoch_rows: 0, local_rows: 0}")
         + section("sources", files_source(data))
-        + section("operators", KEEP, "  - id: agg\n    input: keep\n" + AGGREGATE.format(
-            keys="[user]", window="window: {tumbling: 1m}"))
+        + section("operators", KEEP, agg("keep", "[user]", "window: {tumbling: 1m}"))
         + section("sinks", files_sink("agg", root / "out")) + quick_jvm()))
 
 
