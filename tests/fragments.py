@@ -27,6 +27,8 @@ EVERY_EPOCH = "{interval: 1ms, retain: 2}"
 CRASH_AGGREGATE = "{n: count(), spent: sum(amount), first: min(ts), last: max(ts)}"
 #: The aggregate most windows over clicks compute.
 SPENT = "{n: count(), spent: sum(amount)}"
+#: The aggregate of the windows over the events of the benchmarks and the plan tests.
+TOTAL = "{n: count(), total: sum(amount)}"
 #: The columns of the JSON events `test_staged.json_events` writes.
 EVENTS_SCHEMA = "{user: string, grp: int, ts: timestamp, amount: double, qty: bigint}"
 #: test_crash.py's clicks as Kafka records: the event time is the `ts` column, in ms.
@@ -55,17 +57,18 @@ def job(name: str, root: Path | str | None = None, *, storage: Path | str | None
         storage_options: dict[str, str] | None = None) -> str:
     """The pipeline's `name:`, `storage:` (`<root>/storage` by default, reached with
     `storage_options`) and `job:` block. The state backend keeps its local files in
-    `local_dir` (`<root>/local` by default); a `restart:` is written when `attempts` is given
-    (with no delay between attempts)."""
+    `local_dir` (`<root>/local` by default, the backend's default without a root); a
+    `restart:` is written when `attempts` is given (with no delay between attempts)."""
     if storage is None and root is not None:
         storage = f"{root}/storage"
-    local = local_dir if local_dir is not None else f"{root}/local"
+    local = local_dir if local_dir is not None else f"{root}/local" if root is not None else None
+    state = f"{{backend: {backend}" + (f", local_dir: {local}}}" if local else "}")
     return f"name: {name}\n" + keys("", storage=storage) + (
         "storage_options:\n" + keys("  ", **storage_options) if storage_options else ""
     ) + "job:\n" + keys(
         "  ", parallelism=parallelism, max_parallelism=max_parallelism, epoch=epoch,
         checkpoint=checkpoint,
-        state=f"{{backend: {backend}, local_dir: {local}}}" if backend is not None else None,
+        state=state if backend is not None else None,
         restart=f"{{attempts: {attempts}, delay: 0s}}" if attempts is not None else None,
         execution=execution)
 
