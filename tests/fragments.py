@@ -124,19 +124,14 @@ def files_source(path: Path | str, fmt: str = "jsonl", *, id: str = "events",
 
 def kafka_source(bootstrap: str, topic: str, *, per_epoch: int | str, id: str = "clicks",
                  uid: str | None = None, schema: str = CLICKS_SCHEMA,
-                 out_of_orderness: str = "1s", client: str | None = None) -> str:
+                 out_of_orderness: str | None = "1s", client: str | None = None,
+                 on_error: str | None = None) -> str:
     """A bounded Kafka source of JSON records whose event time is their `ts` in ms."""
-    return f"  - id: {id}\n" + (f"    uid: {uid}\n" if uid else "") + (
-        f"    client: {client}\n" if client else "") + f"""\
-    type: kafka
-    bootstrap_servers: {bootstrap}
-    topic: {topic}
-    bounded: true
-    max_records_per_epoch: {per_epoch}
-    schema: {schema}
-    event_time: timestamp_millis(ts)
-    watermark: {{max_out_of_orderness: {out_of_orderness}}}
-"""
+    watermark = f"{{max_out_of_orderness: {out_of_orderness}}}" if out_of_orderness else None
+    return f"  - id: {id}\n" + keys(
+        "    ", uid=uid, client=client, type="kafka", bootstrap_servers=bootstrap, topic=topic,
+        bounded="true", max_records_per_epoch=per_epoch, schema=schema,
+        event_time="timestamp_millis(ts)", watermark=watermark, on_error=on_error)
 
 
 #: The filter and derived columns of the staged and Arrow tests' JSON events (`KEEP` reads
@@ -201,6 +196,27 @@ def kafka_sink(input: str, bootstrap: str, topic: str, *, id: str = "out",
     topic: {topic}
     key: {key}
 """
+
+
+def live_job(name: str, root: Path, *, epoch: str, rate: int,
+             checkpoint: str | None = None) -> str:
+    """A job that runs until it is stopped, for the job-control tests: a datagen of 11 users
+    at `rate` records a second through 1-second windows (`per_second`, uid
+    `per-second-v1`) into jsonl files in `<root>/out`, its state in `<root>/local`."""
+    return (job(name, parallelism=2, epoch=epoch, checkpoint=checkpoint, backend="rocksdb",
+                local_dir=root / "local")
+            + section("sources", f"""\
+  - id: gen
+    type: datagen
+    rows_per_second: {rate}
+    fields:
+      user: "concat('u', cast(offset % 11 as string))"
+      ts: "timestamp_millis({BASE_MS} + offset * 50)"
+    event_time: ts
+""")
+            + section("operators", window("per_second", "gen", "1s", "{n: count()}",
+                                          uid="per-second-v1"))
+            + section("sinks", files_sink("per_second", root / "out")))
 
 
 def crash_job(name: str, root: Path | str, *, backend: str = "rocksdb", limit: int = 600,
