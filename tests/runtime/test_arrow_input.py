@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from fragments import KEEP, derive, files_sink, files_source, section
+from fragments import KEEP, derive, files_sink, files_source, kafka_source, section, window
 from test_direct import committed_rows, keyed_head, run
 from test_staged import json_events
 
@@ -157,45 +157,26 @@ def test_staged_directories_of_ended_epochs_go(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-2"]
 
 
-KAFKA = """
-name: {name}
-job:
-  parallelism: 2
-  max_parallelism: 16
-  state: {{backend: rocksdb, local_dir: "{state}"}}
-  execution: {{small_epoch_rows: 0, local_rows: 0, arrow_input: {arrow}}}
-sources:
-  - id: events
-    type: kafka
-    bootstrap_servers: {bootstrap}
-    topic: {topic}
-    bounded: true
-    max_records_per_epoch: 600
-    schema: {{id: bigint, user: string, amount: double, ts: bigint}}
-    event_time: timestamp_millis(ts)
-    watermark: {{max_out_of_orderness: 5s}}
-    on_error: dead
-operators:
-  - {{id: keep, input: events, filter: "amount >= 10"}}
-  - id: derive
-    input: keep
-    with_columns: {{amount: "amount * 2 + 1", ts: "timestamp_millis(ts)"}}
-  - id: keyed
-    input: derive
-    key_by: [user]
-    window: {{tumbling: 1m}}
-    aggregate: {{n: count(), total: sum(amount), last: max(ts)}}
-sinks:
-  - id: out
-    type: files
-    input: keyed
-    path: "{out}"
-    format: jsonl
-  - id: dead
-    type: files
-    path: "{dead}"
-    format: jsonl
-"""
+def kafka_events(bootstrap: str, topic: str, per_epoch: int, time_column: str) -> str:
+    """The Kafka events (id, user, amount, ts in ms; bad values to `dead`) and the stateless
+    `keep` and `derive` after them (`time_column` the event time as a timestamp), up to the
+    operators that follow (also test_arrow_sink.py's)."""
+    return (section("sources", kafka_source(
+                bootstrap, topic, per_epoch=per_epoch, id="events", out_of_orderness="5s",
+                schema="{id: bigint, user: string, amount: double, ts: bigint}", on_error="dead"))
+            + section("operators", '  - {id: keep, input: events, filter: "amount >= 10"}\n',
+                      "  - id: derive\n    input: keep\n    with_columns: {amount: "
+                      f'"amount * 2 + 1", {time_column}: "timestamp_millis(ts)"}}\n'))
+
+
+def kafka_pipeline(name: str, state: Path, arrow: str, bootstrap: str, topic: str, out: Path,
+                   dead: Path) -> str:
+    """The Kafka events through 1-minute windows into jsonl files, arrow_input on or off."""
+    return (keyed_head(name, 2, "rocksdb", state, execution=(
+                f"{{small_epoch_rows: 0, local_rows: 0, arrow_input: {arrow}}}"))
+            + kafka_events(bootstrap, topic, 600, "ts")
+            + window("keyed", "derive", "1m", "{n: count(), total: sum(amount), last: max(ts)}")
+            + section("sinks", files_sink("keyed", out), files_sink(None, dead, id="dead")))
 
 
 @pytest.mark.kafka
@@ -222,7 +203,7 @@ def test_kafka_ranges_decoded_by_arrow_tasks(spark, kafka, tmp_path: Path,
     found = {}
     for arrow in ("false", "true"):
         out, dead = tmp_path / f"out-{arrow}", tmp_path / f"dead-{arrow}"
-        _, result = run(spark, KAFKA.format(
+        _, result = run(spark, kafka_pipeline(
             name=f"kafka-arrow-{arrow}", state=tmp_path / f"st-{arrow}", arrow=arrow,
             bootstrap=kafka.bootstrap, topic=topic, out=out, dead=dead))
         assert result.status == "finished", result
