@@ -41,7 +41,7 @@ class Job:
         self.backend, self.interval, self.parallelism = backend, interval, parallelism
         self.attempts = attempts
 
-    def text(self, *, out: object = None, parallelism: int | None = None) -> str:
+    def text(self, *, out: Path | str | None = None, parallelism: int | None = None) -> str:
         """The clicks through 10-second windows into files (`out`, or the job's output)."""
         return (job("chk-test", storage=self.storage, parallelism=parallelism or self.parallelism,
                     checkpoint=f"{{interval: {self.interval}, retain: 2}}", backend=self.backend,
