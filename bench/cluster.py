@@ -47,45 +47,29 @@ from rich.table import Table
 from bench.keyed_windows import write_events
 from streamer.runtime.cluster.standalone import StandaloneCluster
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from fragments import TOTAL, files_sink, files_source, job, section, window
+
 STREAMER = Path(sys.executable).with_name("streamer")
 EXECUTOR_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
-WINDOWS = """\
-name: {name}
-job:
-  parallelism: 2
-  checkpoint: {{interval: {interval}}}
-  state: {{backend: {backend}, local_dir: "{root}/local"}}
-sources:
-  - id: events
-    type: files
-    path: "{data}/*.parquet"
-    format: parquet
-    schema: {{user: string, amount: double, ts: timestamp}}
-    max_files_per_epoch: 1
-    event_time: ts
-    watermark: {{max_out_of_orderness: 5s}}
-operators:
-  - id: agg
-    input: events
-    key_by: [user]
-    window: {{tumbling: 1m}}
-    aggregate: {{n: count(), total: sum(amount)}}
-sinks:
-  - id: out
-    type: files
-    input: agg
-    path: "{root}/out"
-    format: jsonl
-"""
+def windows_pipeline(name: str, root: Path, data: Path, backend: str, interval: str) -> str:
+    """The parquet events (a file an epoch) through 1-minute windows into jsonl files."""
+    schema = "{user: string, amount: double, ts: timestamp}"
+    return (job(name, checkpoint=f"{{interval: {interval}}}", backend=backend,
+                local_dir=f'"{root}/local"')
+            + section("sources", files_source(f'"{data}/*.parquet"', "parquet", schema=schema))
+            + section("operators", window("agg", "events", "1m", TOTAL))
+            + section("sinks", files_sink("agg", f'"{root}/out"')))
 
-EMPTY = """\
-name: {name}
-job:
-  parallelism: 2
-  checkpoint: {{interval: {interval}}}
-  state: {{backend: {backend}, local_dir: "{root}/local"}}
-sources:
+
+def empty_pipeline(name: str, root: Path, limit: int, backend: str, interval: str) -> str:
+    """A datagen of 20 records an epoch (7 users, a second apart) through 10-second windows
+    into jsonl files: epochs with next to nothing to do."""
+    return (job(name, checkpoint=f"{{interval: {interval}}}", backend=backend,
+                local_dir=f'"{root}/local"')
+            + section("sources", f"""\
   - id: gen
     type: datagen
     splits: 2
@@ -95,19 +79,9 @@ sources:
       user: "concat('u', cast(offset % 7 as string))"
       ts: "timestamp_millis(1767225600000 + offset * 1000)"
     event_time: ts
-operators:
-  - id: agg
-    input: gen
-    key_by: [user]
-    window: {{tumbling: 10s}}
-    aggregate: {{n: count()}}
-sinks:
-  - id: out
-    type: files
-    input: agg
-    path: "{root}/out"
-    format: jsonl
-"""
+""")
+            + section("operators", window("agg", "gen", "10s", "{n: count()}"))
+            + section("sinks", files_sink("agg", f'"{root}/out"')))
 
 
 @dataclass
@@ -197,10 +171,10 @@ def main() -> None:
             for i, (label, interval, cli) in enumerate(configs):
                 fill = {"backend": args.backend, "interval": interval}
                 root = base / f"w{i}"
-                windows = run(label, root, WINDOWS.format(
+                windows = run(label, root, windows_pipeline(
                     name=f"bench-windows-{i}", root=root, data=data, **fill), cli)
                 root = base / f"e{i}"
-                empty = run(label, root, EMPTY.format(
+                empty = run(label, root, empty_pipeline(
                     name=f"bench-empty-{i}", root=root, limit=10 * args.empty_epochs,
                     **fill), cli)
                 results.append((windows, empty))

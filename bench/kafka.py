@@ -39,7 +39,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import textwrap
 import time
 import uuid
 from pathlib import Path
@@ -49,7 +48,9 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from fragments import TOTAL, job, kafka_sink, kafka_source, section, window
 from kafka_broker import KafkaBroker
 
 BASE_MS = 1767225600000
@@ -105,38 +106,16 @@ def source_read(spark: Any, broker: KafkaBroker, topic: str, client: str) -> tup
     return time.monotonic() - t0, int(row[0])
 
 
-PIPELINE = """
-name: bench-kafka-{tag}
-storage: {storage}
-job:
-  parallelism: 2
-  checkpoint: {{interval: 10s, mode: {mode}}}
-  state: {{backend: rocksdb}}
-sources:
-  - id: events
-    type: kafka
-    client: {client}
-    bootstrap_servers: {bootstrap}
-    topic: {source}
-    bounded: true
-    max_records_per_epoch: {per_epoch}
-    schema: {{user: string, amount: double, ts: bigint}}
-    event_time: timestamp_millis(ts)
-    watermark: {{max_out_of_orderness: 5s}}
-operators:
-  - id: per_minute
-    input: events
-    key_by: [user]
-    window: {{tumbling: 1m}}
-    aggregate: {{n: count(), total: sum(amount)}}
-sinks:
-  - id: out
-    type: kafka
-    input: per_minute
-    bootstrap_servers: {bootstrap}
-    topic: {sink}
-    key: user
-"""
+def pipeline(tag: str, storage: Path, mode: str, client: str, bootstrap: str, source: str,
+             per_epoch: int, sink: str) -> str:
+    """The topic `source` through 1-minute windows per user into the topic `sink`."""
+    return (job(f"bench-kafka-{tag}", storage=storage,
+                checkpoint=f"{{interval: 10s, mode: {mode}}}", backend="rocksdb")
+            + section("sources", kafka_source(bootstrap, source, per_epoch=per_epoch,
+                                              id="events", out_of_orderness="5s",
+                                              client=client))
+            + section("operators", window("per_minute", "events", "1m", TOTAL))
+            + section("sinks", kafka_sink("per_minute", bootstrap, sink)))
 
 
 def count_records(broker: KafkaBroker, topic: str) -> int:
@@ -164,10 +143,9 @@ def streamer_job(spark: Any, broker: KafkaBroker, topic: str, client: str, mode:
 
     sink = broker.create_topic(f"bench-out-{uuid.uuid4().hex[:8]}", 2)
     tag = uuid.uuid4().hex[:6]
-    text = PIPELINE.format(tag=tag, storage=scratch / tag, mode=mode, client=client,
-                           bootstrap=broker.bootstrap, source=topic, per_epoch=per_epoch,
-                           sink=sink)
-    spec = load_pipeline_text(textwrap.dedent(text))
+    spec = load_pipeline_text(pipeline(tag=tag, storage=scratch / tag, mode=mode, client=client,
+                                       bootstrap=broker.bootstrap, source=topic,
+                                       per_epoch=per_epoch, sink=sink))
     t0 = time.monotonic()
     result = JobRunner(spec, RunOptions(ui=False, checkpoints=True), spark=spark).run()
     seconds = time.monotonic() - t0

@@ -14,42 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fragments import live_job
 from typer.testing import CliRunner
 
 from streamer.cli.main import app
 from streamer.runtime.job.control import STALE_AFTER_S, JobAlreadyRunningError, JobRegistry
 
 runner = CliRunner()
-
-PIPELINE = """\
-    name: live-job
-    job:
-      parallelism: 2
-      epoch: 300ms
-      checkpoint: {interval: 1s}
-      state: {backend: rocksdb, local_dir: LOCAL}
-    sources:
-      - id: gen
-        type: datagen
-        rows_per_second: 400
-        fields:
-          user: "concat('u', cast(offset % 11 as string))"
-          ts: "timestamp_millis(1767225600000 + offset * 50)"
-        event_time: ts
-    operators:
-      - id: per_second
-        uid: per-second-v1
-        input: gen
-        key_by: [user]
-        window: {tumbling: 1s}
-        aggregate: {n: count()}
-    sinks:
-      - id: out
-        type: files
-        input: per_second
-        path: OUT
-        format: jsonl
-"""
 
 
 def wait_for(predicate: Any, timeout: float = 120, what: str = "") -> Any:
@@ -66,8 +37,8 @@ def wait_for(predicate: Any, timeout: float = 120, what: str = "") -> Any:
 def test_control_a_running_job_from_another_process(spark: Any, tmp_path: Path) -> None:
     storage = tmp_path / "storage"
     path = tmp_path / "p.yaml"
-    path.write_text(textwrap.dedent(PIPELINE).replace("LOCAL", str(tmp_path / "local"))
-                    .replace("OUT", str(tmp_path / "out")))
+    path.write_text(live_job("live-job", tmp_path, epoch="300ms", rate=400,
+                             checkpoint="{interval: 1s}"))
     env = {**os.environ, "STREAMER_STORAGE": str(storage)}
     proc = subprocess.Popen([sys.executable, "-m", "streamer.cli.main", "run", str(path),
                              "--json", "--no-ui"], stdout=subprocess.PIPE,

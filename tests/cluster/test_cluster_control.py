@@ -5,11 +5,11 @@ job resumes from its checkpoint on the cluster and is cancelled with `cancel`.""
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fragments import live_job
 from streamer_process import run_streamer
 from test_cluster_jobs import submit_args
 from typer.testing import CliRunner
@@ -19,35 +19,6 @@ from streamer.runtime.cluster.standalone import StandaloneCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-PIPELINE = """\
-    name: live-cluster-job
-    job:
-      parallelism: 2
-      epoch: 500ms
-      state: {backend: rocksdb, local_dir: LOCAL}
-    sources:
-      - id: gen
-        type: datagen
-        rows_per_second: 200
-        fields:
-          user: "concat('u', cast(offset % 11 as string))"
-          ts: "timestamp_millis(1767225600000 + offset * 50)"
-        event_time: ts
-    operators:
-      - id: per_second
-        uid: per-second-v1
-        input: gen
-        key_by: [user]
-        window: {tumbling: 1s}
-        aggregate: {n: count()}
-    sinks:
-      - id: out
-        type: files
-        input: per_second
-        path: OUT
-        format: jsonl
-"""
-
 
 def test_list_checkpoints_savepoint_stop_and_cancel_a_submitted_job(
         standalone: StandaloneCluster, tmp_path: Path) -> None:
@@ -55,8 +26,7 @@ def test_list_checkpoints_savepoint_stop_and_cancel_a_submitted_job(
     storage = tmp_path / "storage"
     common = ["--storage", str(storage)]
     path = tmp_path / "live.yaml"
-    path.write_text(textwrap.dedent(PIPELINE).replace("LOCAL", str(tmp_path / "local"))
-                    .replace("OUT", str(tmp_path / "out")))
+    path.write_text(live_job("live-cluster-job", tmp_path, epoch="500ms", rate=200))
     seen: dict[str, Any] = {}
 
     def cli(*args: str) -> Any:

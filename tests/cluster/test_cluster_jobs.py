@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fragments import crash_job, files_sink, section, write_pipeline
 from streamer_process import FilesOutput, Run, diff, quick_jvm, run_streamer
 
 from streamer.checkpoint.checkpoint_metadata import CheckpointStore
@@ -83,48 +84,13 @@ def test_windowed_example_on_the_cluster_equals_local(standalone: StandaloneClus
 
 # ------------------------------------------------------------------------ crash pipeline
 JOB = "cluster-crash"
-PIPELINE = """\
-name: {job}
-storage: {root}/storage
-job:
-  parallelism: 2
-  checkpoint: {{interval: 1ms, retain: 2}}
-  state: {{backend: {backend}, local_dir: {root}/local}}
-  restart: {{attempts: 3, delay: 0s}}
-sources:
-  - id: clicks
-    type: datagen
-    splits: 2
-    limit: 600
-    max_records_per_epoch: 120
-    fields:
-      user: "concat('u', cast((offset * 7 + split) % 13 as string))"
-      amount: "cast(offset % 10 as double)"
-      ts: "timestamp_millis(1767225600000 + offset * 100)"
-    event_time: ts
-    watermark: {{max_out_of_orderness: 1s}}
-operators:
-  - id: per_window
-    input: clicks
-    key_by: [user]
-    window: {{tumbling: 5s}}
-    aggregate: {{n: count(), spent: sum(amount), first: min(ts), last: max(ts)}}
-sinks:
-  - id: out
-    type: files
-    input: per_window
-    path: {root}/out
-    format: jsonl
-""" + quick_jvm().replace("{", "{{").replace("}", "}}")
 #: 10 epochs of data, the last of which also ends the input (every window fires).
 EPOCHS = 10
 
 
 def write_job(root: Path, backend: str = "rocksdb") -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / "job.yaml"
-    path.write_text(PIPELINE.format(job=JOB, root=root, backend=backend))
-    return path
+    return write_pipeline(root, crash_job(JOB, root, backend=backend, attempts=3) + section(
+        "sinks", files_sink("per_window", root / "out")) + quick_jvm())
 
 
 def local_reference(root: Path) -> Counter[str]:

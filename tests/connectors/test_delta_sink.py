@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
+from fragments import BASE_MS, clicks, delta_sink, job, section, totals, window
 
 from streamer.connectors.base import ConnectorContext
 from streamer.connectors.delta.delta_sink import DeltaSink
@@ -24,58 +25,18 @@ from streamer.pipeline.validate import load_pipeline_text
 from streamer.runtime.job.checks import analyze_spec
 from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
-BASE_MS = 1767225600000
 #: rows per split, and per epoch over both splits: 4 epochs of data (6 s of event time each),
 #: the last one final; windows fire in the third and the fourth
 LIMIT, PER_EPOCH = 240, 120
 
-PIPELINE = """\
-name: dtest
-storage: {root}/storage
-job:
-  parallelism: 2
-  checkpoint: {{interval: 1ms, retain: 2}}
-  state: {{backend: memory, local_dir: {root}/local}}
-sources:
-  - id: clicks
-    type: datagen
-    splits: 2
-    limit: {limit}
-    max_records_per_epoch: {per_epoch}
-    fields:
-      user: "concat('u', cast((offset * 7 + split) % 13 as string))"
-      amount: "cast(offset % 10 as double)"
-      ts: "timestamp_millis({base} + offset * 100)"
-    event_time: ts
-    watermark: {{max_out_of_orderness: 1s}}
-operators:
-  - id: per_window
-    input: clicks
-    key_by: [user]
-    window: {{tumbling: 5s}}
-    aggregate: {{n: count(), spent: sum(amount)}}
-  - id: totals
-    input: clicks
-    key_by: [user]
-    aggregate: {{n: count(), spent: sum(amount), last: max(ts)}}
-sinks:
-  - id: windows
-    type: delta
-    input: per_window
-    path: {root}/windows
-  - id: totals_table
-    type: delta
-    input: totals
-    path: {root}/totals
-    mode: merge
-    key: [user]
-"""
-
-
 def run_job(spark: Any, root: Path, *, checkpoints: bool) -> dict[str, Any]:
     root.mkdir(parents=True, exist_ok=True)
-    spec = load_pipeline_text(PIPELINE.format(root=root, limit=LIMIT, per_epoch=PER_EPOCH,
-                                              base=BASE_MS))
+    spec = load_pipeline_text(
+        job("dtest", root, backend="memory")
+        + section("sources", clicks(limit=LIMIT, per_epoch=PER_EPOCH))
+        + section("operators", window("per_window", "clicks", "5s"), totals())
+        + section("sinks", delta_sink("per_window", root / "windows", id="windows"),
+                  delta_sink("totals", root / "totals", id="totals_table", merge_key="[user]")))
     result = JobRunner(spec, RunOptions(ui=False, checkpoints=checkpoints), spark=spark).run()
     return {"epochs": result.epochs, "status": result.status}
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+from fragments import files_sink, job, kafka_sink, kafka_source, section, window
 
 from streamer.connectors.base import ConnectorContext
 from streamer.connectors.builtin.memory_sink import MemorySink
@@ -31,6 +32,18 @@ def topic(kafka: Any, partitions: int = 1) -> str:
 def rows_of(kafka: Any, name: str, isolation: str = "read_committed") -> Counter[str]:
     return Counter(json.dumps(json.loads(v), sort_keys=True)
                    for _k, v, _p, _o in kafka.read(name, isolation))
+
+
+def counts(kafka: Any, source: str, out: str, *, per_epoch: int = 100, more_sinks: str = "",
+           **options: Any) -> str:
+    """The topic `source` of (user, ts) records through a count per user and 10 s into the
+    topic `out`. `options` go to the source."""
+    return (section("sources", kafka_source(kafka.bootstrap, source, per_epoch=per_epoch,
+                                            schema="{user: string, ts: bigint}",
+                                            out_of_orderness=None, **options))
+            + section("operators", window("per_10s", "clicks", "10s", "{n: count()}",
+                                          key_by="user"))
+            + section("sinks", kafka_sink("per_10s", kafka.bootstrap, out), more_sinks))
 
 
 def run(spark: Any, text: str, **options: Any) -> tuple[Any, dict[str, MemorySink]]:
@@ -287,33 +300,9 @@ def test_kafka_to_windows_to_kafka_in_process_with_checkpoints(
     source, out = topic(kafka, 2), topic(kafka, 2)
     kafka.produce(source, [(None, {"user": f"u{i % 4}", "ts": 1767225600000 + i * 250}, i % 2)
                            for i in range(400)])
-    result, _sinks = run(spark, f"""
-        name: k2k
-        storage: {tmp_path / "storage"}
-        job: {{parallelism: 2, checkpoint: {{interval: 1ms}}}}
-        sources:
-          - id: clicks
-            type: kafka
-            bootstrap_servers: {kafka.bootstrap}
-            topic: {source}
-            bounded: true
-            max_records_per_epoch: 100
-            schema: {{user: string, ts: bigint}}
-            event_time: timestamp_millis(ts)
-        operators:
-          - id: per_10s
-            input: clicks
-            key_by: user
-            window: {{tumbling: 10s}}
-            aggregate: {{n: count()}}
-        sinks:
-          - id: out
-            type: kafka
-            input: per_10s
-            bootstrap_servers: {kafka.bootstrap}
-            topic: {out}
-            key: user
-        """, checkpoints=True)
+    result, _sinks = run(spark, job("k2k", storage=tmp_path / "storage",
+                                    checkpoint="{interval: 1ms}") + counts(kafka, source, out),
+                         checkpoints=True)
     assert result.status == "finished" and len(result.checkpoints) >= 2
     got = [json.loads(v) for _k, v, _p, _o in kafka.read(out)]
     assert sum(r["n"] for r in got) == 400
@@ -334,38 +323,10 @@ def test_spark_client_reads_what_the_confluent_client_reads(kafka: Any, tmp_path
     for client in ("confluent", "spark"):
         out = topic(kafka, 2)
         path = tmp_path / f"{client}.yaml"
-        path.write_text(textwrap.dedent(f"""\
-            name: clients-{client}
-            storage: {tmp_path / "storage"}
-            sources:
-              - id: clicks
-                type: kafka
-                client: {client}
-                bootstrap_servers: {kafka.bootstrap}
-                topic: {source}
-                bounded: true
-                max_records_per_epoch: 200
-                schema: {{user: string, ts: bigint}}
-                event_time: timestamp_millis(ts)
-                on_error: bad
-            operators:
-              - id: per_10s
-                input: clicks
-                key_by: user
-                window: {{tumbling: 10s}}
-                aggregate: {{n: count()}}
-            sinks:
-              - id: out
-                type: kafka
-                input: per_10s
-                bootstrap_servers: {kafka.bootstrap}
-                topic: {out}
-                key: user
-              - id: bad
-                type: files
-                path: {tmp_path / client / "bad"}
-                format: jsonl
-            """))
+        path.write_text(
+            f"name: clients-{client}\nstorage: {tmp_path / 'storage'}\n"
+            + counts(kafka, source, out, per_epoch=200, client=client, on_error="bad",
+                     more_sinks=files_sink(None, tmp_path / client / "bad", id="bad")))
         streamer = Path(sys.executable).with_name("streamer")
         done = subprocess.run([str(streamer), "run", str(path), "--no-ui", "--quiet"],
                               capture_output=True, text=True, timeout=600, check=False)

@@ -9,48 +9,30 @@ import json
 from pathlib import Path
 
 import pytest
-from test_direct import committed_rows, run
+from fragments import KEEP, derive, files_sink, files_source, kafka_source, section, window
+from test_direct import committed_rows, keyed_head, run
 from test_staged import json_events
 
 pytestmark = pytest.mark.spark
 
-PIPELINE = """
-name: {name}
-job:
-  parallelism: {parallelism}
-  max_parallelism: 16
-  state: {{backend: {backend}, local_dir: "{state}"}}
-  execution: {{small_epoch_rows: 0, local_rows: 0, arrow_input: {arrow}}}
-sources:
-  - id: events
-    type: files
-    path: "{data}"
-    format: jsonl
-    schema: {{user: string, grp: int, ts: timestamp, amount: double, qty: bigint}}
-    max_files_per_epoch: 2
-    event_time: ts
-    watermark: {{max_out_of_orderness: 5s}}
-    on_error: dead
-operators:
-{prefix}  - id: keyed
-    input: {last}
-    key_by: {keys}
-    {body}
-sinks:
-  - id: out
-    type: files
-    input: keyed
-    path: "{out}"
-    format: jsonl
-  - id: dead
-    type: files
-    path: "{dead}"
-    format: jsonl
-"""
 
-PREFIX = """  - {id: keep, input: events, filter: "qty >= 0 or amount is null"}
-  - {id: derive, input: keep, with_columns: {qty: "qty * 2 + 1", half: "amount / 2"}}
-"""
+
+def pipeline(name: str, data: Path, out: Path, dead: Path, state: Path, arrow: str,
+             parallelism: int, backend: str, keys: str, body: str, prefix: str, last: str,
+             fmt: str = "jsonl") -> str:
+    """The events (`fmt` files, bad records to `dead`) through the stateless `prefix` and
+    the keyed operator `keyed` (`keys`, `body`) reading `last`, with arrow_input on or off
+    (`arrow`) and never a local epoch."""
+    return (keyed_head(name, parallelism, backend, state, execution=(
+                f"{{small_epoch_rows: 0, local_rows: 0, arrow_input: {arrow}}}"))
+            + section("sources", files_source(data, fmt, files_per_epoch=2, on_error="dead"))
+            + section("operators", prefix, f"  - id: keyed\n    input: {last}\n"
+                                           f"    key_by: {keys}\n    {body}\n")
+            + section("sinks", files_sink("keyed", out), files_sink(None, dead, id="dead")))
+
+
+#: The filter and the derived columns before the keyed operator (test_arrow_sink_crash.py's).
+PREFIX = KEEP + derive('{qty: "qty * 2 + 1", half: "amount / 2"}')
 WINDOW = "aggregate: {n: count(), total: sum(qty), high: max(amount), mean: avg(half)}"
 CASES = {  # name: (parallelism, backend, prefix, keys, body)
     "tumbling-rocksdb-p3": (3, "rocksdb", True, "[user]",
@@ -78,7 +60,7 @@ def run_both(spark, tmp_path: Path, data: Path, case: str, *, extra: str = ""):
     found = {}
     for arrow in ("false", "true"):
         out, dead = tmp_path / f"out-{arrow}", tmp_path / f"dead-{arrow}"
-        _, result = run(spark, PIPELINE.format(
+        _, result = run(spark, pipeline(
             name=f"arrow-{arrow}", data=data, out=out, dead=dead, state=tmp_path / f"st-{arrow}",
             arrow=arrow, parallelism=parallelism, backend=backend, keys=keys, body=body,
             prefix=(PREFIX if prefix else "") + extra,
@@ -151,7 +133,7 @@ def test_an_expression_arrow_does_not_take_keeps_sparks_staging(spark, tmp_path:
     json_events(tmp_path / "data", files=3, rows=100, seed=2)
     extra = '  - {id: loud, input: derive, with_columns: {user: "upper(user)"}}\n'
     parallelism, backend, _, keys, body = CASES["tumbling-rocksdb-p3"]
-    text = PIPELINE.format(
+    text = pipeline(
         name="upper", data=tmp_path / "data" / "jsonl", out=tmp_path / "out",
         dead=tmp_path / "dead", state=tmp_path / "st", arrow="true", parallelism=parallelism,
         backend=backend, keys=keys, body=body, prefix=PREFIX + extra, last="loud")
@@ -175,45 +157,26 @@ def test_staged_directories_of_ended_epochs_go(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-2"]
 
 
-KAFKA = """
-name: {name}
-job:
-  parallelism: 2
-  max_parallelism: 16
-  state: {{backend: rocksdb, local_dir: "{state}"}}
-  execution: {{small_epoch_rows: 0, local_rows: 0, arrow_input: {arrow}}}
-sources:
-  - id: events
-    type: kafka
-    bootstrap_servers: {bootstrap}
-    topic: {topic}
-    bounded: true
-    max_records_per_epoch: 600
-    schema: {{id: bigint, user: string, amount: double, ts: bigint}}
-    event_time: timestamp_millis(ts)
-    watermark: {{max_out_of_orderness: 5s}}
-    on_error: dead
-operators:
-  - {{id: keep, input: events, filter: "amount >= 10"}}
-  - id: derive
-    input: keep
-    with_columns: {{amount: "amount * 2 + 1", ts: "timestamp_millis(ts)"}}
-  - id: keyed
-    input: derive
-    key_by: [user]
-    window: {{tumbling: 1m}}
-    aggregate: {{n: count(), total: sum(amount), last: max(ts)}}
-sinks:
-  - id: out
-    type: files
-    input: keyed
-    path: "{out}"
-    format: jsonl
-  - id: dead
-    type: files
-    path: "{dead}"
-    format: jsonl
-"""
+def kafka_events(bootstrap: str, topic: str, per_epoch: int, time_column: str) -> str:
+    """The Kafka events (id, user, amount, ts in ms; bad values to `dead`) and the stateless
+    `keep` and `derive` after them (`time_column` the event time as a timestamp), up to the
+    operators that follow (also test_arrow_sink.py's)."""
+    return (section("sources", kafka_source(
+                bootstrap, topic, per_epoch=per_epoch, id="events", out_of_orderness="5s",
+                schema="{id: bigint, user: string, amount: double, ts: bigint}", on_error="dead"))
+            + section("operators", '  - {id: keep, input: events, filter: "amount >= 10"}\n',
+                      "  - id: derive\n    input: keep\n    with_columns: {amount: "
+                      f'"amount * 2 + 1", {time_column}: "timestamp_millis(ts)"}}\n'))
+
+
+def kafka_pipeline(name: str, state: Path, arrow: str, bootstrap: str, topic: str, out: Path,
+                   dead: Path) -> str:
+    """The Kafka events through 1-minute windows into jsonl files, arrow_input on or off."""
+    return (keyed_head(name, 2, "rocksdb", state, execution=(
+                f"{{small_epoch_rows: 0, local_rows: 0, arrow_input: {arrow}}}"))
+            + kafka_events(bootstrap, topic, 600, "ts")
+            + window("keyed", "derive", "1m", "{n: count(), total: sum(amount), last: max(ts)}")
+            + section("sinks", files_sink("keyed", out), files_sink(None, dead, id="dead")))
 
 
 @pytest.mark.kafka
@@ -240,7 +203,7 @@ def test_kafka_ranges_decoded_by_arrow_tasks(spark, kafka, tmp_path: Path,
     found = {}
     for arrow in ("false", "true"):
         out, dead = tmp_path / f"out-{arrow}", tmp_path / f"dead-{arrow}"
-        _, result = run(spark, KAFKA.format(
+        _, result = run(spark, kafka_pipeline(
             name=f"kafka-arrow-{arrow}", state=tmp_path / f"st-{arrow}", arrow=arrow,
             bootstrap=kafka.bootstrap, topic=topic, out=out, dead=dead))
         assert result.status == "finished", result
@@ -272,12 +235,11 @@ def test_parquet_with_operators_goes_through_arrow_tasks(spark, tmp_path: Path,
     write_events(tmp_path / "naive", files=2, rows=300, seed=9, zoned=False)
     (data / "part-002.parquet").unlink()
     (tmp_path / "naive" / "part-001.parquet").rename(data / "part-002.parquet")
-    text = PIPELINE.replace("format: jsonl\n    schema", "format: parquet\n    schema")
     found = {}
     for arrow in ("false", "true"):
         out = tmp_path / f"out-{arrow}"
-        _, result = run(spark, text.format(
-            name=f"pq-{arrow}", data=data, out=out, dead=tmp_path / f"dead-{arrow}",
+        _, result = run(spark, pipeline(
+            fmt="parquet", name=f"pq-{arrow}", data=data, out=out, dead=tmp_path / f"dead-{arrow}",
             state=tmp_path / f"st-{arrow}", arrow=arrow, parallelism=2, backend="rocksdb",
             keys="[user]", body="window: {tumbling: 1m}\n    " + WINDOW, prefix=PREFIX,
             last="derive"))
@@ -327,14 +289,14 @@ def test_csv_files_go_through_arrow_tasks(spark, tmp_path: Path, monkeypatch) ->
     user, rest = lines[5].split(",", 1)
     lines[5] = f'"{user}",{rest}'  # the same value, quoted: Spark's to read
     quoted.write_text("\n".join(lines) + "\n")
-    text = PIPELINE.replace("format: jsonl\n    schema", "format: csv\n    schema")
     found = {}
     for arrow in ("false", "true"):
         out, dead = tmp_path / f"out-{arrow}", tmp_path / f"dead-{arrow}"
-        _, result = run(spark, text.format(
-            name=f"csv-{arrow}", data=data, out=out, dead=dead, state=tmp_path / f"st-{arrow}",
-            arrow=arrow, parallelism=2, backend="rocksdb", keys="[user]",
-            body="window: {tumbling: 1m}\n    " + WINDOW, prefix=PREFIX, last="derive"))
+        _, result = run(spark, pipeline(
+            fmt="csv", name=f"csv-{arrow}", data=data, out=out, dead=dead,
+            state=tmp_path / f"st-{arrow}", arrow=arrow, parallelism=2, backend="rocksdb",
+            keys="[user]", body="window: {tumbling: 1m}\n    " + WINDOW, prefix=PREFIX,
+            last="derive"))
         assert result.status == "finished", result
         found[arrow] = (committed_rows(out), committed_rows(dead) if dead.exists() else [],
                         epoch_metrics(result), result)

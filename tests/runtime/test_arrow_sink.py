@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from test_arrow_input import epoch_metrics
+from fragments import files_sink, job, kafka_sink, section
+from test_arrow_input import epoch_metrics, kafka_events
 from test_direct import run
 from test_staged import json_events
 
@@ -199,43 +200,17 @@ def test_the_plan_names_the_arrow_written_sink(spark, tmp_path: Path, monkeypatc
             assert "arrow_input is off" in stages["out"]["not_used"][0]["why"]
 
 
-KAFKA = """
-name: {name}
-storage: "{storage}"
-job:
-  parallelism: 2
-  checkpoint: {{interval: 1h, mode: exactly_once}}
-  state: {{backend: rocksdb, local_dir: "{storage}/state"}}
-  execution: {{small_epoch_rows: 0, local_rows: 0, arrow_input: {arrow}, task_sink: {arrow}}}
-sources:
-  - id: events
-    type: kafka
-    bootstrap_servers: {bootstrap}
-    topic: {topic}
-    bounded: true
-    max_records_per_epoch: 500
-    schema: {{id: bigint, user: string, amount: double, ts: bigint}}
-    event_time: timestamp_millis(ts)
-    watermark: {{max_out_of_orderness: 5s}}
-    on_error: dead
-operators:
-  - {{id: keep, input: events, filter: "amount >= 10"}}
-  - id: derive
-    input: keep
-    with_columns: {{amount: "amount * 2 + 1", at: "timestamp_millis(ts)"}}
-{keyed}
-sinks:
-  - id: out
-    type: kafka
-    input: {last}
-    bootstrap_servers: {bootstrap}
-    topic: {out}
-    key: {key}
-  - id: dead
-    type: files
-    path: "{storage}/dead"
-    format: jsonl
-"""
+def kafka_pipeline(name: str, storage: Path, arrow: str, bootstrap: str, topic: str, out: str,
+                   keyed: str, last: str, key: str) -> str:
+    """test_arrow_input's Kafka events (and `keyed` after them) into the topic `out`, keyed
+    by `key`, exactly once; arrow_input and the task-written sink both on or off."""
+    return (job(name, storage=f'"{storage}"', checkpoint="{interval: 1h, mode: exactly_once}",
+                backend="rocksdb", local_dir=f'"{storage}/state"', execution=(
+                    f"{{small_epoch_rows: 0, local_rows: 0, arrow_input: {arrow}, "
+                    f"task_sink: {arrow}}}"))
+            + kafka_events(bootstrap, topic, 500, "at") + (keyed + "\n" if keyed else "")
+            + section("sinks", kafka_sink(last, bootstrap, out, key=key),
+                      files_sink(None, f'"{storage}/dead"', id="dead")))
 WINDOW = """  - id: keyed
     input: derive
     key_by: [user]
@@ -272,10 +247,10 @@ def test_kafka_records_staged_by_tasks(spark, kafka, tmp_path: Path, monkeypatch
     for arrow in ("false", "true"):
         out = kafka.create_topic(f"arrow-sink-out-{uuid.uuid4().hex[:8]}", 2)
         storage = tmp_path / f"st-{arrow}"
-        text = KAFKA.format(name=f"kafka-sink-{arrow}", storage=storage, arrow=arrow,
-                            bootstrap=kafka.bootstrap, topic=topic, out=out,
-                            keyed=WINDOW if keyed else "", last="keyed" if keyed else "derive",
-                            key="user")
+        text = kafka_pipeline(name=f"kafka-sink-{arrow}", storage=storage, arrow=arrow,
+                              bootstrap=kafka.bootstrap, topic=topic, out=out,
+                              keyed=WINDOW if keyed else "",
+                              last="keyed" if keyed else "derive", key="user")
         if arrow == "true":
             from streamer.pipeline.validate import load_pipeline_text
             from streamer.runtime.job.checks import physical_plan

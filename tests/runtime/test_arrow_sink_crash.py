@@ -12,15 +12,15 @@ and nothing staged may be left once a run finishes.
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from streamer_process import FilesOutput, quick_jvm, run_streamer
-from test_crash import SEED, Lap, LapJob, check_campaign, crash_campaign
+from fragments import files_sink, files_source, job, section, write_pipeline
+from streamer_process import FilesOutput, quick_jvm
+from test_arrow_input import PREFIX
+from test_crash import Lap, LapJob, checked_campaign, epochs_that, reference_run
 from test_staged import json_events
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -32,58 +32,22 @@ JOB = "arrow-sink-crash"
 FILES, ROWS = 6, 200
 EPOCHS = FILES
 
-PIPELINE = """\
-name: {job}
-storage: {root}/storage
-job:
-  parallelism: 2
-  checkpoint: {{interval: 1ms, retain: 2}}
-  restart: {{attempts: 0, delay: 0s}}
-  execution: {{small_epoch_rows: 0, local_rows: 0}}
-sources:
-  - id: events
-    type: files
-    path: {data}
-    format: jsonl
-    schema: {{user: string, grp: int, ts: timestamp, amount: double, qty: bigint}}
-    max_files_per_epoch: 1
-    event_time: ts
-    watermark: {{max_out_of_orderness: 5s}}
-    on_error: dead
-operators:
-  - {{id: keep, input: events, filter: "qty >= 0 or amount is null"}}
-  - {{id: derive, input: keep, with_columns: {{qty: "qty * 2 + 1", half: "amount / 2"}}}}
-sinks:
-  - id: out
-    type: files
-    input: derive
-    path: {root}/out
-    format: jsonl
-  - id: dead
-    type: files
-    path: {root}/dead
-    format: jsonl
-""" + quick_jvm().replace("{", "{{").replace("}", "}}")
-
 
 def write_job(root: Path, data: Path) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / "job.yaml"
-    path.write_text(PIPELINE.format(job=JOB, root=root, data=data))
-    return path
+    return write_pipeline(root, (
+        job(JOB, root, attempts=0, execution="{small_epoch_rows: 0, local_rows: 0}")
+        + section("sources", files_source(data, on_error="dead"))
+        + section("operators", PREFIX)
+        + section("sinks", files_sink("derive", root / "out"),
+                  files_sink(None, root / "dead", id="dead"))
+        + quick_jvm()))
 
 
 def arrow_every_epoch(root: Path) -> list[str]:
     """What is wrong with the runs in `root` (their `--json` events): an epoch with input
     that the Arrow tasks did not decode."""
-    wrong = []
-    for events in sorted(root.glob("*.jsonl")):
-        for line in events.read_text().splitlines():
-            event = json.loads(line)
-            if event.get("event") == "epoch" and event["records_in_total"] and \
-                    event["arrow_decoded"] != {"events": 1} and not event["arrow_refused"]:
-                wrong.append(f"{events.name}: epoch {event['epoch']} ran {event}")
-    return wrong
+    return epochs_that(root, lambda e: bool(
+        e["records_in_total"] and e["arrow_decoded"] != {"events": 1} and not e["arrow_refused"]))
 
 
 def committed(root: Path) -> Counter[str]:
@@ -96,9 +60,7 @@ def committed(root: Path) -> Counter[str]:
 
 def reference_output(root: Path, data: Path) -> Counter[str]:
     """What one uninterrupted run without checkpoints commits."""
-    run = run_streamer(write_job(root, data), "--no-checkpoints")
-    assert run.returncode == 0 and run.finished, run.describe()
-    assert run.finished["epochs"] == EPOCHS, run.finished
+    reference_run(write_job(root, data), EPOCHS)
     assert arrow_every_epoch(root) == []
     rows = committed(root)
     assert sum(n for r, n in rows.items() if r.startswith("dead ")) == 1
@@ -124,11 +86,5 @@ def test_sigkill_around_the_arrow_tasks_writes_then_rerun_commits_exactly_the_re
     lines = bad.read_text().splitlines()
     lines[7] = lines[7][:15]
     bad.write_text("\n".join(lines) + "\n")
-    print(f"arrow sink crash test seed {SEED} (STREAMER_TEST_CRASH_SEED), {KILLS} kills in "
-          f"{tmp_path}")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        reference_f = pool.submit(reference_output, tmp_path / "reference", data / "jsonl")
-        campaign_f = pool.submit(crash_campaign, "arrow-sink", tmp_path / "arrow-sink",
-                                 arrow_job(data / "jsonl"), KILLS)
-        reference, campaign = reference_f.result(), campaign_f.result()
-    check_campaign(campaign, reference, KILLS, EPOCHS, kinds=KINDS)
+    checked_campaign("arrow-sink", tmp_path, lambda root: reference_output(root, data / "jsonl"),
+                     arrow_job(data / "jsonl"), KILLS)

@@ -16,13 +16,13 @@ import json
 import os
 import shutil
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from streamer_process import FilesOutput, quick_jvm, run_streamer
+from fragments import files_sink, job, section, write_pipeline
+from streamer_process import FilesOutput, quick_jvm
 from test_broadcast import SOURCES_AND_OPERATOR, check_rules_in_order
-from test_crash import SEED, Lap, LapJob, check_campaign, crash_campaign
+from test_crash import LapJob, checked_campaign, collect_files, reference_run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -33,38 +33,20 @@ JOB = "bc-crash"
 EPOCHS = 6
 PROCESS = Path(__file__).with_name("broadcast_process.py")
 
-PIPELINE = """\
-name: {job}
-storage: {root}/storage
-job:
-  parallelism: 2
-  checkpoint: {{interval: 1ms, retain: 2}}
-  state: {{backend: memory, local_dir: {root}/local}}
-  restart: {{attempts: 0, delay: 0s}}
-""" + SOURCES_AND_OPERATOR + """sinks:
-  - id: out
-    type: files
-    input: tagged
-    path: {root}/out
-    format: jsonl
-""" + quick_jvm().replace("{", "{{").replace("}", "}}")
-
 
 def write_job(root: Path) -> Path:
     """The pipeline file in `root`, with the process function's module next to it."""
-    root.mkdir(parents=True, exist_ok=True)
+    path = write_pipeline(root, job(JOB, root, backend="memory", attempts=0)
+                          + SOURCES_AND_OPERATOR.format()
+                          + section("sinks", files_sink("tagged", root / "out")) + quick_jvm())
     shutil.copy(PROCESS, root / PROCESS.name)
-    path = root / "job.yaml"
-    path.write_text(PIPELINE.format(job=JOB, root=root))
     return path
 
 
 def reference_output(root: Path) -> Counter[str]:
     """What one uninterrupted run without checkpoints commits: every event once, with the
     rules of its epoch and before, on both subtasks."""
-    run = run_streamer(write_job(root), "--no-checkpoints")
-    assert run.returncode == 0 and run.finished, run.describe()
-    assert run.finished["epochs"] == EPOCHS, run.finished
+    reference_run(write_job(root), EPOCHS)
     rows = FilesOutput(root / "out").committed()
     check_rules_in_order([json.loads(row) for row in rows.elements()], 2)
     assert sorted(json.loads(row)["n"] for row in rows.elements()) == list(range(600))
@@ -72,24 +54,12 @@ def reference_output(root: Path) -> Counter[str]:
 
 
 def broadcast_job() -> LapJob:
-    def collect(root: Path, lap: Lap) -> None:
-        output = FilesOutput(root / "out")
-        lap.rows, lap.leftovers = output.committed(), output.leftovers()
-
-    return LapJob(JOB, write_job, collect, epochs=EPOCHS, kinds=KINDS)
+    return LapJob(JOB, write_job, collect_files(), epochs=EPOCHS, kinds=KINDS)
 
 
 def test_sigkill_with_broadcast_state_then_every_subtask_applies_the_restored_rules(
         tmp_path: Path) -> None:
-    print(f"broadcast crash test seed {SEED} (STREAMER_TEST_CRASH_SEED), {KILLS} kills in "
-          f"{tmp_path}")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        reference_f = pool.submit(reference_output, tmp_path / "reference")
-        campaign_f = pool.submit(crash_campaign, "broadcast", tmp_path / "broadcast",
-                                 broadcast_job(), KILLS)
-        reference, campaign = reference_f.result(), campaign_f.result()
-    check_campaign(campaign, reference, KILLS, EPOCHS,
-                   kinds=KINDS)
+    campaign = checked_campaign("broadcast", tmp_path, reference_output, broadcast_job(), KILLS)
     # A run restored broadcast state holding a rule or more (a checkpoint of epoch 1-5) and
     # went on to process events (each fail point's kill lets an epoch or more complete).
     assert any(1 <= kill.resumed_at < EPOCHS for kill in campaign.kills), campaign.schedule

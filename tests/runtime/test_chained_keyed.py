@@ -18,9 +18,10 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
+from test_keyed import rows_of
+from test_keyed import run as run_keyed
 
 from streamer.pipeline.validate import load_pipeline_text
-from streamer.runtime.job.coordinator import JobRunner, RunOptions
 from streamer.runtime.watermarks import MIN_WATERMARK, WatermarkTracker, operator_chains
 
 pytestmark = pytest.mark.spark
@@ -55,15 +56,9 @@ sources:
 """
 
 
-def rows_of(directory: Path) -> list[dict]:
-    return [json.loads(line) for part in sorted(directory.glob("part-*.jsonl"))
-            for line in part.read_text().splitlines() if line.strip()]
-
-
 def run(spark, text: str, **options):
-    spec = load_pipeline_text(textwrap.dedent(text))
-    runner = JobRunner(spec, RunOptions(ui=False, **options), spark=spark)
-    return runner.run()
+    """test_keyed's run, for its result alone."""
+    return run_keyed(spark, text, **options)[1]
 
 
 def iso(ms: int) -> str:

@@ -12,7 +12,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from fragments import clicks, files_sink, job, section, window
 from prometheus_client.parser import text_string_to_metric_families
+from streamer_process import FilesOutput
 
 from streamer import failpoints
 from streamer.checkpoint.checkpoint_metadata import CheckpointError, CheckpointStore
@@ -22,49 +24,9 @@ from streamer.runtime.observe.metrics import JsonReporter
 
 pytestmark = pytest.mark.spark
 
-PIPELINE = """
-name: chk-test
-storage: {storage}
-job:
-  parallelism: {parallelism}
-  checkpoint: {{interval: {interval}, retain: 2}}
-  state: {{backend: {backend}, local_dir: {local}}}
-  restart: {{attempts: {attempts}, delay: 0s}}
-sources:
-  - id: clicks
-    type: datagen
-    splits: 2
-    limit: 3000
-    max_records_per_epoch: 1000
-    fields:
-      user: "concat('u', cast((offset * 7 + split) % 13 as string))"
-      amount: "cast(offset % 10 as double)"
-      ts: "timestamp_millis(1767225600000 + offset * 100)"
-    event_time: ts
-    watermark: {{max_out_of_orderness: 1s}}
-operators:
-  - id: per_window
-    input: clicks
-    key_by: [user]
-    window: {{tumbling: 10s}}
-    aggregate: {{n: count(), spent: sum(amount)}}
-sinks:
-  - id: out
-    type: files
-    input: per_window
-    path: {out}
-    format: jsonl
-"""
-
-
 def committed(directory: Path) -> Counter[str]:
     """The committed rows as a multiset of canonical JSON lines."""
-    rows: Counter[str] = Counter()
-    for part in sorted(directory.glob("part-*.jsonl")):
-        for line in part.read_text().splitlines():
-            if line.strip():
-                rows[json.dumps(json.loads(line), sort_keys=True)] += 1
-    return rows
+    return FilesOutput(directory).committed()
 
 
 class Job:
@@ -79,11 +41,14 @@ class Job:
         self.backend, self.interval, self.parallelism = backend, interval, parallelism
         self.attempts = attempts
 
-    def text(self, **changes: object) -> str:
-        values = {"storage": self.storage, "out": self.out, "local": self.local,
-                  "backend": self.backend, "interval": self.interval,
-                  "parallelism": self.parallelism, "attempts": self.attempts, **changes}
-        return PIPELINE.format(**values)
+    def text(self, *, out: Path | str | None = None, parallelism: int | None = None) -> str:
+        """The clicks through 10-second windows into files (`out`, or the job's output)."""
+        return (job("chk-test", storage=self.storage, parallelism=parallelism or self.parallelism,
+                    checkpoint=f"{{interval: {self.interval}, retain: 2}}", backend=self.backend,
+                    local_dir=self.local, attempts=self.attempts)
+                + section("sources", clicks(limit=3000, per_epoch=1000))
+                + section("operators", window("per_window", "clicks", "10s"))
+                + section("sinks", files_sink("per_window", out or self.out)))
 
     def run(self, spark: object, *, text: str | None = None, on_event=None, **options: object):
         spec = load_pipeline_text(textwrap.dedent(text or self.text()))

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from streamer_process import FilesOutput
 
 from streamer import failpoints
 from streamer.pipeline.validate import load_pipeline_text
@@ -140,12 +141,7 @@ class _Null:
 
 
 def committed(directory: Path) -> Counter[str]:
-    rows: Counter[str] = Counter()
-    for part in sorted(directory.glob("part-*.jsonl")):
-        for line in part.read_text().splitlines():
-            if line.strip():
-                rows[json.dumps(json.loads(line), sort_keys=True)] += 1
-    return rows
+    return FilesOutput(directory).committed()
 
 
 def check_honoured(job: Held, kind: str, result: JobResult) -> None:

@@ -26,6 +26,7 @@ campaigns of other sinks and jobs (test_*_crash.py) use this module's harness:
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import statistics
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fragments import crash_job, files_sink, section, write_pipeline
 from streamer_process import FilesOutput, Run, diff, quick_jvm, run_streamer
 
 from streamer.checkpoint.checkpoint_metadata import CheckpointStore
@@ -50,59 +52,21 @@ JOB = "crash"
 #: records per split, and per epoch over both splits: 10 epochs of data, the last one final
 LIMIT, PER_EPOCH = 600, 120
 
-def job_head(storage: str = "{root}/storage", attempts: int = 0) -> str:
-    """The job of the campaign up to its sinks (name, storage, state backend; the datagen
-    source; its windows, `per_window`), shared by the campaigns into other sinks and by the
-    storage-fault scenarios (test_storage_faults.py, on `faulty://` storage with a restart).
-    A `str.format` template of `job`, `root`, `backend`, `limit` and `per_epoch`."""
-    return """\
-name: {job}
-storage: STORAGE
-job:
-  parallelism: 2
-  checkpoint: {{interval: 1ms, retain: 2}}
-  state: {{backend: {backend}, local_dir: {root}/local}}
-  restart: {{attempts: ATTEMPTS, delay: 0s}}
-sources:
-  - id: clicks
-    type: datagen
-    splits: 2
-    limit: {limit}
-    max_records_per_epoch: {per_epoch}
-    fields:
-      user: "concat('u', cast((offset * 7 + split) % 13 as string))"
-      amount: "cast(offset % 10 as double)"
-      ts: "timestamp_millis(1767225600000 + offset * 100)"
-    event_time: ts
-    watermark: {{max_out_of_orderness: 1s}}
-operators:
-  - id: per_window
-    input: clicks
-    key_by: [user]
-    window: {{tumbling: 5s}}
-    aggregate: {{n: count(), spent: sum(amount), first: min(ts), last: max(ts)}}
-""".replace("STORAGE", storage).replace("ATTEMPTS", str(attempts))
 
-
-JOB_HEAD = job_head()
-
-PIPELINE = JOB_HEAD + """\
-sinks:
-  - id: out
-    type: files
-    input: per_window
-    path: {root}/out
-    format: {fmt}
-""" + quick_jvm().replace("{", "{{").replace("}", "}}")
+def pipeline(root: Path | str, backend: str, sinks: str, *, name: str = JOB,
+             **options: Any) -> str:
+    """The campaign's job in `root` (`fragments.crash_job`: the datagen clicks through the
+    windows `per_window`) into `sinks`, with the quick driver JVM. The campaigns into other
+    sinks name it after themselves; `options` go to `crash_job` (test_s3_jobs.py changes
+    its storage and more)."""
+    return (crash_job(name, root, backend=backend, limit=LIMIT, per_epoch=PER_EPOCH, **options)
+            + section("sinks", sinks) + quick_jvm())
 
 
 def write_job(root: Path, backend: str, fmt: str = "jsonl") -> Path:
     """The pipeline file of the job in `root` (its storage, state and output there too)."""
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / "job.yaml"
-    path.write_text(PIPELINE.format(job=JOB, root=root, backend=backend, limit=LIMIT,
-                                    per_epoch=PER_EPOCH, fmt=fmt))
-    return path
+    return write_pipeline(root, pipeline(root, backend, files_sink("per_window", root / "out",
+                                                                   fmt)))
 
 
 BACKENDS = ("rocksdb", "memory")
@@ -113,14 +77,14 @@ FORMATS = {"rocksdb": "jsonl", "memory": "parquet"}
 EPOCHS = 2 * LIMIT // PER_EPOCH
 
 
-#: The reference job: the windows into a jsonl and a parquet files sink, both written by Spark.
-REFERENCE = JOB_HEAD + "sinks:\n" + "".join(f"""\
-  - id: out_{fmt}
-    type: files
-    input: per_window
-    path: {{root}}/out-{fmt}
-    format: {fmt}
-""" for fmt in ("jsonl", "parquet")) + quick_jvm().replace("{", "{{").replace("}", "}}")
+def reference_pipeline(root: Path) -> str:
+    """The reference job: the windows into a jsonl and a parquet files sink, both written by
+    Spark."""
+    return pipeline(root, "rocksdb", "".join(
+        files_sink("per_window", root / f"out-{fmt}", fmt, id=f"out_{fmt}")
+        for fmt in ("jsonl", "parquet")))
+
+
 _references: dict[str, Counter[str]] = {}
 _references_lock = threading.Lock()
 
@@ -131,13 +95,8 @@ def reference_outputs(root: Path) -> dict[str, Counter[str]]:
     per test session: the campaigns of this module and of test_s3_jobs.py share it."""
     with _references_lock:
         if not _references:
-            root.mkdir(parents=True, exist_ok=True)
-            path = root / "job.yaml"
-            path.write_text(REFERENCE.format(job=JOB, root=root, backend="rocksdb",
-                                             limit=LIMIT, per_epoch=PER_EPOCH))
-            run = run_streamer(path, "--no-checkpoints", env={"STREAMER_TASK_SINK": "0"})
-            assert run.returncode == 0 and run.finished, run.describe()
-            assert run.finished["epochs"] == EPOCHS, run.finished
+            path = write_pipeline(root, reference_pipeline(root))
+            reference_run(path, EPOCHS, env={"STREAMER_TASK_SINK": "0"})
             rows = {f: FilesOutput(root / f"out-{f}", f).committed() for f in FORMATS.values()}
             assert rows["jsonl"] and sum(rows["parquet"].values()) == sum(
                 rows["jsonl"].values()) > 100
@@ -346,14 +305,40 @@ class LapJob:
     kinds: tuple[str, ...] = KINDS
 
 
-def files_job(backend: str, fmt: str = "jsonl") -> LapJob:
-    """This module's datagen -> windows -> files job on `backend`, writing `fmt` files."""
+def collect_files(fmt: str = "jsonl") -> Callable[[Path, Lap], None]:
+    """A `LapJob.collect` of a job whose one files sink writes `fmt` files to `<root>/out`."""
 
     def collect(root: Path, lap: Lap) -> None:
         output = FilesOutput(root / "out", fmt)
         lap.rows, lap.leftovers = output.committed(), output.leftovers()
 
-    return LapJob(JOB, lambda root: write_job(root, backend, fmt), collect)
+    return collect
+
+
+def alternating_backends(write_job: Callable[[Path, str], Path]) -> Callable[[Path], Path]:
+    """A `LapJob.write` that writes lap n's job (in `<label>-<n>`) on `BACKENDS[(n - 1) % 2]`."""
+
+    def write(root: Path) -> Path:
+        lap = int(root.name.rpartition("-")[2])
+        return write_job(root, BACKENDS[(lap - 1) % len(BACKENDS)])
+
+    return write
+
+
+def epochs_that(root: Path, wrong: Callable[[dict[str, Any]], bool]) -> list[str]:
+    """The epochs of the runs in `root` (their `--json` events) that are `wrong`."""
+    found = []
+    for events in sorted(root.glob("*.jsonl")):
+        for line in events.read_text().splitlines():
+            event = json.loads(line)
+            if event.get("event") == "epoch" and wrong(event):
+                found.append(f"{events.name}: epoch {event['epoch']} ran {event}")
+    return found
+
+
+def files_job(backend: str, fmt: str = "jsonl") -> LapJob:
+    """This module's datagen -> windows -> files job on `backend`, writing `fmt` files."""
+    return LapJob(JOB, lambda root: write_job(root, backend, fmt), collect_files(fmt))
 
 
 def run_lap(campaign: Campaign, root: Path, kills_wanted: int, planner: Planner,
@@ -433,6 +418,31 @@ def check_campaign(campaign: Campaign, reference: Counter[str], kills: int,
     assert len(campaign.kills) >= kills, campaign.schedule
     missing = set(kinds) - set(points) if kills >= len(kinds) else set()
     assert not missing, f"kinds not dealt: {missing}\n{campaign.schedule}"
+
+
+def reference_run(path: Path, epochs: int, *args: str, **kwargs: Any) -> Run:
+    """One uninterrupted `streamer run --no-checkpoints` of the pipeline file `path` (more
+    `args` and `run_streamer` options as given), which must finish after `epochs` epochs."""
+    run = run_streamer(path, "--no-checkpoints", *args, **kwargs)
+    assert run.returncode == 0 and run.finished, run.describe()
+    assert run.finished["epochs"] == epochs, run.finished
+    return run
+
+
+def checked_campaign(label: str, tmp_path: Path, reference: Callable[[Path], Counter[str]],
+                     job: LapJob, kills: int, per_lap: int | None = None) -> Campaign:
+    """A campaign's reference output (`reference` of `<tmp_path>/reference`) and its kill
+    campaign (`crash_campaign` in `<tmp_path>/<label>`), run side by side (each pays its JVM
+    starts, and together they share the machine better than one after another), then checked
+    against each other (`check_campaign`, with the job's epochs and kinds of kill)."""
+    print(f"{label} crash test seed {SEED} (STREAMER_TEST_CRASH_SEED), {kills} kills in "
+          f"{tmp_path}")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        reference_f = pool.submit(reference, tmp_path / "reference")
+        campaign_f = pool.submit(crash_campaign, label, tmp_path / label, job, kills, per_lap)
+        campaign = campaign_f.result()
+        check_campaign(campaign, reference_f.result(), kills, job.epochs, kinds=job.kinds)
+    return campaign
 
 
 @pytest.fixture(scope="module")

@@ -17,24 +17,12 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
-from streamer_process import quick_jvm, run_streamer
-from test_crash import (
-    EPOCHS,
-    JOB_HEAD,
-    LIMIT,
-    PER_EPOCH,
-    SEED,
-    SINK_KINDS,
-    Lap,
-    LapJob,
-    check_campaign,
-    crash_campaign,
-)
+from fragments import delta_sink, totals, write_pipeline
+from test_crash import EPOCHS, SINK_KINDS, Lap, LapJob, checked_campaign, pipeline, reference_run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -42,32 +30,12 @@ KILLS = int(os.environ.get("STREAMER_TEST_DELTA_CRASH_KILLS", "6"))
 JOB = "dcrash"
 SINKS = {"windows": "windows", "totals_table": "totals"}  # sink id -> table directory
 
-PIPELINE = JOB_HEAD + """\
-  - id: totals
-    input: clicks
-    key_by: [user]
-    aggregate: {{n: count(), spent: sum(amount), last: max(ts)}}
-sinks:
-  - id: windows
-    type: delta
-    input: per_window
-    path: {root}/windows
-  - id: totals_table
-    type: delta
-    input: totals
-    path: {root}/totals
-    mode: merge
-    key: [user]
-""" + quick_jvm().replace("{", "{{").replace("}", "}}")
-
-
 def write_job(root: Path) -> Path:
     """The pipeline file of a lap (its storage, state and tables in `root`)."""
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / "job.yaml"
-    path.write_text(PIPELINE.format(job=JOB, root=root, backend="rocksdb", limit=LIMIT,
-                                    per_epoch=PER_EPOCH))
-    return path
+    sinks = (delta_sink("per_window", root / "windows", id="windows")
+             + delta_sink("totals", root / "totals", id="totals_table", merge_key="[user]"))
+    return write_pipeline(root, pipeline(root, "rocksdb", sinks, name=JOB,
+                                         extra_operators=totals()))
 
 
 def tables(root: Path) -> Counter[str]:
@@ -81,9 +49,7 @@ def tables(root: Path) -> Counter[str]:
 
 def reference_output(root: Path) -> Counter[str]:
     """What one uninterrupted run without checkpoints commits (each epoch at once)."""
-    run = run_streamer(write_job(root), "--no-checkpoints")
-    assert run.returncode == 0 and run.finished, run.describe()
-    assert run.finished["epochs"] == EPOCHS, run.finished
+    reference_run(write_job(root), EPOCHS)
     rows = tables(root)
     assert sum(rows.values()) > 100
     assert sum(1 for row in rows if row.startswith('["totals"')) == 13  # one row per user
@@ -104,10 +70,4 @@ def delta_job() -> LapJob:
 
 def test_sigkill_into_delta_tables_then_they_hold_the_uninterrupted_runs_rows(
         tmp_path: Path) -> None:
-    print(f"delta crash test seed {SEED} (STREAMER_TEST_CRASH_SEED), {KILLS} kills in {tmp_path}")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        reference_f = pool.submit(reference_output, tmp_path / "reference")
-        campaign_f = pool.submit(crash_campaign, "delta", tmp_path / "delta", delta_job(),
-                                 KILLS)
-        reference, campaign = reference_f.result(), campaign_f.result()
-    check_campaign(campaign, reference, KILLS, kinds=SINK_KINDS)
+    checked_campaign("delta", tmp_path, reference_output, delta_job(), KILLS)

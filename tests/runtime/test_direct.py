@@ -12,6 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from fragments import files_sink, files_source, job, section
 
 from streamer.pipeline.validate import load_pipeline_text
 from streamer.runtime.exceptions import JobFailedError
@@ -90,17 +91,10 @@ def write_events(directory: Path, files: int, rows: int, seed: int, *,
         pq.write_table(table, directory / f"part-{f:03d}.parquet")
 
 
-#: The events of `write_events` as a parquet source, 2 files per epoch (a format string).
-SOURCE = """sources:
-  - id: events
-    type: files
-    path: "{data}"
-    format: parquet
-    schema: {{user: string, grp: int, ts: timestamp, amount: double, qty: bigint}}
-    max_files_per_epoch: 2
-    event_time: ts
-    watermark: {{max_out_of_orderness: 5s}}
-"""
+def source(data: Path | str, fmt: str = "parquet") -> str:
+    """The events of `write_events` as a files source, 2 files per epoch."""
+    return section("sources", files_source(data, fmt, files_per_epoch=2))
+
 
 #: The keyed operator's keys, window and aggregates (format fields: keys, window), also the
 #: operator of tests/runtime/test_staged.py.
@@ -116,22 +110,28 @@ AGGREGATE = """\
       mean: avg(qty)
 """
 
-PIPELINE = """
-name: {name}
-job:
-  parallelism: {parallelism}
-  max_parallelism: 16
-  state: {{backend: {backend}, local_dir: "{state}"}}
-""" + SOURCE + """operators:
-  - id: agg
-    input: events
-""" + AGGREGATE + """sinks:
-  - id: out
-    type: files
-    input: agg
-    path: "{out}"
-    format: jsonl
-"""
+
+
+def keyed_head(name: str, parallelism: int, backend: str, state: Path | str,
+               execution: str | None = None, checkpoint: str | None = None) -> str:
+    """The job head of this module's pipelines and test_staged.py's and test_arrow_input.py's:
+    `max_parallelism: 16`, the state in `state`."""
+    return job(name, parallelism=parallelism, max_parallelism=16, checkpoint=checkpoint,
+               backend=backend, local_dir=state, execution=execution)
+
+
+def agg(input: str, keys: str, window: str) -> str:
+    """The keyed operator `agg` of `AGGREGATE` reading `input`."""
+    return f"  - id: agg\n    input: {input}\n" + AGGREGATE.format(keys=keys, window=window)
+
+
+def pipeline(name: str, data: Path, out: Path, state: Path, parallelism: int, backend: str,
+             keys: str, window: str) -> str:
+    """The parquet events through `agg` (its `keys` and `window`) into jsonl files."""
+    return (keyed_head(name, parallelism, backend, state) + source(data)
+            + section("operators", agg("events", keys, window))
+            + section("sinks", files_sink("agg", out)))
+
 
 CASES = {  # name: (parallelism, backend, keys, window)
     "tumbling-rocksdb-p3": (3, "rocksdb", "[user]", "window: {tumbling: 1m}"),
@@ -158,7 +158,7 @@ def test_direct_read_gives_the_spark_plans_output(spark, tmp_path: Path, monkeyp
     for mode in ("0", "1"):
         monkeypatch.setenv("STREAMER_DIRECT_READ", mode)
         out = tmp_path / f"out-{mode}"
-        runner, result = run(spark, PIPELINE.format(
+        runner, result = run(spark, pipeline(
             name=f"direct-{mode}", data=data, out=out, state=tmp_path / f"state-{mode}",
             **dict(zip(("parallelism", "backend", "keys", "window"), CASES[case],
                        strict=True))))
@@ -191,7 +191,7 @@ def test_epochs_whose_files_have_no_time_zone_are_read_by_spark(spark, tmp_path:
     for mode in ("0", "1"):
         monkeypatch.setenv("STREAMER_DIRECT_READ", mode)
         out = tmp_path / f"out-{mode}"
-        _, result = run(spark, PIPELINE.format(
+        _, result = run(spark, pipeline(
             name=f"mixed-{mode}", data=data, out=out, state=tmp_path / f"state-{mode}",
             parallelism=2, backend="rocksdb", keys="[user]", window="window: {tumbling: 1m}"))
         assert result.status == "finished"
@@ -208,7 +208,7 @@ def test_a_checkpointed_job_can_switch_between_direct_and_spark_reads(
     uninterrupted run (both paths share key groups and state layout)."""
     data = tmp_path / "data"
     write_events(data, files=6, rows=300, seed=9)
-    text = PIPELINE.format(name="switch", data=data, out=tmp_path / "out",
+    text = pipeline(name="switch", data=data, out=tmp_path / "out",
                            state=tmp_path / "state", parallelism=2, backend="rocksdb",
                            keys="[user]", window="window: {tumbling: 1m}")
     text = text.replace("job:\n", "job:\n  checkpoint: {interval: 1ms}\n")
@@ -219,7 +219,7 @@ def test_a_checkpointed_job_can_switch_between_direct_and_spark_reads(
     monkeypatch.setenv("STREAMER_DIRECT_READ", "0")
     _, second = run(spark, text, **options)
     assert second.status == "finished"
-    reference = PIPELINE.format(name="reference", data=data, out=tmp_path / "ref",
+    reference = pipeline(name="reference", data=data, out=tmp_path / "ref",
                                 state=tmp_path / "ref-state", parallelism=2, backend="rocksdb",
                                 keys="[user]", window="window: {tumbling: 1m}")
     _, ref = run(spark, reference)
@@ -284,7 +284,7 @@ def test_a_bigint_sum_past_64_bits_fails_as_sparks_does(spark, tmp_path: Path, m
         data / "part-000.parquet")
     for mode in ("0", "1"):
         monkeypatch.setenv("STREAMER_DIRECT_READ", mode)
-        text = PIPELINE.format(name=f"ovf-{mode}", data=data, out=tmp_path / f"out-{mode}",
+        text = pipeline(name=f"ovf-{mode}", data=data, out=tmp_path / f"out-{mode}",
                                state=tmp_path / f"state-{mode}", parallelism=1,
                                backend="memory", keys="[user]", window=window)
         with pytest.raises(JobFailedError, match="ARITHMETIC_OVERFLOW"):
@@ -292,7 +292,7 @@ def test_a_bigint_sum_past_64_bits_fails_as_sparks_does(spark, tmp_path: Path, m
     # Without user "a": b's sum is exactly -2**63, which fits.
     pq.write_table(pq.read_table(data / "part-000.parquet").slice(2), data / "part-000.parquet")
     monkeypatch.setenv("STREAMER_DIRECT_READ", "1")
-    _, result = run(spark, PIPELINE.format(
+    _, result = run(spark, pipeline(
         name="ovf-fits", data=data, out=tmp_path / "out-fits", state=tmp_path / "state-fits",
         parallelism=1, backend="memory", keys="[user]", window=window))
     assert result.status == "finished"
@@ -316,7 +316,7 @@ def test_a_bigint_sum_past_64_bits_across_epochs_fails_as_sparks_does(
             "qty": pa.array([qty], pa.int64())}), data / f"part-{i:03d}.parquet")
     for mode in ("0", "1"):
         monkeypatch.setenv("STREAMER_DIRECT_READ", mode)
-        text = PIPELINE.format(name=f"ovf-{mode}", data=data, out=tmp_path / f"out-{mode}",
+        text = pipeline(name=f"ovf-{mode}", data=data, out=tmp_path / f"out-{mode}",
                                state=tmp_path / f"state-{mode}", parallelism=1,
                                backend="memory", keys="[user]", window=window)
         with pytest.raises(JobFailedError, match=r"epoch 2 .*\[ARITHMETIC_OVERFLOW\]"):

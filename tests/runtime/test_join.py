@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from streamer_process import FilesOutput
 from test_savepoints import JOB_HEAD
 
 from streamer.pipeline.exceptions import PipelineError
@@ -64,12 +65,7 @@ sinks:
 
 
 def committed(directory: Path) -> Counter[str]:
-    rows: Counter[str] = Counter()
-    for part in sorted(directory.glob("part-*.jsonl")):
-        for line in part.read_text().splitlines():
-            if line.strip():
-                rows[json.dumps(json.loads(line), sort_keys=True)] += 1
-    return rows
+    return FilesOutput(directory).committed()
 
 
 class Job:

@@ -18,12 +18,12 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from streamer_process import FilesOutput, quick_jvm, run_streamer
-from test_crash import BACKENDS, SEED, Lap, LapJob, check_campaign, crash_campaign
+from fragments import files_sink, job, section, write_pipeline
+from streamer_process import FilesOutput, quick_jvm
+from test_crash import LapJob, alternating_backends, checked_campaign, collect_files, reference_run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -37,14 +37,7 @@ EPOCHS = 4
 #: [0s, 30s] pairs three in four. 4 epochs of data (60 records per source each), then the end.
 #: Each order's customer (order_id % 8) is enriched from a table of customers 0-6 read in the
 #: first epoch (an inner table join): customer 7's 30 orders are not output.
-PIPELINE = """\
-name: {job}
-storage: {root}/storage
-job:
-  parallelism: 2
-  checkpoint: {{interval: 1ms, retain: 2}}
-  state: {{backend: {backend}, local_dir: {root}/local}}
-  restart: {{attempts: 0, delay: 0s}}
+SOURCES_AND_OPERATORS = """\
 sources:
   - id: orders
     type: datagen
@@ -74,27 +67,18 @@ operators:
     join: {{left: orders, right: payments, on: [order_id], type: left, between: [0s, 30s]}}
   - id: tiered
     join: {{left: paid, right: customers, on: [customer], table: true}}
-sinks:
-  - id: out
-    type: files
-    input: tiered
-    path: {root}/out
-    format: jsonl
-""" + quick_jvm().replace("{", "{{").replace("}", "}}")
+"""
 
 
 def write_job(root: Path, backend: str) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / "job.yaml"
-    path.write_text(PIPELINE.format(job=JOB, root=root, backend=backend))
-    return path
+    return write_pipeline(root, job(JOB, root, backend=backend, attempts=0)
+                          + SOURCES_AND_OPERATORS.format()
+                          + section("sinks", files_sink("tiered", root / "out")) + quick_jvm())
 
 
 def reference_output(root: Path) -> Counter[str]:
     """What one uninterrupted run without checkpoints commits."""
-    run = run_streamer(write_job(root, "rocksdb"), "--no-checkpoints")
-    assert run.returncode == 0 and run.finished, run.describe()
-    assert run.finished["epochs"] == EPOCHS, run.finished
+    reference_run(write_job(root, "rocksdb"), EPOCHS)
     rows = FilesOutput(root / "out").committed()
     assert sum(rows.values()) == 210  # every order of customers 0-6 once, paid or not
     assert {(r["customer"], r["tier"]) for r in map(json.loads, rows)} == {
@@ -105,26 +89,11 @@ def reference_output(root: Path) -> Counter[str]:
 
 def join_job() -> LapJob:
     """The join job for test_crash.py's campaign: lap n on `BACKENDS[(n - 1) % 2]`."""
-
-    def write(root: Path) -> Path:
-        lap = int(root.name.rpartition("-")[2])
-        return write_job(root, BACKENDS[(lap - 1) % len(BACKENDS)])
-
-    def collect(root: Path, lap: Lap) -> None:
-        output = FilesOutput(root / "out")
-        lap.rows, lap.leftovers = output.committed(), output.leftovers()
-
-    return LapJob(JOB, write, collect, epochs=EPOCHS, kinds=KINDS)
+    return LapJob(JOB, alternating_backends(write_job), collect_files(), epochs=EPOCHS,
+                  kinds=KINDS)
 
 
 def test_sigkill_at_fail_points_and_random_moments_then_rerun_commits_exactly_the_reference(
         tmp_path: Path) -> None:
-    print(f"join crash test seed {SEED} (STREAMER_TEST_CRASH_SEED), {KILLS} kills in {tmp_path}")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        reference_f = pool.submit(reference_output, tmp_path / "reference")
-        campaign_f = pool.submit(crash_campaign, "join", tmp_path / "join", join_job(), KILLS,
-                                 per_lap=3)
-        reference, campaign = reference_f.result(), campaign_f.result()
-    check_campaign(campaign, reference, KILLS, EPOCHS,
-                   kinds=KINDS)
+    campaign = checked_campaign("join", tmp_path, reference_output, join_job(), KILLS, per_lap=3)
     assert len(campaign.laps) >= 2, campaign.schedule  # both backends

@@ -17,74 +17,46 @@ import json
 import os
 import uuid
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-from streamer_process import quick_jvm, run_streamer
-from test_crash import EPOCHS, KINDS, SEED, Lap, LapJob, check_campaign, crash_campaign
+from fragments import (
+    CRASH_AGGREGATE,
+    click_records,
+    job,
+    kafka_sink,
+    kafka_source,
+    section,
+    window,
+    write_pipeline,
+)
+from streamer_process import quick_jvm
+from test_crash import EPOCHS, Lap, LapJob, checked_campaign, reference_run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.kafka]
 
 KILLS = int(os.environ.get("STREAMER_TEST_KAFKA_CRASH_KILLS", "8"))
 JOB = "kcrash"
 PER_PARTITION, PER_EPOCH = 600, 60
-BASE_MS = 1767225600000
-
-PIPELINE = """\
-name: {job}
-storage: {root}/storage
-job:
-  parallelism: 2
-  checkpoint: {{interval: 1ms, retain: 2}}
-  state: {{backend: rocksdb, local_dir: {root}/local}}
-  restart: {{attempts: 0, delay: 0s}}
-sources:
-  - id: clicks
-    type: kafka
-    bootstrap_servers: {bootstrap}
-    topic: {source}
-    bounded: true
-    max_records_per_epoch: {per_epoch}
-    schema: {{user: string, amount: double, ts: bigint}}
-    event_time: timestamp_millis(ts)
-    watermark: {{max_out_of_orderness: 1s}}
-operators:
-  - id: per_window
-    input: clicks
-    key_by: [user]
-    window: {{tumbling: 5s}}
-    aggregate: {{n: count(), spent: sum(amount), first: min(ts), last: max(ts)}}
-sinks:
-  - id: out
-    type: kafka
-    input: per_window
-    bootstrap_servers: {bootstrap}
-    topic: {sink}
-    key: user
-""" + quick_jvm().replace("{", "{{").replace("}", "}}")
 
 
 def fill_source(kafka: Any) -> str:
     """The input topic: per partition p and offset o, the row datagen's job of test_crash.py
     would generate for split p (user, amount, ts in order within the partition)."""
     name = kafka.create_topic(f"kcrash-in-{uuid.uuid4().hex[:8]}", 2)
-    kafka.produce(name, [
-        (None, {"user": f"u{(o * 7 + p) % 13}", "amount": float(o % 10),
-                "ts": BASE_MS + o * 100}, p)
-        for o in range(PER_PARTITION) for p in (0, 1)])
+    kafka.produce(name, click_records(PER_PARTITION))
     return name
 
 
 def write_job(root: Path, kafka: Any, source: str) -> tuple[Path, str]:
     """The pipeline file of a lap and its output topic."""
-    root.mkdir(parents=True, exist_ok=True)
     sink = kafka.create_topic(f"kcrash-out-{uuid.uuid4().hex[:8]}", 2)
-    path = root / "job.yaml"
-    path.write_text(PIPELINE.format(job=JOB, root=root, bootstrap=kafka.bootstrap, source=source,
-                                    sink=sink, per_epoch=PER_EPOCH))
-    return path, sink
+    return write_pipeline(root, (
+        job(JOB, root, backend="rocksdb", attempts=0)
+        + section("sources", kafka_source(kafka.bootstrap, source, per_epoch=PER_EPOCH))
+        + section("operators", window("per_window", "clicks", "5s", CRASH_AGGREGATE))
+        + section("sinks", kafka_sink("per_window", kafka.bootstrap, sink)) + quick_jvm())), sink
 
 
 def committed(kafka: Any, topic: str) -> Counter[str]:
@@ -96,9 +68,7 @@ def committed(kafka: Any, topic: str) -> Counter[str]:
 def reference_output(root: Path, kafka: Any, source: str) -> Counter[str]:
     """What one uninterrupted run (no checkpoints: the plain producer) writes."""
     path, sink = write_job(root, kafka, source)
-    run = run_streamer(path, "--no-checkpoints")
-    assert run.returncode == 0 and run.finished, run.describe()
-    assert run.finished["epochs"] == EPOCHS, run.finished
+    reference_run(path, EPOCHS)
     rows = committed(kafka, sink)
     assert sum(rows.values()) > 100
     return rows
@@ -123,10 +93,5 @@ def kafka_job(kafka: Any, source: str) -> LapJob:
 def test_sigkill_kafka_to_windows_to_kafka_then_read_committed_sees_each_record_once(
         kafka: Any, tmp_path: Path) -> None:
     source = fill_source(kafka)
-    print(f"kafka crash test seed {SEED} (STREAMER_TEST_CRASH_SEED), {KILLS} kills in {tmp_path}")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        reference_f = pool.submit(reference_output, tmp_path / "reference", kafka, source)
-        campaign_f = pool.submit(crash_campaign, "kafka", tmp_path / "kafka",
-                                 kafka_job(kafka, source), KILLS)
-        reference, campaign = reference_f.result(), campaign_f.result()
-    check_campaign(campaign, reference, KILLS, kinds=KINDS)
+    checked_campaign("kafka", tmp_path, lambda root: reference_output(root, kafka, source),
+                     kafka_job(kafka, source), KILLS)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fragments import click_records, job, kafka_sink, kafka_source, section, window
 
 from streamer.pipeline.validate import load_pipeline_text
 from streamer.runtime.job.control import ControlChannel
@@ -20,41 +21,6 @@ from streamer.runtime.observe.metrics import JsonReporter
 from streamer.savepoint.savepoint_metadata import read_metadata
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
-
-BASE_MS = 1767225600000
-PIPELINE = """
-name: ksp
-storage: {storage}
-job:
-  parallelism: {parallelism}
-  checkpoint: {{interval: 1h}}
-  state: {{backend: rocksdb, local_dir: {local}}}
-sources:
-  - id: clicks
-    uid: clicks-v1
-    type: kafka
-    bootstrap_servers: {bootstrap}
-    topic: {source}
-    bounded: true
-    max_records_per_epoch: 300
-    schema: {{user: string, amount: double, ts: bigint}}
-    event_time: timestamp_millis(ts)
-    watermark: {{max_out_of_orderness: 1s}}
-operators:
-  - id: per_window
-    uid: per-window-v1
-    input: clicks
-    key_by: [user]
-    window: {{tumbling: 10s}}
-    aggregate: {{n: count(), spent: sum(amount)}}
-sinks:
-  - id: out
-    type: kafka
-    input: per_window
-    bootstrap_servers: {bootstrap}
-    topic: {sink}
-    key: user
-"""
 
 
 def committed(kafka: Any, topic: str) -> Counter[str]:
@@ -86,14 +52,15 @@ def run(spark: Any, text: str, storage: Path, request: dict[str, Any] | None = N
 def test_stop_with_savepoint_then_restore_at_another_parallelism(
         spark: Any, kafka: Any, tmp_path: Path) -> None:
     source = kafka.create_topic(f"ksp-in-{uuid.uuid4().hex[:8]}", 2)
-    kafka.produce(source, [
-        (None, {"user": f"u{(o * 7 + p) % 13}", "amount": float(o % 10),
-                "ts": BASE_MS + o * 100}, p)
-        for o in range(1500) for p in (0, 1)])
+    kafka.produce(source, click_records(1500))
 
     def text(storage: Path, sink: str, parallelism: int) -> str:
-        return PIPELINE.format(storage=storage, local=tmp_path / "local", bootstrap=kafka.bootstrap,
-                               source=source, sink=sink, parallelism=parallelism)
+        return (job("ksp", storage=storage, parallelism=parallelism, checkpoint="{interval: 1h}",
+                    backend="rocksdb", local_dir=tmp_path / "local")
+                + section("sources", kafka_source(kafka.bootstrap, source, per_epoch=300,
+                                                  uid="clicks-v1"))
+                + section("operators", window("per_window", "clicks", "10s", uid="per-window-v1"))
+                + section("sinks", kafka_sink("per_window", kafka.bootstrap, sink)))
 
     ref_topic = kafka.create_topic(f"ksp-ref-{uuid.uuid4().hex[:8]}", 2)
     ref_storage = tmp_path / "ref"

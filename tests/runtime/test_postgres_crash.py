@@ -21,24 +21,12 @@ from __future__ import annotations
 import os
 import uuid
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-from streamer_process import quick_jvm, run_streamer
-from test_crash import (
-    EPOCHS,
-    JOB_HEAD,
-    LIMIT,
-    PER_EPOCH,
-    SEED,
-    SINK_KINDS,
-    Lap,
-    LapJob,
-    check_campaign,
-    crash_campaign,
-)
+from fragments import window, write_pipeline
+from test_crash import EPOCHS, SINK_KINDS, Lap, LapJob, checked_campaign, pipeline, reference_run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.postgres]
 
@@ -46,13 +34,10 @@ KILLS = int(os.environ.get("STREAMER_TEST_PG_CRASH_KILLS", "6"))
 JOB = "pgcrash"
 SINKS = ("final", "updates")
 
-PIPELINE = JOB_HEAD + """\
-  - id: per_window_updates
-    input: clicks
-    key_by: [user]
-    window: {{tumbling: 5s, emit: updates}}
-    aggregate: {{n: count(), spent: sum(amount)}}
-sinks:
+#: The windows again, as an update stream: each epoch's new values of the windows it changed.
+UPDATES = window("per_window_updates", "clicks", "5s", emit="updates")
+#: The two sinks: `final` appends, `updates` upserts (format fields: dsn, prefix).
+SINKS_YAML = """\
   - id: final
     type: postgres
     input: per_window
@@ -65,17 +50,15 @@ sinks:
     table: {prefix}_updates
     mode: upsert
     key: [user, window_start]
-""" + quick_jvm().replace("{", "{{").replace("}", "}}")
+"""
 
 
 def write_job(root: Path, postgres: Any) -> tuple[Path, str]:
     """The pipeline file of a lap and the prefix of its tables."""
-    root.mkdir(parents=True, exist_ok=True)
     prefix = f"pgcrash_{uuid.uuid4().hex[:8]}"
-    path = root / "job.yaml"
-    path.write_text(PIPELINE.format(job=JOB, root=root, backend="rocksdb", dsn=postgres.dsn,
-                                    prefix=prefix, limit=LIMIT, per_epoch=PER_EPOCH))
-    return path, prefix
+    sinks = SINKS_YAML.format(dsn=postgres.dsn, prefix=prefix)
+    return write_pipeline(root, pipeline(root, "rocksdb", sinks, name=JOB,
+                                         extra_operators=UPDATES)), prefix
 
 
 def committed(postgres: Any, prefix: str) -> Counter[str]:
@@ -90,11 +73,11 @@ def committed(postgres: Any, prefix: str) -> Counter[str]:
 def reference_output(root: Path, postgres: Any) -> Counter[str]:
     """What one uninterrupted run (no checkpoints: rows written at each epoch) leaves."""
     path, prefix = write_job(root, postgres)
-    run = run_streamer(path, "--no-checkpoints")
-    assert run.returncode == 0 and run.finished, run.describe()
-    assert run.finished["epochs"] == EPOCHS, run.finished
+    reference_run(path, EPOCHS)
     rows = committed(postgres, prefix)
     assert sum(rows.values()) > 200
+    assert sum(1 for r in rows if r.startswith("updates ")) == sum(
+        1 for r in rows if r.startswith("final "))  # every window, once, in both
     return rows
 
 
@@ -118,13 +101,5 @@ def postgres_job(postgres: Any) -> LapJob:
 
 def test_sigkill_into_postgres_then_the_tables_hold_exactly_the_reference_rows(
         postgres: Any, tmp_path: Path) -> None:
-    print(f"postgres crash test seed {SEED} (STREAMER_TEST_CRASH_SEED), {KILLS} kills in "
-          f"{tmp_path}")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        reference_f = pool.submit(reference_output, tmp_path / "reference", postgres)
-        campaign_f = pool.submit(crash_campaign, "postgres", tmp_path / "postgres",
-                                 postgres_job(postgres), KILLS)
-        reference, campaign = reference_f.result(), campaign_f.result()
-    assert sum(1 for r in reference if r.startswith("updates ")) == sum(
-        1 for r in reference if r.startswith("final "))  # every window, once, in both
-    check_campaign(campaign, reference, KILLS, kinds=SINK_KINDS)
+    checked_campaign("postgres", tmp_path, lambda root: reference_output(root, postgres),
+                     postgres_job(postgres), KILLS)

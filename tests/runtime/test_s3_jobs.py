@@ -29,18 +29,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fragments import files_sink, write_pipeline
 from streamer_process import STREAMER, FilesOutput, Run, diff, quick_jvm, run_streamer
 from test_crash import (
     JOB,
     KILLS,
     KINDS,
-    PER_EPOCH,
-    PIPELINE,
     Campaign,
     Lap,
     LapJob,
     check_campaign,
     crash_campaign,
+    pipeline,
     reference_output,
 )
 
@@ -48,23 +48,15 @@ from streamer.checkpoint.checkpoint_metadata import CheckpointStore
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.s3]
 
-LIMIT = 600
-
 
 def s3_pipeline(s3: Any, prefix: str, local: Path, *, storage: str | None = None,
                 parallelism: int = 2, rate: int | None = None) -> str:
     """test_crash's job with its storage and sink under `s3://streamer/<prefix>` (the
     storage elsewhere if given), reached through a `storage_options:` block."""
-    text = PIPELINE.format(job=JOB, root=f"s3://streamer/{prefix}", backend="rocksdb",
-                           limit=LIMIT, per_epoch=PER_EPOCH, fmt="jsonl")
-    text = text.replace(f"local_dir: s3://streamer/{prefix}/local", f"local_dir: {local}")
-    text = text.replace("parallelism: 2", f"parallelism: {parallelism}")
-    if storage is not None:
-        text = text.replace(f"storage: s3://streamer/{prefix}/storage", f"storage: {storage}")
-    if rate is not None:
-        text = text.replace("    splits: 2\n", f"    splits: 2\n    rows_per_second: {rate}\n")
-    options = "".join(f"  {k}: {v}\n" for k, v in s3.storage_options().items())
-    return text.replace("\njob:\n", f"\nstorage_options:\n{options}job:\n", 1)
+    root = f"s3://streamer/{prefix}"
+    return pipeline(root, "rocksdb", files_sink("per_window", f"{root}/out"), storage=storage,
+                    local_dir=local, parallelism=parallelism, rate=rate,
+                    storage_options=s3.storage_options())
 
 
 def s3_rows(fs: Any, out: str) -> tuple[Counter[str], list[str]]:
@@ -129,10 +121,7 @@ def s3_job(s3: Any, base: str) -> LapJob:
         return f"{base}/{root.parent.name}-{root.name}"
 
     def write(root: Path) -> Path:
-        root.mkdir(parents=True, exist_ok=True)
-        path = root / "job.yaml"
-        path.write_text(s3_pipeline(s3, prefix(root), root / "local"))
-        return path
+        return write_pipeline(root, s3_pipeline(s3, prefix(root), root / "local"))
 
     def collect(root: Path, lap: Lap) -> None:
         fs = s3.filesystem()

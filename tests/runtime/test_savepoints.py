@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fragments import clicks, files_sink, job, section, totals, window
 
 from streamer.pipeline.validate import load_pipeline_text
 from streamer.runtime.job.control import ControlChannel
@@ -33,36 +34,6 @@ job:
   state: {{backend: {backend}, local_dir: {local}}}
 """
 
-PIPELINE = """
-name: sp-test
-""" + JOB_HEAD + """sources:
-  - id: clicks
-    type: datagen
-    splits: 2
-    limit: 3000
-    max_records_per_epoch: 600
-    fields:
-      user: "concat('u', cast((offset * 7 + split) % 13 as string))"
-      amount: "cast(offset % 10 as double)"
-      ts: "timestamp_millis({base} + offset * 100)"
-    event_time: ts
-    watermark: {{max_out_of_orderness: 1s}}
-operators:{extra_ops}
-  - id: per_window
-    uid: per-window-v1
-    input: {window_input}
-    key_by: [user]
-    window: {{tumbling: 10s}}
-    aggregate: {{n: count(), spent: sum(amount)}}{more_ops}
-sinks:
-  - id: out
-    type: files
-    input: per_window
-    path: {out}
-    format: jsonl{more_sinks}
-"""
-
-
 def committed(directory: Path, up_to_epoch: int | None = None) -> Counter[str]:
     rows: Counter[str] = Counter()
     for part in sorted(directory.glob("part-*.jsonl")):
@@ -83,31 +54,19 @@ class Job:
 
     def text(self, *, parallelism: int = 2, backend: str = "rocksdb", filter_: str = "",
              extra_operator: bool = False, out: Path | None = None) -> str:
-        extra_ops, window_input, more_ops, more_sinks = "", "clicks", "", ""
-        if filter_:
-            extra_ops = f"""
-  - id: kept
-    input: clicks
-    filter: "{filter_}"
-"""
-            window_input = "kept"
+        """The clicks through 10-second windows (after `filter_`) into files (`out`, or the
+        job's output); with `extra_operator`, also a rolling count per user into `totals`."""
+        operators = [f'  - {{id: kept, input: clicks, filter: "{filter_}"}}\n'] if filter_ else []
+        operators.append(window("per_window", "kept" if filter_ else "clicks", "10s",
+                                uid="per-window-v1"))
+        sinks = [files_sink("per_window", out or self.out)]
         if extra_operator:
-            more_ops = """
-  - id: per_user
-    uid: per-user-v1
-    input: clicks
-    key_by: [user]
-    aggregate: {total: count()}"""
-            more_sinks = f"""
-  - id: totals
-    type: files
-    input: per_user
-    path: {self.tmp / "totals"}
-    format: jsonl"""
-        return PIPELINE.format(storage=self.storage, parallelism=parallelism, backend=backend,
-                               local=self.local, base=BASE_MS, extra_ops=extra_ops,
-                               window_input=window_input, more_ops=more_ops,
-                               more_sinks=more_sinks, out=out or self.out)
+            operators.append(totals("per_user", aggregate="{total: count()}", uid="per-user-v1"))
+            sinks.append(files_sink("per_user", self.tmp / "totals", id="totals"))
+        return (job("sp-test", storage=self.storage, parallelism=parallelism,
+                    checkpoint="{interval: 1h}", backend=backend, local_dir=self.local)
+                + section("sources", clicks(limit=3000, per_epoch=600))
+                + section("operators", *operators) + section("sinks", *sinks))
 
     def run(self, spark: Any, text: str, *, request: dict[str, Any] | None = None,
             at_epoch: int = 2, **options: Any) -> tuple[Any, list[dict[str, Any]]]:

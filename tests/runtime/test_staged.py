@@ -11,38 +11,24 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from test_direct import AGGREGATE, committed_rows, run, write_events
+from fragments import KEEP, derive, files_sink, files_source, section
+from test_direct import agg, committed_rows, keyed_head, run, write_events
 
 pytestmark = pytest.mark.spark
 
-PIPELINE = """
-name: {name}
-job:
-  parallelism: {parallelism}
-  max_parallelism: 16
-  state: {{backend: {backend}, local_dir: "{state}"}}
-  execution: {{small_epoch_rows: 0, local_rows: 0, staged_input: {staged}}}
-sources:
-  - id: events
-    type: files
-    path: "{data}"
-    format: jsonl
-    schema: {{user: string, grp: int, ts: timestamp, amount: double, qty: bigint}}
-    max_files_per_epoch: 2
-    event_time: ts
-    watermark: {{max_out_of_orderness: 5s}}
-operators:
-  - {{id: keep, input: events, filter: "qty >= 0 or amount is null"}}
-  - {{id: derive, input: keep, with_columns: {{qty: "qty * 2 + 1", grp: "grp + 1"}}}}
-  - id: agg
-    input: derive
-""" + AGGREGATE + """sinks:
-  - id: out
-    type: files
-    input: agg
-    path: "{out}"
-    format: {sink}
-"""
+
+
+def pipeline(name: str, data: Path, out: Path, state: Path, staged: str, parallelism: int,
+             backend: str, keys: str, window: str, sink: str) -> str:
+    """The JSON events, filtered and derived, through test_direct's `agg` into `sink` files;
+    staged input on or off (`staged`), never a local epoch."""
+    return (keyed_head(name, parallelism, backend, state, execution=(
+                f"{{small_epoch_rows: 0, local_rows: 0, staged_input: {staged}}}"))
+            + section("sources", files_source(data, files_per_epoch=2))
+            + section("operators", KEEP, derive('{qty: "qty * 2 + 1", grp: "grp + 1"}'),
+                      agg("derive", keys, window))
+            + section("sinks", files_sink("agg", out, sink)))
+
 
 CASES = {  # name: (parallelism, backend, keys, window, sink format)
     "tumbling-rocksdb-p3": (3, "rocksdb", "[user]", "window: {tumbling: 1m}", "jsonl"),
@@ -84,7 +70,7 @@ def test_staged_input_gives_the_spark_plans_output(spark, tmp_path: Path, monkey
     outputs, metrics = {}, {}
     for staged in ("false", "true"):
         out = tmp_path / f"out-{staged}"
-        _, result = run(spark, PIPELINE.format(
+        _, result = run(spark, pipeline(
             name=f"staged-{staged}", data=tmp_path / "data" / "jsonl", out=out,
             state=tmp_path / f"state-{staged}", staged=staged, parallelism=parallelism,
             backend=backend, keys=keys, window=window, sink=sink))
@@ -125,7 +111,7 @@ def test_staged_files_of_ended_epochs_are_removed(spark, tmp_path: Path) -> None
     assert sum(pq.read_table(f).num_rows for f in second) == 2
 
     json_events(tmp_path / "data", files=4, rows=100, seed=2)
-    _, result = run(spark, PIPELINE.format(
+    _, result = run(spark, pipeline(
         name="staged-cleanup", data=tmp_path / "data" / "jsonl", out=tmp_path / "out",
         state=tmp_path / "state", staged="true", parallelism=2, backend="memory",
         keys="[user]", window="window: {tumbling: 1m}", sink="jsonl"))
@@ -142,7 +128,7 @@ def test_a_checkpointed_job_can_switch_between_staged_and_routed_epochs(
     data = tmp_path / "data" / "jsonl"
 
     def text(name: str, out: str, state: str) -> str:
-        return textwrap.dedent(PIPELINE.format(
+        return textwrap.dedent(pipeline(
             name=name, data=data, out=tmp_path / out, state=tmp_path / state, staged="true",
             parallelism=2, backend="rocksdb", keys="[user]", window="window: {tumbling: 1m}",
             sink="jsonl")).replace("job:\n", "job:\n  checkpoint: {interval: 1ms}\n")

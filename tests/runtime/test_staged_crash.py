@@ -13,16 +13,15 @@ state directory (`_staged`), once a run finishes.
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from streamer_process import FilesOutput, quick_jvm, run_streamer
-from test_crash import SEED, Lap, LapJob, check_campaign, crash_campaign
-from test_direct import AGGREGATE
+from fragments import KEEP, files_sink, files_source, job, section, write_pipeline
+from streamer_process import FilesOutput, quick_jvm
+from test_crash import Lap, LapJob, checked_campaign, epochs_that, reference_run
+from test_direct import agg
 from test_staged import json_events
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -34,64 +33,26 @@ JOB = "staged-crash"
 FILES, ROWS = 6, 200
 EPOCHS = FILES
 
-PIPELINE = """\
-name: {job}
-storage: {root}/storage
-job:
-  parallelism: 2
-  max_parallelism: 16
-  checkpoint: {{interval: 1ms, retain: 2}}
-  state: {{backend: rocksdb, local_dir: {root}/local}}
-  restart: {{attempts: 0, delay: 0s}}
-  execution: {{small_epoch_rows: 0, local_rows: 0}}
-sources:
-  - id: events
-    type: files
-    path: {data}
-    format: jsonl
-    schema: {{user: string, grp: int, ts: timestamp, amount: double, qty: bigint}}
-    max_files_per_epoch: 1
-    event_time: ts
-    watermark: {{max_out_of_orderness: 5s}}
-operators:
-  - {{id: keep, input: events, filter: "qty >= 0 or amount is null"}}
-  - id: agg
-    input: keep
-""" + AGGREGATE.format(keys="[user]", window="window: {{tumbling: 1m}}") + """\
-sinks:
-  - id: out
-    type: files
-    input: agg
-    path: {root}/out
-    format: jsonl
-""" + quick_jvm().replace("{", "{{").replace("}", "}}")
-
 
 def write_job(root: Path, data: Path) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / "job.yaml"
-    path.write_text(PIPELINE.format(job=JOB, root=root, data=data))
-    return path
+    return write_pipeline(root, (
+        job(JOB, root, max_parallelism=16, backend="rocksdb", attempts=0,
+            execution="{small_epoch_rows: 0, local_rows: 0}")
+        + section("sources", files_source(data))
+        + section("operators", KEEP, agg("keep", "[user]", "window: {tumbling: 1m}"))
+        + section("sinks", files_sink("agg", root / "out")) + quick_jvm()))
 
 
 def staged_every_epoch(root: Path) -> list[str]:
     """What is wrong with the runs in `root` (their `--json` events): an epoch with input
     whose window did not read it from staged files."""
-    wrong = []
-    for events in sorted(root.glob("*.jsonl")):
-        for line in events.read_text().splitlines():
-            event = json.loads(line)
-            if event.get("event") == "epoch" and event["records_in_total"] and (
-                    event["staged"] != ["agg"] or event["direct"] or event["local"]):
-                wrong.append(f"{events.name}: epoch {event['epoch']} ran {event}")
-    return wrong
+    return epochs_that(root, lambda e: bool(e["records_in_total"] and (
+        e["staged"] != ["agg"] or e["direct"] or e["local"])))
 
 
 def reference_output(root: Path, data: Path) -> Counter[str]:
     """What one uninterrupted run without checkpoints commits, every epoch staged."""
-    run = run_streamer(write_job(root, data), "--no-checkpoints")
-    assert run.returncode == 0 and run.finished, run.describe()
-    assert run.finished["epochs"] == EPOCHS, run.finished
+    run = reference_run(write_job(root, data), EPOCHS)
     assert staged_every_epoch(root) == []
     assert sum(1 for e in run.events if e.get("event") == "epoch" and e["staged"]) >= FILES
     rows = FilesOutput(root / "out").committed()
@@ -115,11 +76,5 @@ def test_sigkill_around_the_staging_write_then_rerun_commits_exactly_the_referen
         tmp_path: Path) -> None:
     data = tmp_path / "data"
     json_events(data, files=FILES, rows=ROWS, seed=11)
-    print(f"staged crash test seed {SEED} (STREAMER_TEST_CRASH_SEED), {KILLS} kills in {tmp_path}")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        reference_f = pool.submit(reference_output, tmp_path / "reference", data / "jsonl")
-        campaign_f = pool.submit(crash_campaign, "staged", tmp_path / "staged",
-                                 staged_job(data / "jsonl"), KILLS)
-        reference, campaign = reference_f.result(), campaign_f.result()
-    check_campaign(campaign, reference, KILLS, EPOCHS,
-                   kinds=KINDS)
+    checked_campaign("staged", tmp_path, lambda root: reference_output(root, data / "jsonl"),
+                     staged_job(data / "jsonl"), KILLS)

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fragments import crash_job, files_sink, section
 from streamer_process import FilesOutput, Run, Watch, diff, quick_jvm, run_streamer
-from test_crash import job_head
 
 from streamer.checkpoint.checkpoint_metadata import CheckpointMetadata, CheckpointStore, Listed
 
@@ -36,14 +36,13 @@ JOB = "faults"
 LIMIT, PER_EPOCH = 480, 120
 EPOCHS = 2 * LIMIT // PER_EPOCH
 
-PIPELINE = job_head(storage="faulty://{root}/storage", attempts=1) + """\
-sinks:
-  - id: out
-    type: files
-    input: per_window
-    path: {root}/out
-    format: jsonl
-""" + quick_jvm().replace("{", "{{").replace("}", "}}")
+
+def pipeline(root: Path, backend: str) -> str:
+    """test_crash.py's job (with fewer epochs) on `faulty://` storage, restarted once after
+    a failure."""
+    return (crash_job(JOB, root, backend=backend, limit=LIMIT, per_epoch=PER_EPOCH,
+                      storage=f"faulty://{root}/storage", attempts=1)
+            + section("sinks", files_sink("per_window", root / "out")) + quick_jvm())
 
 
 class FaultyJob:
@@ -54,8 +53,7 @@ class FaultyJob:
         self.root, self.backend = root, backend
         root.mkdir(parents=True, exist_ok=True)
         self.pipeline = root / "job.yaml"
-        self.pipeline.write_text(PIPELINE.format(job=JOB, root=root, backend=backend,
-                                                 limit=LIMIT, per_epoch=PER_EPOCH))
+        self.pipeline.write_text(pipeline(root, backend))
         self.rules_file = root / "faults.json"
         self.rules()
         self.store = CheckpointStore(str(root / "storage"), JOB)

@@ -8,34 +8,17 @@ gives Spark's writer."""
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from test_direct import SOURCE, write_events
+from fragments import files_sink, section
+from test_direct import keyed_head, source, write_events
 
 from streamer.pipeline.validate import load_pipeline_text
 from streamer.runtime.job.coordinator import JobRunner, RunOptions
 
 pytestmark = pytest.mark.spark
-
-PIPELINE = """
-name: {name}
-job:
-  parallelism: 2
-  max_parallelism: 16
-  state: {{backend: {backend}, local_dir: "{state}"}}
-  checkpoint: {{interval: 1ms, mode: exactly_once}}
-""" + SOURCE + """operators:
-{operators}
-sinks:
-  - id: out
-    type: files
-    input: {last}
-    path: "{out}"
-    format: {fmt}
-"""
 
 CASES = {  # name: (backend, operators, the operator the sink reads, what reads the files)
     "tumbling, direct read": ("rocksdb", """
@@ -76,9 +59,11 @@ def run(spark, tmp_path: Path, case: str, mode: str, fmt: str = "parquet"):
     files only, task-written when `mode` is 1."""
     backend, operators, last, _ = CASES[case]
     out = tmp_path / f"out-{mode}"
-    spec = load_pipeline_text(textwrap.dedent(PIPELINE.format(
-        name=f"task-sink-{mode}", data=tmp_path / "data", out=out, backend=backend,
-        state=tmp_path / f"state-{mode}", operators=operators, last=last, fmt=fmt)))
+    spec = load_pipeline_text(
+        keyed_head(f"task-sink-{mode}", 2, backend, tmp_path / f"state-{mode}",
+                   checkpoint="{interval: 1ms, mode: exactly_once}")
+        + source(tmp_path / "data") + section("operators", operators.lstrip("\n") + "\n")
+        + section("sinks", files_sink(last, out, fmt)))
     runner = JobRunner(spec, RunOptions(ui=False, checkpoints=True, fresh=True,
                                         storage=str(tmp_path / f"storage-{mode}")),
                        spark=spark)

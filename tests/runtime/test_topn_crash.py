@@ -20,12 +20,12 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter, defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from streamer_process import FilesOutput, quick_jvm, run_streamer
-from test_crash import BACKENDS, SEED, Lap, LapJob, check_campaign, crash_campaign
+from fragments import files_sink, job, section, write_pipeline
+from streamer_process import FilesOutput, quick_jvm
+from test_crash import Lap, LapJob, alternating_backends, checked_campaign, reference_run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -38,14 +38,7 @@ BASE_MS = 1_767_225_600_000
 BIDS = 240
 
 #: Bid i: auction i % 5, bidder i % 7, price (i * 37) % 101, at BASE + i * 500 ms.
-PIPELINE = """\
-name: {job}
-storage: {root}/storage
-job:
-  parallelism: 2
-  checkpoint: {{interval: 1ms, retain: 2}}
-  state: {{backend: {backend}, local_dir: {root}/local}}
-  restart: {{attempts: 0, delay: 0s}}
+SOURCES_AND_OPERATORS = """\
 sources:
   - id: bids
     type: datagen
@@ -74,18 +67,15 @@ operators:
     aggregate:
       bidders: count(distinct bidder)
       high_bidders: count(distinct bidder) filter (where price > 50)
-sinks:
-  - {{id: sums, type: files, input: top3_sum, path: {root}/out/sums, format: jsonl}}
-  - {{id: distinct, type: files, input: bidders, path: {root}/out/distinct, format: jsonl}}
-""" + quick_jvm().replace("{", "{{").replace("}", "}}")
+"""
 
 
 def write_job(root: Path, backend: str) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / "job.yaml"
-    path.write_text(PIPELINE.format(job=JOB, root=root, backend=backend, bids=BIDS,
-                                    base=BASE_MS))
-    return path
+    sinks = section("sinks", files_sink("top3_sum", root / "out/sums", id="sums"),
+                    files_sink("bidders", root / "out/distinct", id="distinct"))
+    return write_pipeline(root, job(JOB, root, backend=backend, attempts=0)
+                          + SOURCES_AND_OPERATORS.format(bids=BIDS, base=BASE_MS) + sinks
+                          + quick_jvm())
 
 
 def committed(root: Path) -> tuple[Counter[str], list[str]]:
@@ -102,9 +92,7 @@ def committed(root: Path) -> tuple[Counter[str], list[str]]:
 def reference_output(root: Path) -> Counter[str]:
     """What one uninterrupted run without checkpoints commits; its final values are the
     batch answer."""
-    run = run_streamer(write_job(root, "rocksdb"), "--no-checkpoints")
-    assert run.returncode == 0 and run.finished, run.describe()
-    assert run.finished["epochs"] == EPOCHS, run.finished
+    reference_run(write_job(root, "rocksdb"), EPOCHS)
     rows, _ = committed(root)
     bids = [{"auction": i % 5, "bidder": i % 7, "price": (i * 37) % 101, "ts": BASE_MS + i * 500}
             for i in range(BIDS)]
@@ -131,24 +119,13 @@ def reference_output(root: Path) -> Counter[str]:
 
 def topn_job() -> LapJob:
     """The job for test_crash.py's campaign: lap n on `BACKENDS[(n - 1) % 2]`."""
-
-    def write(root: Path) -> Path:
-        lap = int(root.name.rpartition("-")[2])
-        return write_job(root, BACKENDS[(lap - 1) % len(BACKENDS)])
-
     def collect(root: Path, lap: Lap) -> None:
         lap.rows, lap.leftovers = committed(root)
 
-    return LapJob(JOB, write, collect, epochs=EPOCHS, kinds=KINDS)
+    return LapJob(JOB, alternating_backends(write_job), collect, epochs=EPOCHS, kinds=KINDS)
 
 
 def test_sigkill_with_top_n_and_distinct_counts_then_rerun_commits_exactly_the_reference(
         tmp_path: Path) -> None:
-    print(f"top-N crash test seed {SEED} (STREAMER_TEST_CRASH_SEED), {KILLS} kills in {tmp_path}")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        reference_f = pool.submit(reference_output, tmp_path / "reference")
-        campaign_f = pool.submit(crash_campaign, "topn", tmp_path / "topn", topn_job(), KILLS,
-                                 per_lap=3)
-        reference, campaign = reference_f.result(), campaign_f.result()
-    check_campaign(campaign, reference, KILLS, EPOCHS, kinds=KINDS)
+    campaign = checked_campaign("topn", tmp_path, reference_output, topn_job(), KILLS, per_lap=3)
     assert len(campaign.laps) >= 2, campaign.schedule  # both backends
