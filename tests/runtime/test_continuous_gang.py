@@ -98,26 +98,33 @@ def keyed_config(root: Path, parallelism: int) -> KeyedConfig:
         parallelism=parallelism, max_parallelism=MAXP, epoch=0, fire_up_to=0)
 
 
-@pytest.fixture(scope="module")
-def chain(spark: Any) -> tuple[Program, Program]:
-    """The event time (`__ts` = ts) and the filter `v >= 0`, compiled by Spark's analyzer."""
+def compiled_chain(spark: Any, columns: tuple[tuple[str, str], ...], ts: str
+                   ) -> tuple[Program, Program]:
+    """The event time (`__ts` = the expression `ts`) and the filter `v >= 0` over rows of
+    `columns`, compiled by Spark's analyzer."""
     from pyspark.sql.types import StructField, StructType, TimestampType
 
     from streamer.runtime.stages.event_time import lenient
 
     where = YamlPath("p.yaml")
-    fields = StructType.fromDDL(", ".join(f"{n} {t}" for n, t in COLUMNS)).fields
-    decoded = StructType(list(fields))
+    decoded = StructType(list(StructType.fromDDL(
+        ", ".join(f"{n} {t}" for n, t in columns)).fields))
     with lenient(spark):
         event_time = compile_ops(spark, decoded, [OperatorSpec(
             id="events event_time", inputs=("events",), kind="with_columns", path=where,
-            uid="events.event_time", columns=((EVENT_TIME, "ts"),))])
+            uid="events.event_time", columns=((EVENT_TIME, ts),))])
     timed = StructType([*decoded.fields, StructField(EVENT_TIME, TimestampType())])
     program = compile_ops(spark, timed, [OperatorSpec(
         id="keep", inputs=("events",), kind="filter", path=where, uid="keep",
         filter="v >= 0")])
     assert isinstance(event_time, Program) and isinstance(program, Program)
     return event_time, program
+
+
+@pytest.fixture(scope="module")
+def chain(spark: Any) -> tuple[Program, Program]:
+    """The event time (`__ts` = ts) and the filter `v >= 0`, compiled by Spark's analyzer."""
+    return compiled_chain(spark, COLUMNS, "ts")
 
 
 def source_plan(chain: tuple[Program, Program], cfg: KeyedConfig) -> SourcePlan:

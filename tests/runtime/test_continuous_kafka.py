@@ -16,14 +16,17 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from test_continuous_gang import close_channels, keyed_config  # (tests/runtime on sys.path)
+from test_continuous_gang import (  # (tests/runtime on sys.path)
+    close_channels,
+    compiled_chain,
+    keyed_config,
+)
 
 from streamer.columns import EVENT_TIME
 from streamer.exchange.alignment import Barrier, Idle, Records, Watermark
 from streamer.exchange.flight import ExchangeSender, ExchangeServer
-from streamer.operators.arrow_sql import Program, compile_ops
+from streamer.operators.arrow_sql import Program
 from streamer.pipeline.source_spec import SourceSpec, WatermarkSpec
-from streamer.pipeline.spec import OperatorSpec
 from streamer.pipeline.yaml_loader import Path as YamlPath
 from streamer.runtime.arrow_input import ArrowInput
 from streamer.runtime.continuous_source import KeyedRoute, SourcePlan, SourceSubtask
@@ -39,23 +42,7 @@ TS = pa.timestamp("us", tz="UTC")
 @pytest.fixture(scope="module")
 def chain(spark: Any) -> tuple[Program, Program]:
     """The event time `timestamp_millis(ts)` and the filter `v >= 0`, compiled by Spark."""
-    from pyspark.sql.types import StructField, StructType, TimestampType
-
-    from streamer.runtime.stages.event_time import lenient
-
-    where = YamlPath("p.yaml")
-    decoded = StructType(list(StructType.fromDDL(
-        ", ".join(f"{n} {t}" for n, t in COLUMNS)).fields))
-    with lenient(spark):
-        event_time = compile_ops(spark, decoded, [OperatorSpec(
-            id="events event_time", inputs=("events",), kind="with_columns", path=where,
-            uid="events.event_time", columns=((EVENT_TIME, "timestamp_millis(ts)"),))])
-    timed = StructType([*decoded.fields, StructField(EVENT_TIME, TimestampType())])
-    program = compile_ops(spark, timed, [OperatorSpec(
-        id="keep", inputs=("events",), kind="filter", path=where, uid="keep",
-        filter="v >= 0")])
-    assert isinstance(event_time, Program) and isinstance(program, Program)
-    return event_time, program
+    return compiled_chain(spark, COLUMNS, "timestamp_millis(ts)")
 
 
 def plan_for(chain: tuple[Program, Program], bootstrap: str, tmp: Any,
