@@ -142,7 +142,8 @@ def _eval(expr: Any, env: dict[int, Any], rows: int) -> Any:
             _no_zero(args[1])
             rest = pc.subtract(args[0], pc.multiply(pc.divide(*args), args[1]))
             # (Arrow's MIN / -1 is 0, so its rest is MIN; Java's MIN % -1 is 0)
-            return pc.if_else(pc.equal(args[1], -1), pc.multiply(args[0], 0), rest)
+            zero = pa.scalar(0, arrow_type(target))
+            return pc.if_else(pc.equal(args[1], -1), pc.multiply(args[0], zero), rest)
         if kind == "split_get":
             return _split_get(_array(args[0], rows), expr[3], args[1])
         if kind == "case":  # (a null condition is not true, as in Spark)
@@ -321,7 +322,7 @@ def _expr(e: Any) -> Any:
     if cls == "CaseWhen":
         has_else = bool(e.elseValue().isDefined())
         return ("case", kind, has_else, *[_expr(a) for a in args])
-    if cls == "Hour" and str(e.timeZoneId().get()) in _UTC:
+    if cls == "Hour" and e.timeZoneId().isDefined() and str(e.timeZoneId().get()) in _UTC:
         return ("hour", kind, _expr(args[0]))
     if cls == "Length" and args[0].dataType().simpleString() == "string":
         return ("length", kind, _expr(args[0]))

@@ -95,8 +95,9 @@ def same(a: Any, b: Any) -> bool:
     import pyarrow as pa
 
     for x, y in zip(a.schema.types, b.schema.types, strict=True):
-        # (a decimal's type is part of its value: its scale)
-        if (pa.types.is_decimal(x) or pa.types.is_decimal(y)) and x != y:
+        # (a decimal's type is part of its value: its scale; an int is not a bigint)
+        if any(f(t) for f in (pa.types.is_decimal, pa.types.is_integer) for t in (x, y)) \
+                and x != y:
             return False
     for x, y in zip(a.to_pylist(), b.to_pylist(), strict=True):
         for key in x:
