@@ -435,6 +435,13 @@ class ExchangeSender:
         if self._closed:
             return
         self._closed = True
+        if not self._done:  # abandoned: end the writes, so the receiver ends the call, and
+            # wait for that: closing the writer while the credit thread reads would block
+            # (gRPC finishes a call only once its reads are done)
+            with contextlib.suppress(pa.ArrowException, OSError):
+                self._writer.done_writing()
+            with self._cond:
+                self._cond.wait_for(lambda: self._done, self.timeout_s)
         for close in (self._writer.close, self._client.close):
             # A broken stream fails to close; what broke it was reported already.
             with contextlib.suppress(pa.ArrowException, OSError):

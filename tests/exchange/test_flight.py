@@ -209,3 +209,20 @@ def test_the_receiver_refuses_unknown_and_second_senders() -> None:
         first.end()
     finally:
         assert server.close()
+
+
+def test_a_sender_abandoned_without_end_of_input_closes_at_once_and_fails_its_channel(
+        ) -> None:
+    """Closing a stream that never sent its end (a failing subtask) neither hangs the sender
+    nor passes for a finished channel: the receiver's subtask gets the error."""
+    server = ExchangeServer("127.0.0.1", 1, 4096)
+    try:
+        sender = ExchangeSender(server.location, 0, exchange_peers.SCHEMA, timeout_s=30)
+        sender.send(exchange_peers.rows(0, 3, 1))
+        start = time.monotonic()
+        sender.close()
+        assert time.monotonic() - start < 5
+        with pytest.raises(ExchangeError, match="closed it without end of input"):
+            server.wait_ready(timeout_s=5)
+    finally:
+        assert server.close()
