@@ -172,29 +172,20 @@ def test_overflow_and_division_by_zero_are_refused(spark: Any) -> None:
     table = pa.table({"id": pa.array([2**62, None], pa.int64()), "n": pa.array([1, 2], pa.int32()),
                       "amount": [1.0, 0.0], "user": ["a", "b"], "ok": [True, False],
                       "ts": pa.array([None, None], pa.timestamp("us", tz="UTC"))})
-    times = compile_ops(spark, StructType.fromDDL(DDL), [op("with_columns", {"x": "id * 2"})])
-    assert isinstance(times, Program)
-    with pytest.raises(Refused):
-        times.run(table)
-    halves = compile_ops(spark, StructType.fromDDL(DDL),
-                         [op("with_columns", {"x": "1.0D / amount"})])
-    assert isinstance(halves, Program)
-    with pytest.raises(Refused):
-        halves.run(table)
-    rests = compile_ops(spark, StructType.fromDDL(DDL), [op("with_columns", {"x": "id % (n - 1)"})])
-    assert isinstance(rests, Program)
+
+    def program(expr: str) -> Program:
+        found = compile_ops(spark, StructType.fromDDL(DDL), [op("with_columns", {"x": expr})])
+        assert isinstance(found, Program), found
+        return found
+
+    for expr in ("id * 2", "1.0D / amount", "CAST(id AS DECIMAL(5,0))"):
+        with pytest.raises(Refused):
+            program(expr).run(table)
     with pytest.raises(Refused, match="division by zero"):
-        rests.run(table)
-    narrow = compile_ops(spark, StructType.fromDDL(DDL),
-                         [op("with_columns", {"x": "CAST(id AS DECIMAL(5,0))"})])
-    assert isinstance(narrow, Program)
-    with pytest.raises(Refused):
-        narrow.run(table)
-    nulls = compile_ops(spark, StructType.fromDDL(DDL), [op("with_columns", {"x": "id + 1"})])
-    assert isinstance(nulls, Program)  # a null slot holding garbage does not overflow
+        program("id % (n - 1)").run(table)
+    nulls = program("id + 1")  # a null slot holding garbage does not overflow
     got, _ = nulls.run(table.set_column(0, "id", pa.array([1, None], pa.int64())))
     assert got.column("x").to_pylist() == [2, None]
-
 
 
 def test_an_hour_in_a_session_zone_that_is_not_utc_is_left_to_spark(spark: Any) -> None:
