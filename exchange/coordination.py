@@ -58,7 +58,7 @@ class CoordinationServer(flight.FlightServerBase):
             return self._queues.setdefault(task, queue.Queue())
 
     def inject(self, task: str, checkpoint: int) -> None:
-        """Send barrier `checkpoint` to source subtask `task` (now, or when it subscribes)."""
+        """Send barrier `checkpoint` to subtask `task` (now, or when it subscribes)."""
         self._queue(task).put(checkpoint)
 
     def do_get(self, context: Any, ticket: flight.Ticket) -> flight.FlightDataStream:
@@ -149,6 +149,10 @@ class CoordinationClient:
 
         self._thread = threading.Thread(target=read, daemon=True, name=f"barriers-{self.task}")
         self._thread.start()
+
+    def following(self) -> bool:
+        """Whether the barrier stream is still open (the coordinator has not ended it)."""
+        return self._thread is not None and self._thread.is_alive()
 
     def close(self) -> None:
         """Drop the connection."""

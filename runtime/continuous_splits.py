@@ -55,7 +55,8 @@ class FileSplits:
     def position(self) -> dict[str, Any]:
         """The files done, the file being read (None: all done) and its rows taken."""
         current = self.files[self.file] if self.file < len(self.files) else None
-        return {"done": self.files[:self.file], "file": current, "row": self.row}
+        return {"done": self.files[:self.file], "file": current, "row": self.row,
+                "files": list(self.files)}
 
     def epoch_offsets(self) -> dict[str, Any]:
         """What the epoch mode's files source records: the files read whole."""

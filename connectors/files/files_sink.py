@@ -146,6 +146,11 @@ class TaskTarget:
         return writer
 
 
+def epoch_staging(staging_root: str, epoch: int) -> str:
+    """The staging directory of `epoch` under a sink's `staging_root`."""
+    return f"{staging_root}/epoch-{epoch:08d}"
+
+
 def empty_target(spark: Any, fs: Any, directory: str, schema: StructType, *, json: bool,
                  records: bool = False, key: str | None = None) -> TaskTarget:
     """A `TaskTarget` for rows of `schema` in `directory` (emptied, on file system `fs`), as
@@ -306,7 +311,12 @@ class FilesSink(Sink, WritesTaskFiles):
 
     def staging_dir(self, epoch: int) -> str:
         """Where the epoch's files wait for the commit."""
-        return f"{self.root.rstrip('/')}/{STAGING}/epoch-{epoch:08d}"
+        return epoch_staging(self.staging_root, epoch)
+
+    @property
+    def staging_root(self) -> str:
+        """Where every epoch's staging directory is (`epoch_staging`)."""
+        return f"{self.root.rstrip('/')}/{STAGING}"
 
     def final_name(self, epoch: int, index: int) -> str:
         """The committed name of the epoch's `index`-th file (deterministic)."""

@@ -139,6 +139,22 @@ def quiet_python_loggers() -> None:
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
+def gang_slots(master: str | None, parallelism: int | None, conf: Mapping[str, str]
+               ) -> tuple[str | None, dict[str, str]]:
+    """The master and conf of a continuous job's session: in local mode, a task slot for
+    each of its source and keyed subtasks (a barrier stage is scheduled only whole: Spark
+    refuses one with more tasks than slots), while the keyed operators keep the
+    parallelism they would have (`spark.default.parallelism`: the cores, or the job's)."""
+    out = dict(conf)
+    if master is not None and not master.startswith("local"):
+        return master, out
+    inside = (master or "local[*]").removeprefix("local").strip("[]").split(",")[0]
+    cores = (os.cpu_count() or 1) if inside in ("", "*") else int(inside)
+    keyed = parallelism or int(out.get("spark.default.parallelism", cores))
+    out.setdefault("spark.default.parallelism", str(keyed))
+    return f"local[{max(cores, 2 * keyed)}]", out
+
+
 def create_session(app_name: str = "streamer", master: str | None = None,
                    conf: Mapping[str, str] | None = None,
                    ui: bool = True) -> SparkSession:

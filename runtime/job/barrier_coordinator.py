@@ -16,7 +16,8 @@ snapshot's state handle (`operators.continuous.ContinuousSubtask`'s `ack`, as
    the subtasks' trackers, their splits named `<split>@<subtask>`), per operator uid its
    subtasks' handles, the epoch (the newest state version of the handles: an epoch-mode
    restore continues after it);
-3. (the sinks' commits: not built yet, the continuous sinks are the next slices);
+   with the sinks' staged output of n (`CommitHooks.stage`), as an epoch's pending commits;
+3. the sinks commit it (`CommitHooks.commit`);
 4. older checkpoints are pruned to `retain`.
 A checkpoint whose acknowledgements do not all come within `timeout_s` is declined
 (`wait` says so); the ones before it stand.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,6 +87,16 @@ def keyed_task(node_id: str, subtask: int) -> str:
     return f"keyed/{node_id}/{subtask}"
 
 
+@dataclass(frozen=True)
+class CommitHooks:
+    """The sinks' part in completing checkpoint n: `stage(meta)` puts the handles of what
+    the subtasks staged for n in `meta.sinks` (sink id -> [[sink epoch, handle]]), before
+    `_metadata` is written; `commit(meta)` commits them after."""
+
+    stage: Callable[[CheckpointMetadata], None]
+    commit: Callable[[CheckpointMetadata], None]
+
+
 @dataclass
 class _Pending:
     started: float
@@ -97,8 +109,9 @@ class BarrierCoordinator:
 
     def __init__(self, layout: GangLayout, store: CheckpointStore, *, run_id: str,
                  mode: str = "exactly_once", retain: int | None = None,
-                 host: str = "127.0.0.1") -> None:
+                 host: str = "127.0.0.1", hooks: CommitHooks | None = None) -> None:
         self.layout = layout
+        self.hooks = hooks
         self.store = store
         self.run_id = run_id
         self.mode = mode
@@ -109,22 +122,31 @@ class BarrierCoordinator:
         self._done: dict[int, CheckpointMetadata | str] = {}
         self._last = 0
         self.completed: list[int] = []
+        #: The first completed checkpoint whose every subtask had ended its input.
+        self.all_ended: int | None = None
 
     @property
     def location(self) -> str:
         """The control plane's URI."""
         return self.server.location
 
-    def trigger(self) -> int:
-        """Inject the next checkpoint's barrier at every source subtask; its id (above
-        every `chk-<n>` on the storage)."""
+    def next_id(self) -> int:
+        """The id `trigger` gives next (above every `chk-<n>` on the storage; consecutive
+        within a run)."""
         with self._cond:
-            checkpoint = max(self.store.next_id(), self._last + 1)
+            return max(self.store.next_id(), self._last + 1) if not self._last \
+                else self._last + 1
+
+    def trigger(self) -> int:
+        """Inject the next checkpoint's barrier at every subtask (the sources send it on
+        in their data; a subtask whose input ended answers it on the control plane); its
+        id (`next_id`)."""
+        checkpoint = self.next_id()
+        with self._cond:
             self._last = checkpoint
             self._pending[checkpoint] = _Pending(time.monotonic())
-        for source_id, (_, subtasks) in self.layout.sources.items():
-            for i in range(subtasks):
-                self.server.inject(source_task(source_id, i), checkpoint)
+        for task in sorted(self.layout.tasks()):
+            self.server.inject(task, checkpoint)
         return checkpoint
 
     def wait(self, checkpoint: int, timeout_s: float) -> CheckpointMetadata:
@@ -142,6 +164,16 @@ class BarrierCoordinator:
                     break
                 self._cond.wait(left)
             done = self._done[checkpoint]
+        if isinstance(done, str):
+            raise CheckpointDeclinedError(done)
+        return done
+
+    def poll(self, checkpoint: int, timeout_s: float) -> CheckpointMetadata | None:
+        """Checkpoint `checkpoint`'s metadata if it completes within `timeout_s`, else None
+        (still pending); `CheckpointDeclinedError` if it was declined."""
+        with self._cond:
+            self._cond.wait_for(lambda: checkpoint in self._done, timeout_s)
+            done = self._done.get(checkpoint)
         if isinstance(done, str):
             raise CheckpointDeclinedError(done)
         return done
@@ -169,9 +201,14 @@ class BarrierCoordinator:
         """Steps 2-4 of the module docstring (step 1: every acknowledgement is in)."""
         meta = self.metadata(checkpoint, pending.acks,
                              (time.monotonic() - pending.started) * 1000)
+        if self.hooks is not None:
+            self.hooks.stage(meta)
         self.store.write(meta)  # 2. the checkpoint exists from here on
-        # 3. the sinks' commits go here (not built yet)
+        if self.hooks is not None:
+            self.hooks.commit(meta)  # 3.
         self.completed.append(checkpoint)
+        if self.all_ended is None and all(a.get("ended") for a in pending.acks.values()):
+            self.all_ended = checkpoint
         if self.retain is not None:  # 4.
             self.store.prune(self.retain)
         return meta

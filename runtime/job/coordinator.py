@@ -172,8 +172,14 @@ class JobRunner:
             conf = {**{f"spark.executorEnv.{k}": v for k, v in self._s3_env.items()},
                     **self.spec.spark, **self.options.spark_conf}
             conf.update(session_conf(self.spec, conf))
-            self._spark = create_session(f"streamer:{self.spec.name}", self.options.master,
-                                         conf, ui=self.options.ui)
+            master = self.options.master
+            settings = self.spec.job.execution.with_overrides(os.environ)
+            if settings.mode == "continuous":
+                from streamer.runtime.cluster.spark import gang_slots
+
+                master, conf = gang_slots(master, self.spec.job.parallelism, conf)
+            self._spark = create_session(f"streamer:{self.spec.name}", master, conf,
+                                         ui=self.options.ui)
         return self._spark
 
     def prepare(self) -> None:
@@ -298,7 +304,7 @@ class JobRunner:
         while True:
             try:
                 self.recovery.recover(first=restarts + free == 0)
-                return self._loop(), restarts
+                return self._attempt(), restarts
             except JobFailedError as exc:
                 if not self.recovery.may_restart(exc, restarts, free, self.control.stop):
                     raise
@@ -342,6 +348,23 @@ class JobRunner:
                 shutil.rmtree(os.path.join(copies, f"executor-{executor}"), ignore_errors=True)
 
     # ------------------------------------------------------------------------ the loop
+    def _attempt(self) -> JobResult:
+        """One attempt of the run: the epoch loop, or the continuous mode's gang."""
+        plan = self.job.plan
+        if plan is None or plan.settings.mode != "continuous":
+            return self._loop()
+        from streamer.runtime.job.gang import GangRun, gang_plan
+
+        gang = gang_plan(self.job, self.spark)
+        if isinstance(gang, str):
+            from streamer.exceptions import ConfigError
+
+            msg = (f"{self.spec.file}: job.execution.mode is continuous, but {gang}; run it "
+                   "with job.execution.mode: epochs")
+            raise ConfigError(msg)
+        status, reason = GangRun(self, gang).run()
+        return self._result(status, reason)
+
     def _loop(self) -> JobResult:
         """Epochs until the sources end, a stop, a cancel or `--max-epochs`."""
         ran = 0

@@ -1,0 +1,319 @@
+"""The continuous mode's run on the driver (issue 36, `job.execution.mode: continuous`).
+
+Where the epoch loop runs a Spark job per epoch, this starts one: a barrier stage
+(`rdd.barrier().mapPartitions`, `runtime.job.gang_tasks`) whose tasks are the job's source and
+keyed subtasks, scheduled together and living for the whole run (one failed task fails
+them all: the job restarts from its last checkpoint under `job.restart`, as an epoch's
+failure does). The driver keeps the `BarrierCoordinator`: every `job.checkpoint.interval`
+it injects a barrier; checkpoint n completes when every subtask acknowledged it, with
+`_metadata` in the epoch mode's format (so a job stopped in one mode restores in the other)
+and the files sink's staging of n committed after it.
+
+What runs continuously today (`gang_plan` says why a plan does not): one local files
+source whose chain Arrow computes (`runtime.arrow_input`), one keyed operator whose
+subtasks take direct-read rows (a rolling aggregate or a tumbling or sliding window), and
+one local jsonl or parquet files sink that its subtasks write.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from streamer.exceptions import ConfigError
+from streamer.runtime.watermarks import MIN_WATERMARK
+
+#: Rows a source subtask reads at a time; rows a keyed subtask applies at once; the bound
+#: of an exchange channel.
+SLICE_ROWS = 1_000
+BATCH_ROWS = 10_000
+CHANNEL_BYTES = 4 << 20
+
+if TYPE_CHECKING:
+    from streamer.checkpoint.checkpoint_metadata import CheckpointMetadata
+    from streamer.runtime.job.barrier_coordinator import BarrierCoordinator
+    from streamer.runtime.job.gang_tasks import GangTasks
+
+
+@dataclass(frozen=True)
+class GangPlan:
+    """The pieces of a job the gang runs."""
+
+    source_id: str
+    source: Any
+    #: The keyed operator's stage (`runtime.stages.keyed_stage.KeyedOperatorStage`).
+    stage: Any
+    #: Its source plan (`runtime.continuous_source.SourcePlan`), config without checkpoints.
+    plan: Any
+    sink_id: str
+    sink: Any
+    #: Source subtasks and keyed subtasks.
+    sources: int
+    parallelism: int
+
+    @property
+    def tasks(self) -> int:
+        """Tasks of the barrier stage."""
+        return self.sources + self.parallelism
+
+
+def gang_plan(job: Any, spark: Any) -> GangPlan | str:
+    """The gang of `job`'s physical plan, or why it cannot run continuously."""
+    from streamer.runtime.arrow_input import plan_arrow_input
+    from streamer.runtime.continuous_source import KeyedRoute, SourcePlan
+    from streamer.runtime.stages.keyed_stage import KeyedOperatorStage, local_plan
+
+    keyed = [s for s in job.plan.stages if isinstance(s, KeyedOperatorStage)]
+    if len(job.sources) != 1 or len(keyed) != 1 or len(job.sinks) != 1:
+        return "the continuous mode runs one source, one keyed operator and one sink"
+    stage = keyed[0]
+    if stage.task_sink is None:
+        return (f"operator {stage.node_id!r}: its subtasks cannot write its sink themselves "
+                "(a local jsonl or parquet files sink that reads only it)")
+    shape = local_plan(stage.stage)
+    if isinstance(shape, str):
+        return f"operator {stage.node_id!r}: {shape}"
+    source_id, source = next(iter(job.sources.items()))
+    if source.task_reads not in ("files", "csv", "parquet"):
+        return f"source {source_id!r} is not local JSON-lines, CSV or parquet files"
+    arrow = plan_arrow_input(spark, job.flow, stage.node_id, job.sources, job.schemas,
+                             shape.columns)
+    if isinstance(arrow, str):
+        return f"operator {stage.node_id!r}: {arrow}"
+    cfg = stage.stage.base_config
+    route = KeyedRoute(cfg, shape.key_types, shape.columns, shape.ts_column)
+    parallelism = cfg.parallelism
+    return GangPlan(source_id, source, stage, SourcePlan(source.spec, arrow, route),
+                    stage.task_sink.sink_id, stage.task_sink.sink,
+                    sources=parallelism, parallelism=parallelism)
+
+
+class GangRun:
+    """One attempt of a continuous run (module docstring): `run()` returns (status,
+    reason) or raises `JobFailedError` for `_attempts` to restart."""
+
+    def __init__(self, coordinator: Any, gang: GangPlan) -> None:
+        self.owner = coordinator  # runtime.job.coordinator.JobCoordinator
+        self.job = coordinator.job
+        self.gang = gang
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+    def run(self) -> tuple[str, str]:
+        """Start the gang, checkpoint it every interval until its input ended (or a stop),
+        and wait for its tasks."""
+        from streamer.runtime.exceptions import JobFailedError
+
+        coord = self._coordinator()
+        group = f"streamer-gang-{self.job.run_id}"
+        runner: threading.Thread | None = None
+        status: tuple[str, str] | None = None
+        try:
+            runner = threading.Thread(target=self._spark_job, daemon=True, name="gang",
+                                      args=(self._tasks(coord), group))
+            runner.start()
+            status = self._checkpoints(coord)
+        finally:
+            ended = coord.all_ended is not None
+            if runner is not None and not ended and not self.done.is_set():
+                self.owner.spark.sparkContext.cancelJobGroup(group)  # a stop, or a failure
+            coord.close()  # (the barrier streams end: tasks whose input ended return)
+            if runner is not None:
+                runner.join()
+        if self.error is not None and status is None and not ended:
+            msg = f"the continuous gang failed: {task_error(self.error)}"
+            raise JobFailedError(msg) from self.error
+        return status or ("finished", "every source is exhausted (continuous mode)")
+
+    def _spark_job(self, tasks: GangTasks, group: str) -> None:
+        sc = self.owner.spark.sparkContext
+        try:
+            sc.setJobGroup(group, f"continuous gang of {self.job.spec.name}", True)
+            n = self.gang.tasks
+            sc.parallelize(range(n), n).barrier().mapPartitions(tasks).collect()
+        except BaseException as exc:  # reported by `run`
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def _coordinator(self) -> BarrierCoordinator:
+        from streamer.runtime.job.barrier_coordinator import (
+            BarrierCoordinator,
+            CommitHooks,
+            GangLayout,
+            KeyedLayout,
+        )
+
+        gang, chk, spec = self.gang, self.owner.checkpoints, self.job.spec
+        cfg = gang.plan.route.cfg
+        layout = GangLayout(spec.name, {gang.source_id: (gang.source.spec.uid, gang.sources)},
+                            {gang.stage.node_id: KeyedLayout(cfg.uid, cfg.backend,
+                                                             cfg.parallelism,
+                                                             cfg.max_parallelism)})
+        if chk.store is None:
+            msg = "the continuous mode needs checkpoints (its sinks commit with them)"
+            raise ConfigError(msg)
+        return BarrierCoordinator(layout, chk.store, run_id=self.job.run_id,
+                                  retain=spec.job.checkpoint.retain, host=self._host(),
+                                  hooks=CommitHooks(self._stage, self._commit))
+
+    def _host(self) -> str:
+        if not self.job.on_cluster:
+            return "127.0.0.1"
+        return str(self.owner.spark.conf.get("spark.driver.host"))
+
+    def _tasks(self, coord: BarrierCoordinator) -> GangTasks:
+        """What the tasks are given: the plan with this attempt's checkpointing, each source
+        subtask's files and position, the sink's staging."""
+        from streamer.operators.continuous import SnapshotTarget
+        from streamer.runtime.job.gang_tasks import GangTasks
+
+        gang, chk, job = self.gang, self.owner.checkpoints, self.job
+        node = gang.stage.node_id
+        checkpointing = chk.task_checkpointing(node, None)
+        cfg = replace(gang.plan.route.cfg, checkpointing=checkpointing)
+        plan = replace(gang.plan, route=replace(gang.plan.route, cfg=cfg))
+        meta = chk.last
+        first = coord.next_id()
+        self.base = job.epoch + 1 - first
+        gang.sink.recover(job.epoch)  # (no staging of a dead attempt stays)
+        target = gang.sink.task_target(self.base + first, gang.stage.stage.visible_schema)
+        return GangTasks(
+            sources=gang.sources, plan=plan, files=self._files(meta),
+            slice_rows=SLICE_ROWS, coordinator=coord.location,
+            snapshots=SnapshotTarget(checkpointing.url, checkpointing.local_copy_root),
+            sink=replace(target, directory=gang.sink.staging_root),
+            sink_epoch_base=self.base, positions=self._positions(meta),
+            last_checkpoint=meta.checkpoint_id if meta else 0, first_checkpoint=first,
+            watermark=int(meta.watermark.get("current", MIN_WATERMARK)) if meta
+            else MIN_WATERMARK,
+            channel_bytes=CHANNEL_BYTES, batch_rows=BATCH_ROWS,
+            host="127.0.0.1" if not job.on_cluster else None)
+
+    def _files(self, meta: CheckpointMetadata | None) -> tuple[tuple[str, ...], ...]:
+        """Each source subtask's files: those of the checkpoint's positions, else the
+        source's files not read whole yet, split over the subtasks."""
+        from streamer.runtime.continuous_source import split_files
+
+        positions = self._positions(meta)
+        if positions:
+            return tuple(tuple(p["files"]) for _, p in sorted(positions.items()))
+        done = set(self.job.offsets[self.gang.source_id].get("files", []))
+        files = [f for f in self.gang.source.list_files() if f not in done]
+        return tuple(tuple(share) for share in split_files(files, self.gang.sources))
+
+    def _positions(self, meta: CheckpointMetadata | None) -> dict[int, dict[str, Any]]:
+        """The source subtasks' positions in the checkpoint restored, if it was taken
+        continuously at this parallelism ({} otherwise)."""
+        from streamer.runtime.job.barrier_coordinator import source_positions
+
+        if meta is None:
+            return {}
+        found = source_positions(meta, self.gang.source.spec.uid)
+        if not found:
+            return {}
+        if len(found) != self.gang.sources:
+            msg = (f"checkpoint {meta.checkpoint_id} was taken by {len(found)} continuous "
+                   f"source subtasks, and this run has {self.gang.sources}; stop the job with "
+                   "a savepoint to change its parallelism")
+            raise ConfigError(msg)
+        return found
+
+    # ------------------------------------------------------------------ checkpoints
+    def _checkpoints(self, coord: BarrierCoordinator) -> tuple[str, str] | None:
+        """Trigger a checkpoint every interval until one completes with every subtask's
+        input ended (None) or a stop is requested (its status and reason, after a last
+        checkpoint). A failed gang ends the loop (`run` raises)."""
+        from streamer.runtime.job.barrier_coordinator import CheckpointDeclinedError
+
+        spec = self.job.spec.job.checkpoint
+        while not self.done.is_set():
+            self.done.wait(spec.interval_ms / 1000)
+            if self.done.is_set():
+                return None
+            stopping = self.owner.control.stop.is_set()
+            checkpoint = coord.trigger()
+            try:
+                meta = self._wait(coord, checkpoint, spec.timeout_ms / 1000)
+            except CheckpointDeclinedError as exc:
+                self._declined(coord, checkpoint, str(exc))
+                continue
+            if meta is None:
+                return None
+            self._completed(meta)
+            if stopping:
+                return "stopped", f"stopped at checkpoint {checkpoint} (continuous mode)"
+            if coord.all_ended is not None:
+                return None
+        return None
+
+    def _wait(self, coord: BarrierCoordinator, checkpoint: int, timeout_s: float
+              ) -> CheckpointMetadata | None:
+        """Checkpoint `checkpoint` once complete; None when the gang ended first (failed)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            meta = coord.poll(checkpoint, 0.2)
+            if meta is not None:
+                return meta
+            if self.done.is_set() and coord.all_ended is None:
+                return None  # the gang ended without it: `run` says why
+        return coord.wait(checkpoint, 0)  # declines it
+
+    def _declined(self, coord: BarrierCoordinator, checkpoint: int, reason: str) -> None:
+        """A checkpoint that did not complete. One whose `_metadata` was written but whose
+        sinks did not commit fails the run: its restart commits them (`Recovery`)."""
+        from streamer.runtime.exceptions import JobFailedError
+
+        if checkpoint in coord.store.ids():
+            msg = f"checkpoint {checkpoint}: its sinks did not commit: {reason}"
+            raise JobFailedError(msg)
+        if self.done.is_set():  # the gang failed: `run` says why
+            return
+        self.job.reporter.checkpoint({"status": "failed", "id": checkpoint,
+                                      "epoch": self.job.epoch, "reason": reason})
+
+    def _completed(self, meta: CheckpointMetadata) -> None:
+        """The driver's record of checkpoint `meta` (what a restart resumes from)."""
+        chk = self.owner.checkpoints
+        chk.last = meta
+        chk.completed.append(meta.checkpoint_id)
+        chk.last_handles = {self.gang.stage.node_id: {
+            int(h["subtask"]): h for op in meta.operators.values() for h in op.subtasks}}
+        self.job.epoch = meta.epoch
+        self.job.totals["records_in"] = sum(meta.records.values())
+        self.job.offsets[self.gang.source_id] = dict(
+            meta.offsets[self.gang.source.spec.uid])
+        self.job.reporter.checkpoint({
+            "status": "completed", "id": meta.checkpoint_id, "epoch": meta.epoch,
+            "duration_ms": meta.duration_ms, "state_size": meta.state_size,
+            "uploaded_bytes": meta.uploaded_bytes, "pruned": [],
+            "path": chk.store.storage.path(chk.store.dir_of(meta.checkpoint_id))})
+
+    def _stage(self, meta: CheckpointMetadata) -> None:
+        """Before `_metadata` of n is written: the sink's staged files of n as its pending
+        commit, and the epoch above the sink's (an epoch-mode restore goes on after it)."""
+        epoch = self.base + meta.checkpoint_id
+        handle = self.gang.sink.tasks_wrote(epoch, lambda: None)
+        meta.sinks = {self.gang.sink_id: [[epoch, handle]]}
+        meta.epoch = max(meta.epoch, epoch)
+
+    def _commit(self, meta: CheckpointMetadata) -> None:
+        """After `_metadata` of n: commit the sink's files of n."""
+        from streamer import failpoints
+
+        failpoints.reached("after-metadata", meta.checkpoint_id)
+        for epoch, handle in meta.sinks.get(self.gang.sink_id, []):
+            self.gang.sink.commit(epoch, handle)
+
+
+def task_error(exc: BaseException) -> str:
+    """What failed a gang's task: the Python exception a task raised, without Spark's and
+    the JVM's frames around it (else the error as it is)."""
+    import re
+
+    text = str(exc)
+    found = re.findall(r"^([A-Za-z_.]*(?:Error|Exception|Interrupt)\b[^\n]*)$", text, re.M)
+    python = [line for line in found if not line.startswith(("org.", "java.", "py4j."))]
+    return python[-1].removesuffix(" SQLSTATE: 38000").strip() if python else text

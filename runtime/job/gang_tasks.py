@@ -1,0 +1,255 @@
+"""The tasks of the continuous mode's gang (issue 36): one Spark barrier stage
+(`rdd.barrier().mapPartitions`) whose task i is source subtask i for i < `sources`, and
+keyed subtask i - `sources` after them. Every task lives for the whole run.
+
+- The tasks find each other with `BarrierTaskContext.allGather`: each keyed subtask starts
+  its `ExchangeServer` on its executor's host and publishes the location; each source
+  subtask opens an `ExchangeSender` to every keyed subtask.
+- A source subtask reads its files in order (`runtime.continuous_splits.FileSplits`), runs
+  the fused chain and routes its rows (`runtime.continuous_source.SourceSubtask`), follows
+  the coordinator's barriers and acknowledges each with its position.
+- A keyed subtask restores its state from the checkpoint it is given (or a savepoint),
+  runs `operators.continuous.ContinuousSubtask` over its input gate, and writes what it
+  emits between barrier n-1 and n into the sink's staging directory of checkpoint n
+  (`TaskFile`, a file per subtask). At barrier n it publishes that file, snapshots its
+  state and acknowledges n with the handle; the coordinator commits the staging once
+  `_metadata` of n is written.
+- Once its input ended, a task keeps answering barriers on the control plane (a source with
+  its final position, a keyed subtask with a snapshot of its final state and the rows its
+  last timers emitted), so the run's last checkpoint holds everything; the coordinator
+  ends the barrier streams after a checkpoint in which every subtask had ended, and the
+  tasks return.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from streamer import failpoints
+from streamer.columns import OUT, ROW_KIND
+from streamer.connectors.files.files_sink import TaskFile, TaskTarget, epoch_staging
+from streamer.exchange.alignment import BarrierAligner
+from streamer.exchange.coordination import CoordinationClient
+from streamer.exchange.flight import ExchangeSender, ExchangeServer
+from streamer.exchange.gate import InputGate
+from streamer.operators.continuous import SnapshotTarget
+from streamer.runtime.continuous_source import SourcePlan, SourceSubtask
+from streamer.runtime.continuous_splits import FileSplits
+from streamer.runtime.job.barrier_coordinator import keyed_task, source_task
+
+#: How long a keyed subtask waits for its next input before it looks again (s).
+_POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class GangTasks:
+    """What every task of the gang is given (pickled once, with the stage)."""
+
+    #: Source subtasks (the first tasks); the keyed subtasks follow.
+    sources: int
+    #: The source's chain and the route to the keyed operator (its `KeyedConfig`, with
+    #: the run's `TaskCheckpointing`).
+    plan: SourcePlan
+    #: Per source subtask, its files in order.
+    files: tuple[tuple[str, ...], ...]
+    #: Rows a source subtask reads at a time.
+    slice_rows: int
+    #: The coordinator's control plane.
+    coordinator: str
+    #: Where snapshots go.
+    snapshots: SnapshotTarget
+    #: The sink's `TaskTarget` with `directory` its staging root.
+    sink: TaskTarget
+    #: The sink's epoch of checkpoint n is `sink_epoch_base + n`.
+    sink_epoch_base: int
+    #: Per source subtask, the position to resume from.
+    positions: dict[int, dict[str, Any]]
+    #: The checkpoint the run resumes from (0: none), the first one it takes (the
+    #: coordinator's ids are consecutive from there), and the watermark.
+    last_checkpoint: int
+    first_checkpoint: int
+    watermark: int
+    #: The bound of each exchange channel (bytes), and the keyed subtask's batch (rows).
+    channel_bytes: int
+    batch_rows: int
+    #: The host to serve the exchange on (None: the executor's, from the task's address).
+    host: str | None
+
+    def staging(self, checkpoint: int) -> TaskTarget:
+        """The sink's target for what checkpoint `checkpoint` commits."""
+        return replace(self.sink, directory=epoch_staging(
+            self.sink.directory, self.sink_epoch_base + checkpoint))
+
+    def __call__(self, _: Any) -> Any:
+        """The body of one task of the barrier stage (`mapPartitions`)."""
+        from pyspark import BarrierTaskContext
+
+        context = BarrierTaskContext.get()
+        if context.attemptNumber():
+            msg = ("a continuous gang's task was retried by Spark; the gang restarts only "
+                   "whole, from its last checkpoint (the driver restarts it)")
+            raise RuntimeError(msg)
+        index = context.partitionId()
+        host = self.host or context.getTaskInfos()[index].address.rsplit(":", 1)[0]
+        if index < self.sources:
+            found = context.allGather("")
+            yield run_source(self, index, list(found[self.sources:]))
+        else:
+            subtask = index - self.sources
+            server = ExchangeServer(host, self.sources, self.channel_bytes)
+            try:
+                context.allGather(server.location)
+                yield run_keyed(self, subtask, server)
+            finally:
+                server.close()
+
+
+def run_source(tasks: GangTasks, subtask: int, keyed: list[str]) -> str:
+    """Source subtask `subtask`: its files to the keyed subtasks at `keyed`, barriers
+    acknowledged, until the coordinator ends its barrier stream."""
+    plan = tasks.plan
+    client = CoordinationClient(tasks.coordinator, source_task(plan.spec.id, subtask))
+    schema = plan.out_schema()
+    senders = [ExchangeSender(where, subtask, schema) for where in keyed]
+    try:
+        src = SourceSubtask(plan, FileSplits(plan.input, tasks.files[subtask],
+                                             tasks.slice_rows),
+                            senders, ack=client.ack, position=tasks.positions.get(subtask))
+        client.follow_barriers(src.inject)
+        while src.step():
+            pass
+        while client.following():  # ended: the final position answers every barrier
+            src.barriers()
+            time.sleep(0.01)
+        src.barriers()
+        if client.error is not None:
+            raise RuntimeError(client.error)
+        return f"source {subtask}: {src.records} records"
+    finally:
+        for sender in senders:
+            sender.close()
+        client.close()
+
+
+class _KeyedOutput:
+    """A keyed subtask's output into the sink's staging directory of the next checkpoint."""
+
+    def __init__(self, tasks: GangTasks, subtask: int) -> None:
+        self.tasks = tasks
+        self.subtask = subtask
+        self.rows = 0
+        self._file: TaskFile | None = None
+        self._next = tasks.first_checkpoint
+
+    def write(self, batch: Any) -> None:
+        if self._file is None:
+            target = self.tasks.staging(self._next)
+            os.makedirs(target.directory, exist_ok=True)
+            self._file = TaskFile(target, self.subtask, ROW_KIND, OUT)
+        self._file.take(batch)
+
+    def publish(self, checkpoint: int) -> None:
+        """Publish what goes with checkpoint `checkpoint`; later rows go with the next."""
+        if checkpoint != self._next:
+            msg = (f"keyed subtask {self.subtask} wrote rows for checkpoint {self._next}, "
+                   f"but checkpoint {checkpoint} came")
+            raise RuntimeError(msg)
+        if self._file is not None:
+            self.rows += self._file.close()
+            self._file = None
+        self._next = checkpoint + 1
+
+    @property
+    def last(self) -> int:
+        """The last checkpoint published (below the first: none yet)."""
+        return self._next - 1
+
+    def discard(self) -> None:
+        if self._file is not None:
+            self._file.discard()
+
+
+def open_keyed(tasks: GangTasks, subtask: int) -> tuple[Any, Any]:
+    """The keyed subtask's config and open state: restored from the run's checkpoint (or
+    savepoint) over whatever a failed attempt left, or fresh."""
+    from streamer.checkpoint.task import prepare
+    from streamer.operators.keyed import open_state_of
+    from streamer.state import SubtaskLocation
+
+    cfg = tasks.plan.route.cfg
+    location = SubtaskLocation(cfg.state_root, cfg.job, cfg.uid, subtask)
+    if location.path.exists():  # a failed attempt's state is ahead of the checkpoint
+        shutil.rmtree(location.path)
+    prepare(cfg, subtask, replace=True)
+    return cfg, open_state_of(cfg, subtask)
+
+
+def run_keyed(tasks: GangTasks, subtask: int, server: ExchangeServer) -> str:
+    """Keyed subtask `subtask` over the channels `server` serves (module docstring)."""
+    from streamer.operators.continuous import ContinuousSubtask
+
+    cfg, backend = open_keyed(tasks, subtask)
+    client = CoordinationClient(tasks.coordinator, keyed_task(cfg.op.id, subtask))
+    output = _KeyedOutput(tasks, subtask)
+    checkpointing = cfg.checkpointing
+    base = checkpointing.last.get(subtask) if checkpointing is not None else None
+
+    def ack(checkpoint: int, snapshot: dict[str, Any]) -> None:
+        failpoints.reached("in-task", checkpoint)
+        output.publish(checkpoint)
+        client.ack(checkpoint, {"snapshot": snapshot, "ended": loop.finished})
+
+    loop = ContinuousSubtask(cfg, backend, out=output.write, ack=ack,
+                             snapshots=tasks.snapshots, base=base,
+                             watermark=tasks.watermark, batch_rows=tasks.batch_rows)
+    try:
+        loop.run(InputGate(server, BarrierAligner(
+            tasks.sources, last_checkpoint=tasks.last_checkpoint,
+            watermark=tasks.watermark)), timeout_s=_POLL_S)
+        answered = _Answered(output.last)
+        client.follow_barriers(answered.put)
+        while client.following() or answered.waiting():
+            checkpoint = answered.take(0.05)
+            if checkpoint is not None:
+                loop.snapshot(checkpoint)
+        if client.error is not None:
+            raise RuntimeError(client.error)
+        return f"keyed {subtask}: {output.rows} rows"
+    except BaseException:
+        output.discard()
+        raise
+    finally:
+        backend.close()
+        client.close()
+
+
+class _Answered:
+    """The barriers a keyed subtask answers after its input ended: those above its last
+    snapshot (the earlier ones reached it in its input)."""
+
+    def __init__(self, last: int) -> None:
+        self._last = last
+        self._pending: list[int] = []
+        self._cond = threading.Condition()
+
+    def put(self, checkpoint: int) -> None:
+        with self._cond:
+            if checkpoint > self._last:
+                self._last = checkpoint
+                self._pending.append(checkpoint)
+                self._cond.notify_all()
+
+    def waiting(self) -> bool:
+        with self._cond:
+            return bool(self._pending)
+
+    def take(self, timeout_s: float) -> int | None:
+        with self._cond:
+            if not self._pending:
+                self._cond.wait(timeout_s)
+            return self._pending.pop(0) if self._pending else None
