@@ -189,6 +189,12 @@ def test_validate_reports_the_refusal_without_a_traceback(tmp_path: Path) -> Non
     assert f"{bad}:23:13: operator 'counts' (session window) cannot run with " \
         "job.execution.mode: continuous yet" in result.output
     assert "Traceback" not in result.output
+    # Without --no-spark the refusal comes first too (no file left for Spark's analyzer,
+    # so no session starts).
+    result = CliRunner().invoke(app, ["validate", str(bad)])
+    assert result.exit_code == 1, result.output
+    assert "operator 'counts' (session window) cannot run" in result.output
+    assert "checking expressions" not in result.output
 
 
 def test_validate_applies_the_mode_variable(tmp_path: Path,
