@@ -66,14 +66,14 @@ def continuous_refusal(spec: PipelineSpec) -> Refusal | None:
         found = _operator_refusal(spec, op, keyed)
         if found is not None:
             return Refusal(f"operator {op.id!r} ({found[0]})", spec.where(found[1]))
-    for source in spec.sources[1:]:
-        return refuse(source, f"source {source.id!r} (a second source)")
+    if len(spec.sources) > 1:
+        return refuse(spec.sources[1], f"source {spec.sources[1].id!r} (a second source)")
     source = spec.sources[0]
     why = _source_refusal(spec, keyed)
     if why is not None:
         return refuse(source, f"source {source.id!r} ({why})")
-    for sink in spec.sinks[1:]:
-        return refuse(sink, f"sink {sink.id!r} (a second sink)")
+    if len(spec.sinks) != 1:  # (validation asks for at least one)
+        return refuse(spec.sinks[1], f"sink {spec.sinks[1].id!r} (a second sink)")
     sink = spec.sinks[0]
     why = _sink_refusal(sink.type, sink.option("format"), sink.option("path"), sink.inputs,
                         keyed)
