@@ -5,6 +5,7 @@ pyspark is imported only inside commands that need Spark, so `--help` is instant
 from __future__ import annotations
 
 import json
+import os
 import sys
 from enum import StrEnum
 from pathlib import Path
@@ -70,6 +71,7 @@ def validate(
     analyzer). Prints `file:line:col: message` per problem; exit code 1 if any.
     """
     from streamer.cli.errors import print_error
+    from streamer.pipeline.continuous_support import check_mode
     from streamer.pipeline.exceptions import PipelineError
     from streamer.pipeline.validate import load_pipeline
 
@@ -84,6 +86,7 @@ def validate(
         try:
             spec = load_pipeline(str(file))
             check_user_code(spec)
+            check_mode(spec, spec.job.execution.with_overrides(os.environ))
             loaded.append((file, spec))
         except PipelineError as exc:
             print_error(exc)

@@ -103,6 +103,14 @@ class ExecutionModel(YamlModel):
         "operator, for the files, ranges and expressions where Arrow's result is certainly "
         "Spark's (any other is read by Spark as before, in the same epoch). "
         "$STREAMER_ARROW_INPUT overrides it.")
+    mode: Literal["epochs", "continuous"] = Field(
+        default="epochs", description="`epochs` cuts the stream into epochs and runs each as "
+        "Spark jobs; `continuous` runs every source and keyed subtask as one long-running "
+        "task of one Spark barrier stage, with checkpoint barriers in the data. The "
+        "continuous mode takes one files or kafka source, filters and derived columns, one "
+        "rolling aggregate or tumbling or sliding window of count, sum, min, max or avg, and "
+        "one jsonl or parquet files sink; validation names what else rules it out. "
+        "$STREAMER_EXECUTION_MODE overrides it.")
 
 
 class PrometheusModel(YamlModel):

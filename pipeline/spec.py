@@ -257,6 +257,8 @@ class ExecutionSpec:
     #: filtered and derived by Arrow in Python tasks where that is certainly Spark's result
     #: (`runtime.arrow_input`).
     arrow_input: bool = _JOB.execution.arrow_input
+    #: "epochs", or "continuous": one barrier stage of long-running subtasks (issue 36).
+    mode: str = _JOB.execution.mode
     #: Setting -> "default", "file" or "environment" (filled in for every setting).
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -269,7 +271,10 @@ class ExecutionSpec:
         "task_sink": "STREAMER_TASK_SINK",
         "staged_input": "STREAMER_STAGED_INPUT",
         "arrow_input": "STREAMER_ARROW_INPUT",
+        "mode": "STREAMER_EXECUTION_MODE",
     }
+    #: The values of the settings that take a word.
+    _WORDS: ClassVar[Mapping[str, tuple[str, ...]]] = {"mode": ("epochs", "continuous")}
     #: What 0 means for the row-count settings, for messages.
     _ZERO: ClassVar[Mapping[str, str]] = {
         "small_epoch_rows": "0 turns the small-epoch mode off",
@@ -296,8 +301,11 @@ class ExecutionSpec:
             if not raw:
                 continue
             current = getattr(self, key)
-            if isinstance(current, bool):
-                value: bool | int | None = _SWITCH.get(raw.lower())
+            if key in self._WORDS:
+                value: bool | int | str | None = raw if raw in self._WORDS[key] else None
+                accepted, shown = "one of " + ", ".join(self._WORDS[key]), current
+            elif isinstance(current, bool):
+                value = _SWITCH.get(raw.lower())
                 accepted = "one of 1/0, true/false, yes/no, on/off"
                 shown = str(current).lower()
             else:
@@ -322,7 +330,7 @@ class ExecutionSpec:
         reasons), or None when the value is the file's or the default."""
         return self.VARIABLES[key] if self.sources[key] == "environment" else None
 
-    def describe(self) -> dict[str, tuple[int | bool, str]]:
+    def describe(self) -> dict[str, tuple[int | bool | str, str]]:
         """Setting -> (value, origin), origin being "default", "file" or the environment
         variable that set it."""
         return {key: (getattr(self, key), self.set_by(key) or self.sources[key])

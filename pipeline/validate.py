@@ -10,6 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from streamer.pipeline.continuous_support import continuous_refusal
 from streamer.pipeline.exceptions import PipelineError, Problem
 from streamer.pipeline.model import Checker, did_you_mean
 from streamer.pipeline.schema import PIPELINE
@@ -433,6 +434,10 @@ def validate_data(data: Any, positions: Positions,
     check_update_streams(spec, ck)
     check_window_functions(spec, ck)
     problems = _problems(ck, positions) + check_types(spec)
+    refusal = (continuous_refusal(spec) if spec.job.execution.mode == "continuous"
+               and not problems else None)  # (the file's mode; `check_mode` applies the
+    if refusal is not None:                 # environment's override)
+        problems.append(refusal.problem(spec.job.execution))
     if problems:
         raise PipelineError(problems)
     return spec

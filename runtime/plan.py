@@ -21,6 +21,7 @@ from streamer.pipeline.spec import ExecutionSpec
 from streamer.runtime.arrow_input import ArrowInput, plan_arrow_input
 from streamer.runtime.bad_records import origin_of
 from streamer.runtime.keyed_plan import DirectShape, KeyedStage
+from streamer.runtime.mode_plan import GangPlan, ModeChoice, choose_mode, plan_gang
 from streamer.runtime.stages.base import EpochDecision, Stage, SubtaskSlice
 from streamer.runtime.stages.keyed_stage import (
     KeyedOperatorStage,
@@ -67,6 +68,10 @@ class PhysicalPlan:
     settings: ExecutionSpec
     #: Node id -> how many nodes read its output (a frame read twice is persisted).
     consumers: dict[str, int] = field(default_factory=dict)
+    #: The execution mode and why (`runtime.mode_plan`).
+    mode: ModeChoice = field(default_factory=lambda: ModeChoice("epochs", "default"))
+    #: The continuous mode's barrier stage (None in the epoch mode).
+    gang: GangPlan | None = None
 
     @property
     def keyed(self) -> dict[str, KeyedStage]:
@@ -80,8 +85,12 @@ class PhysicalPlan:
                 if isinstance(s, KeyedOperatorStage) and s.task_sink is not None}
 
     def to_json(self) -> dict[str, Any]:
-        """The plan as `streamer plan --physical --format json` prints it."""
-        return {"stages": [s.describe() for s in self.stages], "per_epoch": PER_EPOCH_RULE,
+        """The plan as `streamer plan --physical --format json` prints it: the mode, then the
+        epoch mode's stages or the continuous mode's gang."""
+        run: dict[str, Any] = ({"gang": self.gang.describe()} if self.gang is not None else
+                               {"stages": [s.describe() for s in self.stages],
+                                "per_epoch": PER_EPOCH_RULE})
+        return {"mode": self.mode.describe(), **run,
                 "settings": {key: {"value": value, "from": origin} for key, (value, origin)
                              in self.settings.describe().items()}}
 
@@ -102,7 +111,9 @@ def plan_stages(spec: PipelineSpec, flow: Dataflow, spark: SparkSession,
                 state_root: str,
                 checkpointing: Callable[[str, int | None, str | None], Any]) -> PhysicalPlan:
     """Compile the dataflow into stages: one per source, stateless chain, keyed operator and
-    sink, each with the strategy it runs with and why."""
+    sink, each with the strategy it runs with and why; and the mode (a pipeline the
+    continuous mode cannot run is a `PipelineError`) with, when continuous, its gang."""
+    mode = choose_mode(spec, settings)
     event_time: dict[str, bool] = {}
     keyed: dict[str, KeyedOperatorStage] = {}
     for node in flow.nodes:
@@ -165,7 +176,10 @@ def plan_stages(spec: PipelineSpec, flow: Dataflow, spark: SparkSession,
             chain.reason += (f"; in epochs the Arrow tasks of source "
                              f"{arrow_ops[chain.ops[0].id]!r} read, only on what they refuse "
                              "(the tasks run these operators, translated, on the rest)")
-    return PhysicalPlan(stages, settings, {n.id: len(flow.consumers(n.id)) for n in flow.nodes})
+    gang = plan_gang(spec, {k: s.stage for k, s in keyed.items()}) \
+        if mode.mode == "continuous" else None
+    return PhysicalPlan(stages, settings, {n.id: len(flow.consumers(n.id)) for n in flow.nodes},
+                        mode, gang)
 
 
 def _set_by(settings: ExecutionSpec, key: str) -> str:
@@ -535,8 +549,11 @@ def _join_reads(shape: DirectShape, sources: Mapping[str, Source],
 
 
 def render(plan: PhysicalPlan) -> str:
-    """The plan as text: one block per stage with its strategy and why."""
-    lines = []
+    """The plan as text: the mode, then one block per stage with its strategy and why (or
+    the continuous mode's gang)."""
+    lines = [plan.mode.line()]
+    if plan.gang is not None:
+        return "\n".join([*lines, *plan.gang.render()]) + "\n"
     for stage in plan.stages:
         info = stage.describe()
         name = info["stage"]

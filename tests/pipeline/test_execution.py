@@ -15,14 +15,18 @@ from streamer.pipeline.spec import ExecutionSpec, JobSpec, PipelineSpec
 from streamer.pipeline.validate import load_pipeline_text
 
 KEYS = ("small_epoch_rows", "local_rows", "direct_read", "driver_subtasks", "task_sink",
-        "staged_input", "arrow_input")
+        "staged_input", "arrow_input", "mode")
 VARIABLES = {"small_epoch_rows": "STREAMER_SMALL_EPOCH_ROWS",
              "local_rows": "STREAMER_LOCAL_ROWS",
              "direct_read": "STREAMER_DIRECT_READ",
              "driver_subtasks": "STREAMER_DRIVER_SUBTASKS",
              "task_sink": "STREAMER_TASK_SINK",
              "staged_input": "STREAMER_STAGED_INPUT",
-             "arrow_input": "STREAMER_ARROW_INPUT"}
+             "arrow_input": "STREAMER_ARROW_INPUT",
+             "mode": "STREAMER_EXECUTION_MODE"}
+#: A value other than the default, as its variable writes it, for each key.
+OTHER = {key: "0" if key in ("small_epoch_rows", "local_rows") else
+         "continuous" if key == "mode" else "false" for key in KEYS}
 
 
 def load(execution: str = "", env: dict[str, str] | None = None) -> PipelineSpec:
@@ -40,7 +44,8 @@ def test_defaults_without_an_execution_block() -> None:
     execution = load().job.execution
     assert (execution.small_epoch_rows, execution.local_rows, execution.direct_read,
             execution.driver_subtasks, execution.task_sink, execution.staged_input,
-            execution.arrow_input) == (20_000, 1_000, True, True, True, True, True)
+            execution.arrow_input, execution.mode) == (20_000, 1_000, True, True, True, True,
+                                                       True, "epochs")
     assert execution == ExecutionSpec() == JobSpec().execution
     assert execution.sources == dict.fromkeys(KEYS, "default")
 
@@ -62,10 +67,11 @@ def test_every_value_from_the_file() -> None:
         task_sink: false
         staged_input: false
         arrow_input: false
+        mode: epochs
         """).job.execution
     assert execution == ExecutionSpec(small_epoch_rows=0, local_rows=5000, direct_read=False,
                                       driver_subtasks=False, task_sink=False,
-                                      staged_input=False, arrow_input=False)
+                                      staged_input=False, arrow_input=False, mode="epochs")
     assert execution.sources == dict.fromkeys(KEYS, "file")
 
 
@@ -76,14 +82,15 @@ def test_a_value_written_as_the_default_still_comes_from_the_file() -> None:
     assert execution.sources == {"small_epoch_rows": "default", "local_rows": "file",
                                  "direct_read": "default", "driver_subtasks": "default",
                                  "task_sink": "file", "staged_input": "default",
-                                 "arrow_input": "default"}
+                                 "arrow_input": "default", "mode": "default"}
     assert execution.describe() == {"small_epoch_rows": (20_000, "default"),
                                     "local_rows": (1000, "file"),
                                     "direct_read": (True, "default"),
                                     "driver_subtasks": (True, "default"),
                                     "task_sink": (False, "file"),
                                     "staged_input": (True, "default"),
-                                    "arrow_input": (True, "default")}
+                                    "arrow_input": (True, "default"),
+                                    "mode": ("epochs", "default")}
 
 
 def test_value_from_a_pipeline_variable() -> None:
@@ -136,7 +143,7 @@ def test_variables_override_the_file_and_the_defaults() -> None:
     assert out.sources == {"small_epoch_rows": "environment", "local_rows": "environment",
                            "direct_read": "environment", "driver_subtasks": "default",
                            "task_sink": "environment", "staged_input": "environment",
-                           "arrow_input": "environment"}
+                           "arrow_input": "environment", "mode": "default"}
     assert execution.local_rows == 0  # the original is unchanged
 
 
@@ -151,9 +158,8 @@ def test_overrides_from_the_process_environment(monkeypatch: pytest.MonkeyPatch)
 
 @pytest.mark.parametrize("key", KEYS)
 def test_each_variable_overrides_its_own_setting(key: str) -> None:
-    value = "0" if key in ("small_epoch_rows", "local_rows") else "false"
-    out = ExecutionSpec().with_overrides({VARIABLES[key]: value})
-    assert getattr(out, key) in (0, False)
+    out = ExecutionSpec().with_overrides({VARIABLES[key]: OTHER[key]})
+    assert getattr(out, key) in (0, False, "continuous")
     assert getattr(out, key) is not True
     assert out.set_by(key) == VARIABLES[key]
     assert out.describe()[key] == (getattr(out, key), VARIABLES[key])
@@ -194,6 +200,24 @@ def test_invalid_row_count_names_variable_value_choices_and_key(raw: str) -> Non
         "or unset it to use the pipeline's value (0)")
 
 
+@pytest.mark.parametrize("raw", ["Continuous", "epoch", "1", "true", "streaming"])
+def test_invalid_mode_names_variable_value_choices_and_key(raw: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        ExecutionSpec().with_overrides({"STREAMER_EXECUTION_MODE": raw})
+    assert str(info.value) == (
+        f"STREAMER_EXECUTION_MODE={raw!r} is not valid: it overrides job.execution.mode and "
+        "must be one of epochs, continuous; fix it, or unset it to use the pipeline's value "
+        "(epochs)")
+
+
+def test_the_mode_variable_overrides_the_file() -> None:
+    """(A file with mode: continuous is in tests/pipeline/test_continuous_support.py: this
+    datagen pipeline cannot run continuously.)"""
+    out = ExecutionSpec(mode="continuous", sources={"mode": "file"}).with_overrides(
+        {"STREAMER_EXECUTION_MODE": " epochs "})
+    assert (out.mode, out.describe()["mode"]) == ("epochs", ("epochs", "STREAMER_EXECUTION_MODE"))
+
+
 def test_every_invalid_variable_is_reported_at_once() -> None:
     with pytest.raises(ConfigError) as info:
         ExecutionSpec().with_overrides({"STREAMER_SMALL_EPOCH_ROWS": "many",
@@ -214,7 +238,7 @@ def test_override_variables_are_the_documented_ones() -> None:
 
 # -------------------------------------------------------------------------- the schema
 
-def test_schema_has_job_execution_with_all_seven_keys() -> None:
+def test_schema_has_job_execution_with_all_eight_keys() -> None:
     execution = json_schema()["properties"]["job"]["properties"]["execution"]
     assert execution["type"] == "object"
     assert execution["additionalProperties"] is False
@@ -226,6 +250,7 @@ def test_schema_has_job_execution_with_all_seven_keys() -> None:
         assert props[key]["minimum"] == 0
     for key in ("direct_read", "driver_subtasks", "task_sink", "staged_input", "arrow_input"):
         assert props[key]["type"] == "boolean"
+    assert props["mode"]["enum"] == ["epochs", "continuous"]
 
 
 @pytest.mark.parametrize("key", KEYS)
@@ -234,7 +259,7 @@ def test_each_key_documents_its_default_and_its_variable(key: str) -> None:
     description names the variable that overrides it."""
     schema = json_schema()["properties"]["job"]["properties"]["execution"]["properties"][key]
     assert schema["default"] == getattr(ExecutionSpec(), key)
-    assert isinstance(schema["default"], int)
+    assert isinstance(schema["default"], str if key == "mode" else int)
     assert f"${VARIABLES[key]} overrides it" in schema["description"]
 
 
@@ -251,6 +276,7 @@ def test_schema_agrees_with_the_validator_on_execution_values() -> None:
             "driver_subtasks": True, "task_sink": False, "staged_input": False,
             "arrow_input": False}
     assert list(validator.iter_errors(doc(good))) == []
+    assert list(validator.iter_errors(doc({"mode": "continuous"}))) == []
     for bad in ({"local_rows": -1}, {"small_epoch_rows": "1k"}, {"direct_read": "off"},
-                {"task_sinks": True}):
+                {"task_sinks": True}, {"mode": "streaming"}):
         assert list(validator.iter_errors(doc(bad))), bad

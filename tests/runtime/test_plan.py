@@ -199,7 +199,7 @@ def test_the_small_epoch_rule() -> None:
 
 def test_plan_physical_cli_prints_the_stages_as_text_and_json(
         spark, tmp_path: Path, monkeypatch) -> None:
-    for name in ("STREAMER_DIRECT_READ", "STREAMER_TASK_SINK"):
+    for name in ("STREAMER_DIRECT_READ", "STREAMER_TASK_SINK", "STREAMER_EXECUTION_MODE"):
         monkeypatch.delenv(name, raising=False)
     file = tmp_path / "p.yaml"
     file.write_text(textwrap.dedent(PARQUET_WINDOW.format(
@@ -207,6 +207,7 @@ def test_plan_physical_cli_prints_the_stages_as_text_and_json(
     runner = CliRunner()
     text = runner.invoke(app, ["plan", str(file), "--physical"])
     assert text.exit_code == 0, text.output
+    assert text.output.startswith("mode: epochs (default)\nsource stage events: ")
     assert "keyed stage per_minute: subtasks-read-files | local | spark-routed" in text.output
     assert "source stage events: read-by-subtasks" in text.output
     assert ("not writes its sink: sink 'out' is not a local parquet or jsonl files sink"
@@ -215,7 +216,72 @@ def test_plan_physical_cli_prints_the_stages_as_text_and_json(
     assert as_json.exit_code == 0, as_json.output
     found = json.loads(as_json.output)
     assert [s["stage"] for s in found["stages"]] == ["events", "per_minute", "out"]
+    assert found["mode"] == {"value": "epochs", "from": "default"}
+    assert "gang" not in found
     assert found["settings"]["small_epoch_rows"] == {"value": 20_000, "from": "default"}
     wrong = runner.invoke(app, ["plan", str(file), "--physical", "--format", "mermaid"])
     assert wrong.exit_code == 2
     assert not (tmp_path / "out").exists(), "planning must not open the sinks"
+
+
+CONTINUOUS = PARQUET_WINDOW.replace("max_parallelism: 16}}",
+                                    "max_parallelism: 16, execution: {{mode: continuous}}}}")
+
+
+def test_plan_physical_cli_shows_the_continuous_mode_and_its_gang(
+        spark, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("STREAMER_EXECUTION_MODE", raising=False)
+    file = tmp_path / "p.yaml"
+    file.write_text(textwrap.dedent(CONTINUOUS.format(
+        src=parquet_input(tmp_path / "in"), out=tmp_path / "out", sink_format="jsonl")))
+    runner = CliRunner()
+    text = runner.invoke(app, ["plan", str(file), "--physical"])
+    assert text.exit_code == 0, text.output
+    lines = text.output.splitlines()
+    assert lines[0] == f"mode: continuous (job.execution.mode in {file}:3:56)"
+    assert lines[1].startswith("gang: one Spark barrier stage of 4 tasks")
+    assert lines[2].startswith("    - source 'events': 2 subtasks: one per split group")
+    assert "file i is read by subtask i mod n" in lines[2]
+    assert lines[3].startswith("    - keyed 'per_minute': 2 subtasks: job.parallelism; ")
+    assert lines[4].startswith("    - sink: 'out' (jsonl files), written by the keyed subtasks")
+    assert "per epoch:" not in text.output and "keyed stage" not in text.output
+    as_json = runner.invoke(app, ["plan", str(file), "--physical", "--format", "json"])
+    assert as_json.exit_code == 0, as_json.output
+    found = json.loads(as_json.output)
+    assert found["mode"] == {"value": "continuous",
+                             "from": f"job.execution.mode in {file}:3:56"}
+    assert "stages" not in found and "per_epoch" not in found
+    gang = found["gang"]
+    assert gang["tasks"] == 4 and gang["stage"] == "one Spark barrier stage of 4 tasks"
+    assert [(g["role"], g["node"], g["subtasks"]) for g in gang["subtasks"]] == [
+        ("source", "events", 2), ("keyed", "per_minute", 2)]
+    assert found["settings"]["mode"] == {"value": "continuous", "from": "file"}
+    assert not (tmp_path / "out").exists(), "planning must not open the sinks"
+
+
+def test_the_mode_variable_chooses_the_continuous_mode_and_refuses_what_it_cannot_run(
+        spark, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("STREAMER_EXECUTION_MODE", "continuous")
+    plan = plan_of(spark, PARQUET_WINDOW.replace("parallelism: 2,", "parallelism: 3,"),
+                   src=parquet_input(tmp_path / "in"), out=tmp_path / "out",
+                   sink_format="parquet")
+    assert (plan.mode.mode, plan.mode.why) == ("continuous", "STREAMER_EXECUTION_MODE")
+    assert plan.gang is not None and plan.gang.tasks == 6
+    assert render(plan).startswith("mode: continuous (STREAMER_EXECUTION_MODE)\n"
+                                   "gang: one Spark barrier stage of 6 tasks")
+    (tmp_path / "views").mkdir()
+    file = tmp_path / "sessions.yaml"
+    file.write_text(textwrap.dedent(JSON_SESSIONS.format(src=tmp_path / "views",
+                                                         out=tmp_path / "out")))
+    refused = CliRunner().invoke(app, ["plan", str(file), "--physical"])
+    assert refused.exit_code == 1, refused.output
+    assert (f"{file}:21:13: operator 'sessions' (session window) cannot run with "
+            "job.execution.mode: continuous yet;") in refused.output
+    assert "fix: unset STREAMER_EXECUTION_MODE or set it to epochs\n" in refused.output
+    assert "Traceback" not in refused.output
+    monkeypatch.setenv("STREAMER_EXECUTION_MODE", "epochs")
+    plan = plan_of(spark, CONTINUOUS, src=tmp_path / "in", out=tmp_path / "out",
+                   sink_format="parquet")
+    assert (plan.mode.mode, plan.mode.why, plan.gang) == (
+        "epochs", "STREAMER_EXECUTION_MODE", None)
+    assert render(plan).startswith("mode: epochs (STREAMER_EXECUTION_MODE)\nsource stage")
