@@ -107,7 +107,7 @@ class ExecutionModel(YamlModel):
         default="epochs", description="`epochs` cuts the stream into epochs and runs each as "
         "Spark jobs; `continuous` runs every source and keyed subtask as one long-running "
         "task of one Spark barrier stage, with checkpoint barriers in the data. The "
-        "continuous mode takes one files or kafka source, filters and derived columns, one "
+        "continuous mode takes one local files source, filters and derived columns, one "
         "rolling aggregate or tumbling or sliding window of count, sum, min, max or avg, and "
         "one jsonl or parquet files sink; validation names what else rules it out. "
         "$STREAMER_EXECUTION_MODE overrides it.")
