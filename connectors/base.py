@@ -237,6 +237,13 @@ class WritesTaskFiles(ABC):
     #: The file format the tasks write ("parquet", "jsonl", ...), for the plan's words.
     format: str
 
+    @property
+    @abstractmethod
+    def staging_root(self) -> str:
+        """The directory under which each epoch's staging directory is
+        (`files_sink.epoch_staging(staging_root, epoch)`): a long-running task writes
+        there for each checkpoint (the continuous mode)."""
+
     @abstractmethod
     def task_files_refused(self, schema: StructType) -> str | None:
         """Why tasks cannot write rows of `schema` for this sink (None: they can)."""

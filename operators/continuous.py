@@ -88,9 +88,15 @@ class ContinuousSubtask:
 
     # ------------------------------------------------------------------ the loop
     def run(self, gate: InputGate, timeout_s: float | None = None) -> None:
-        """Take the gate's events until the input finished."""
+        """Take the gate's events until the input finished. Whenever the gate has nothing
+        ready, the buffered records are applied before it waits: under load they are
+        applied in batches of up to `batch_rows`, and an idle input never holds them."""
         while not self.finished:
-            self.handle(gate.poll(timeout_s))
+            events = gate.poll(0)
+            if not events:
+                self.flush()
+                events = gate.poll(timeout_s)
+            self.handle(events)
 
     def handle(self, events: list[Event]) -> None:
         """Act on `events` in their order (what `BarrierAligner.receive` returned)."""

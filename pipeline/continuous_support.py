@@ -19,8 +19,9 @@ from streamer.pipeline.spec import ExecutionSpec, OperatorSpec, PipelineSpec, Si
 from streamer.pipeline.yaml_loader import Path
 
 #: What the continuous mode runs today, for messages.
-SUPPORTED = ("the continuous mode runs one files source, filters and derived "
-             "columns, one rolling aggregate or tumbling/sliding window, and one files sink")
+SUPPORTED = ("the continuous mode runs one files or kafka source, filters and derived "
+             "columns, one rolling aggregate or tumbling/sliding window, and one files or "
+             "kafka sink")
 #: The aggregate functions its keyed subtasks combine per key and window, as
 #: `operators.direct.DIRECT_AGGREGATES` (a copy: pipeline/ may not import operators/; a test
 #: holds the two equal).
@@ -97,7 +98,12 @@ def _source_refusal(spec: PipelineSpec, keyed: list[OperatorSpec]) -> str | None
             if source.option(key):
                 return f"files with {key}: true"
     elif source.type == "kafka":
-        return "kafka: the gang's source subtasks read local files only so far"
+        if source.option("format", "json") != "json" or \
+                source.option("client", "confluent") != "confluent":
+            return "kafka other than JSON values read with client: confluent"
+        for key in ("key", "record_timestamp"):
+            if source.option(key):
+                return f"kafka with {key}:"
     else:
         return f"type {source.type}"
     if source.on_error:
@@ -143,9 +149,9 @@ def _operator_refusal(spec: PipelineSpec, op: OperatorSpec, keyed: list[Operator
 
 def _sink_refusal(kind: str, fmt: object, path: object, inputs: tuple[str, ...],
                   keyed: list[OperatorSpec]) -> str | None:
-    if kind != "files":
+    if kind not in ("files", "kafka"):
         return f"type {kind}"
-    if fmt not in SINK_FORMATS:
+    if kind == "files" and fmt not in SINK_FORMATS:
         return f"files of format {fmt}"
     if _remote(path):
         return "files on a remote file system"

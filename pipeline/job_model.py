@@ -107,9 +107,10 @@ class ExecutionModel(YamlModel):
         default="epochs", description="`epochs` cuts the stream into epochs and runs each as "
         "Spark jobs; `continuous` runs every source and keyed subtask as one long-running "
         "task of one Spark barrier stage, with checkpoint barriers in the data. The "
-        "continuous mode takes one local files source, filters and derived columns, one "
-        "rolling aggregate or tumbling or sliding window of count, sum, min, max or avg, and "
-        "one jsonl or parquet files sink; validation names what else rules it out. "
+        "continuous mode takes one local files or Kafka source, filters and derived columns, "
+        "one rolling aggregate or tumbling or sliding window of count, sum, min, max or avg, "
+        "and one local jsonl or parquet files sink or Kafka sink; validation names what else "
+        "rules it out. "
         "$STREAMER_EXECUTION_MODE overrides it.")
 
 

@@ -98,7 +98,7 @@ def choose_mode(spec: PipelineSpec, settings: ExecutionSpec) -> ModeChoice:
 
 def plan_gang(spec: PipelineSpec, keyed: Mapping[str, KeyedStage]) -> GangPlan:
     """The gang of a pipeline that `check_mode` accepted: one source, one keyed operator
-    (its stage's parallelism: job.parallelism, else Spark's default) and one files sink."""
+    (its stage's parallelism: job.parallelism, else Spark's default) and one sink."""
     (source,) = spec.sources
     ((node_id, stage),) = keyed.items()
     n = stage.parallelism

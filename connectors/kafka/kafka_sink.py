@@ -176,9 +176,36 @@ class KafkaSink(StagedTableSink, WritesTaskFiles):
         return empty_target(self.ctx.spark, self._fs, self._epoch_dir(epoch), schema, json=True,
                             records=True, key=self.key)
 
+    def direct(self, schema: StructType) -> DirectProducer | None:
+        """How a long-running task produces rows of `schema` itself as they come (the
+        continuous mode's at_least_once path: records are visible at once, and each
+        checkpoint flushes what came before it), or None: the sink is exactly_once (its
+        records wait for the checkpoint's transaction), or the JSON encoder does not take
+        every column."""
+        from streamer.connectors.arrow.arrow_json_writer import (
+            JsonLines,
+            jvm_prints_shortest,
+            unsupported,
+        )
+        from streamer.connectors.formats import not_utc
+
+        columns = tuple((f.name, f.dataType.simpleString()) for f in schema.fields
+                        if not f.name.startswith("__"))
+        if self.transactional or not_utc(self.ctx.spark) or unsupported(list(columns)):
+            return None
+        return DirectProducer(self.topic, dict(self.conf), self.key, JsonLines(
+            columns, shortest=jvm_prints_shortest(self.ctx.spark)))
+
+    @property
+    def staging_root(self) -> str:
+        """Where every epoch's task-written records wait (`files_sink.epoch_staging`)."""
+        return self._staging
+
     def _epoch_dir(self, epoch: int) -> str:
         """The directory of an epoch's task-written records."""
-        return f"{self._staging}/epoch-{epoch:08d}"
+        from streamer.connectors.files.files_sink import epoch_staging
+
+        return epoch_staging(self._staging, epoch)
 
     def tasks_wrote(self, epoch: int, run: Any, beside: DataFrame | None = None
                     ) -> dict[str, Any]:
@@ -356,3 +383,62 @@ def _producer_task(conf: dict[str, Any], topic: str) -> Any:
         yield pa.RecordBatch.from_arrays([pa.array([n], pa.int64())], names=["n"])
 
     return produce
+
+
+class DirectProducer:
+    """A task's producer of a Kafka sink's records (`KafkaSink.direct`): `write` produces
+    a batch's output rows (the `kind_column == out_kind` rows, hidden columns dropped) as
+    the sink's records without waiting; `flush` waits until every one is delivered, and
+    raises if one was not. Picklable until `write` opens the producer."""
+
+    def __init__(self, topic: str, conf: dict[str, Any], key: str | None, json: Any) -> None:
+        self.topic = topic
+        self.conf = conf
+        self.key = key
+        self.json = json
+        self.rows = 0
+        self._producer: Any = None
+        self._failures: list[str] = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_producer": None, "_failures": []}
+
+    def write(self, batch: pa.RecordBatch, kind_column: str, out_kind: str) -> None:
+        """Produce the batch's output rows (class docstring)."""
+        import pyarrow.compute as pc
+
+        from streamer.connectors.files.files_sink import kafka_records
+
+        out = batch.filter(pc.equal(batch.column(kind_column), out_kind))
+        if not out.num_rows:
+            return
+        out = out.select([n for n in out.schema.names if not n.startswith("__")])
+        records = kafka_records(out, self.json, self.key)
+        if self._producer is None:
+            from confluent_kafka import Producer
+
+            self._producer = Producer({"linger.ms": 0, **self.conf}, logger=quiet_logger())
+        keys, values = records.column(0).to_pylist(), records.column(1).to_pylist()
+        for key, value in zip(keys, values, strict=True):
+            while True:
+                try:
+                    self._producer.produce(self.topic, value=value, key=key,
+                                           on_delivery=self._delivered)
+                    break
+                except BufferError:
+                    self._producer.poll(0.01)
+        self._producer.poll(0)
+        self.rows += out.num_rows
+
+    def _delivered(self, err: Any, _msg: Any) -> None:
+        if err is not None:
+            self._failures.append(str(err))
+
+    def flush(self) -> None:
+        """Wait until everything written is in Kafka."""
+        left = self._producer.flush(TIMEOUT_S) if self._producer is not None else 0
+        if left or self._failures:
+            msg = (f"{left} records were not delivered to {self.topic!r} within "
+                   f"{TIMEOUT_S:.0f}s" if left else
+                   f"delivery to {self.topic!r} failed: {self._failures[0]}")
+            raise ConnectorError(msg)

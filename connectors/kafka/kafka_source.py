@@ -210,6 +210,11 @@ class KafkaSource(Source):
             self._bounds = {s: hi for s, (_, hi) in self.watermarks(self.partitions()).items()}
         return self._bounds
 
+    def bounds(self) -> dict[str, int] | None:
+        """Where a bounded source ends: each partition's end offset when the job started
+        (None: unbounded)."""
+        return self._bounds_now() if self.is_bounded else None
+
     def initial_offsets(self) -> Offsets:
         """Per partition, the low (earliest) or high (latest) watermark."""
         marks = self.watermarks(self.partitions())

@@ -28,6 +28,7 @@ from streamer.runtime.watermarks import MIN_WATERMARK
 #: Rows a source subtask reads at a time; rows a keyed subtask applies at once; the bound
 #: of an exchange channel.
 SLICE_ROWS = 1_000
+POLL_S = 0.005
 BATCH_ROWS = 10_000
 CHANNEL_BYTES = 4 << 20
 
@@ -52,6 +53,9 @@ class GangPlan:
     #: Source subtasks and keyed subtasks.
     sources: int
     parallelism: int
+    #: An at_least_once Kafka sink's producer (`KafkaSink.direct`), or None: the subtasks
+    #: stage the sink's files for each checkpoint's commit.
+    direct: Any = None
 
     @property
     def tasks(self) -> int:
@@ -69,15 +73,24 @@ def gang_plan(job: Any, spark: Any) -> GangPlan | str:
     if len(job.sources) != 1 or len(keyed) != 1 or len(job.sinks) != 1:
         return "the continuous mode runs one source, one keyed operator and one sink"
     stage = keyed[0]
+    sink_id, sink = next(iter(job.sinks.items()))
+    direct = None
     if stage.task_sink is None:
-        return (f"operator {stage.node_id!r}: its subtasks cannot write its sink themselves "
-                "(a local jsonl or parquet files sink that reads only it)")
+        from streamer.connectors.kafka.kafka_sink import KafkaSink
+
+        if isinstance(sink, KafkaSink) and sink.spec.inputs == (stage.node_id,):
+            direct = sink.direct(stage.stage.visible_schema)
+        if direct is None:
+            return (f"operator {stage.node_id!r}: its subtasks cannot write its sink "
+                    "themselves (a local jsonl or parquet files sink, or a Kafka sink, that "
+                    "reads only it)")
     shape = local_plan(stage.stage)
     if isinstance(shape, str):
         return f"operator {stage.node_id!r}: {shape}"
     source_id, source = next(iter(job.sources.items()))
-    if source.task_reads not in ("files", "csv", "parquet"):
-        return f"source {source_id!r} is not local JSON-lines, CSV or parquet files"
+    if source.task_reads not in ("files", "csv", "parquet", "kafka"):
+        return (f"source {source_id!r} is not local JSON-lines, CSV or parquet files, nor "
+                "Kafka JSON values read by confluent-kafka")
     arrow = plan_arrow_input(spark, job.flow, stage.node_id, job.sources, job.schemas,
                              shape.columns)
     if isinstance(arrow, str):
@@ -85,9 +98,11 @@ def gang_plan(job: Any, spark: Any) -> GangPlan | str:
     cfg = stage.stage.base_config
     route = KeyedRoute(cfg, shape.key_types, shape.columns, shape.ts_column)
     parallelism = cfg.parallelism
+    sources = parallelism
+    if source.task_reads == "kafka":  # (a subtask without partitions would hold the watermark)
+        sources = max(1, min(parallelism, len(source.partitions())))
     return GangPlan(source_id, source, stage, SourcePlan(source.spec, arrow, route),
-                    stage.task_sink.sink_id, stage.task_sink.sink,
-                    sources=parallelism, parallelism=parallelism)
+                    sink_id, sink, sources=sources, parallelism=parallelism, direct=direct)
 
 
 class GangRun:
@@ -179,12 +194,15 @@ class GangRun:
         first = coord.next_id()
         self.base = job.epoch + 1 - first
         gang.sink.recover(job.epoch)  # (no staging of a dead attempt stays)
-        target = gang.sink.task_target(self.base + first, gang.stage.stage.visible_schema)
+        target = None
+        if gang.direct is None:
+            target = gang.sink.task_target(self.base + first, gang.stage.stage.visible_schema)
+            target = replace(target, directory=gang.sink.staging_root)
         return GangTasks(
-            sources=gang.sources, plan=plan, files=self._files(meta),
+            sources=gang.sources, plan=plan, reads=self._reads(meta),
             slice_rows=SLICE_ROWS, coordinator=coord.location,
             snapshots=SnapshotTarget(checkpointing.url, checkpointing.local_copy_root),
-            sink=replace(target, directory=gang.sink.staging_root),
+            sink=target, direct=gang.direct,
             sink_epoch_base=self.base, positions=self._positions(meta),
             last_checkpoint=meta.checkpoint_id if meta else 0, first_checkpoint=first,
             watermark=int(meta.watermark.get("current", MIN_WATERMARK)) if meta
@@ -192,25 +210,41 @@ class GangRun:
             channel_bytes=CHANNEL_BYTES, batch_rows=BATCH_ROWS,
             host="127.0.0.1" if not job.on_cluster else None)
 
-    def _files(self, meta: CheckpointMetadata | None) -> tuple[tuple[str, ...], ...]:
-        """Each source subtask's files: those of the checkpoint's positions, else the
-        source's files not read whole yet, split over the subtasks."""
+    def _reads(self, meta: CheckpointMetadata | None) -> tuple[Any, ...]:
+        """What each source subtask reads: a files source's files (those of the
+        checkpoint's positions, else the files not read whole yet, split over the
+        subtasks); a Kafka source's partitions from the restored offsets (any parallelism:
+        the offsets say all), split over the subtasks."""
         from streamer.runtime.continuous_source import split_files
+        from streamer.runtime.job.barrier_coordinator import CONTINUOUS
+        from streamer.runtime.job.gang_tasks import FileReads, KafkaReads
 
+        source, n = self.gang.source, self.gang.sources
+        offsets = {k: v for k, v in self.job.offsets[self.gang.source_id].items()
+                   if k != CONTINUOUS}
+        if source.task_reads == "kafka":
+            splits = sorted(set(source.partitions()) | set(offsets))
+            marks = source.watermarks(splits)
+            start = {s: max(int(offsets.get(s, marks[s][0])), marks[s][0]) for s in splits}
+            ends = source.bounds()
+            return tuple(KafkaReads({s: start[s] for s in splits[i::n]},
+                                    None if ends is None else
+                                    {s: ends.get(s, start[s]) for s in splits[i::n]},
+                                    POLL_S) for i in range(n))
         positions = self._positions(meta)
         if positions:
-            return tuple(tuple(p["files"]) for _, p in sorted(positions.items()))
-        done = set(self.job.offsets[self.gang.source_id].get("files", []))
-        files = [f for f in self.gang.source.list_files() if f not in done]
-        return tuple(tuple(share) for share in split_files(files, self.gang.sources))
+            return tuple(FileReads(tuple(p["files"])) for _, p in sorted(positions.items()))
+        done = set(offsets.get("files", []))
+        files = [f for f in source.list_files() if f not in done]
+        return tuple(FileReads(tuple(share)) for share in split_files(files, n))
 
     def _positions(self, meta: CheckpointMetadata | None) -> dict[int, dict[str, Any]]:
         """The source subtasks' positions in the checkpoint restored, if it was taken
         continuously at this parallelism ({} otherwise)."""
         from streamer.runtime.job.barrier_coordinator import source_positions
 
-        if meta is None:
-            return {}
+        if meta is None or self.gang.source.task_reads == "kafka":
+            return {}  # (Kafka: the offsets say where every partition is)
         found = source_positions(meta, self.gang.source.spec.uid)
         if not found:
             return {}
@@ -295,9 +329,11 @@ class GangRun:
         """Before `_metadata` of n is written: the sink's staged files of n as its pending
         commit, and the epoch above the sink's (an epoch-mode restore goes on after it)."""
         epoch = self.base + meta.checkpoint_id
+        meta.epoch = max(meta.epoch, epoch)
+        if self.gang.direct is not None:
+            return  # (produced already, and flushed before the acknowledgements)
         handle = self.gang.sink.tasks_wrote(epoch, lambda: None)
         meta.sinks = {self.gang.sink_id: [[epoch, handle]]}
-        meta.epoch = max(meta.epoch, epoch)
 
     def _commit(self, meta: CheckpointMetadata) -> None:
         """After `_metadata` of n: commit the sink's files of n."""

@@ -39,11 +39,38 @@ from streamer.exchange.flight import ExchangeSender, ExchangeServer
 from streamer.exchange.gate import InputGate
 from streamer.operators.continuous import SnapshotTarget
 from streamer.runtime.continuous_source import SourcePlan, SourceSubtask
-from streamer.runtime.continuous_splits import FileSplits
+from streamer.runtime.continuous_splits import FileSplits, KafkaSplits
 from streamer.runtime.job.barrier_coordinator import keyed_task, source_task
 
 #: How long a keyed subtask waits for its next input before it looks again (s).
 _POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class FileReads:
+    """A source subtask's files, in order."""
+
+    files: tuple[str, ...]
+
+    def open(self, plan: Any, slice_rows: int) -> FileSplits:
+        """The splits of a source subtask over these files."""
+        return FileSplits(plan, self.files, slice_rows)
+
+
+@dataclass(frozen=True)
+class KafkaReads:
+    """A source subtask's Kafka partitions: the next offset of each and, for a bounded
+    source, where each ends (None: unbounded)."""
+
+    offsets: dict[str, int]
+    stop_at: dict[str, int] | None
+    #: How long one poll waits for records (s): the longest a record waits to be sent on.
+    poll_s: float
+
+    def open(self, plan: Any, slice_rows: int) -> KafkaSplits:
+        """The splits of a source subtask over these partitions."""
+        return KafkaSplits(plan, self.offsets, slice_rows, stop_at=self.stop_at,
+                           poll_s=self.poll_s)
 
 
 @dataclass(frozen=True)
@@ -55,16 +82,16 @@ class GangTasks:
     #: The source's chain and the route to the keyed operator (its `KeyedConfig`, with
     #: the run's `TaskCheckpointing`).
     plan: SourcePlan
-    #: Per source subtask, its files in order.
-    files: tuple[tuple[str, ...], ...]
+    #: Per source subtask, what it reads (`FileReads` or `KafkaReads`).
+    reads: tuple[Any, ...]
     #: Rows a source subtask reads at a time.
     slice_rows: int
     #: The coordinator's control plane.
     coordinator: str
     #: Where snapshots go.
     snapshots: SnapshotTarget
-    #: The sink's `TaskTarget` with `directory` its staging root.
-    sink: TaskTarget
+    #: The sink's `TaskTarget` with `directory` its staging root (None: `direct`).
+    sink: TaskTarget | None
     #: The sink's epoch of checkpoint n is `sink_epoch_base + n`.
     sink_epoch_base: int
     #: Per source subtask, the position to resume from.
@@ -79,9 +106,13 @@ class GangTasks:
     batch_rows: int
     #: The host to serve the exchange on (None: the executor's, from the task's address).
     host: str | None
+    #: An at_least_once Kafka sink's producer (`KafkaSink.direct`): the keyed subtasks
+    #: produce as they emit, and flush at each barrier; None: they stage for the commit.
+    direct: Any = None
 
     def staging(self, checkpoint: int) -> TaskTarget:
         """The sink's target for what checkpoint `checkpoint` commits."""
+        assert self.sink is not None
         return replace(self.sink, directory=epoch_staging(
             self.sink.directory, self.sink_epoch_base + checkpoint))
 
@@ -117,8 +148,7 @@ def run_source(tasks: GangTasks, subtask: int, keyed: list[str]) -> str:
     schema = plan.out_schema()
     senders = [ExchangeSender(where, subtask, schema) for where in keyed]
     try:
-        src = SourceSubtask(plan, FileSplits(plan.input, tasks.files[subtask],
-                                             tasks.slice_rows),
+        src = SourceSubtask(plan, tasks.reads[subtask].open(plan.input, tasks.slice_rows),
                             senders, ack=client.ack, position=tasks.positions.get(subtask))
         client.follow_barriers(src.inject)
         while src.step():
@@ -174,6 +204,29 @@ class _KeyedOutput:
             self._file.discard()
 
 
+class _DirectOutput:
+    """A keyed subtask's output produced at once (`GangTasks.direct`); at each barrier
+    everything produced before it is flushed, so the checkpoint covers it (at least once)."""
+
+    def __init__(self, producer: Any, first_checkpoint: int) -> None:
+        self.producer = producer
+        self.last = first_checkpoint - 1
+
+    @property
+    def rows(self) -> int:
+        return int(self.producer.rows)
+
+    def write(self, batch: Any) -> None:
+        self.producer.write(batch, ROW_KIND, OUT)
+
+    def publish(self, checkpoint: int) -> None:
+        self.producer.flush()
+        self.last = checkpoint
+
+    def discard(self) -> None:
+        """Nothing to undo: produced records stay (at least once)."""
+
+
 def open_keyed(tasks: GangTasks, subtask: int) -> tuple[Any, Any]:
     """The keyed subtask's config and open state: restored from the run's checkpoint (or
     savepoint) over whatever a failed attempt left, or fresh."""
@@ -195,7 +248,8 @@ def run_keyed(tasks: GangTasks, subtask: int, server: ExchangeServer) -> str:
 
     cfg, backend = open_keyed(tasks, subtask)
     client = CoordinationClient(tasks.coordinator, keyed_task(cfg.op.id, subtask))
-    output = _KeyedOutput(tasks, subtask)
+    output: Any = (_KeyedOutput(tasks, subtask) if tasks.direct is None
+                   else _DirectOutput(tasks.direct, tasks.first_checkpoint))
     checkpointing = cfg.checkpointing
     base = checkpointing.last.get(subtask) if checkpointing is not None else None
 

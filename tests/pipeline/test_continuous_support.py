@@ -82,13 +82,23 @@ def test_a_supported_pipeline_validates_cleanly(fmt: str, keyed: str, sink_fmt: 
     assert continuous_refusal(spec) is None
 
 
-def test_a_kafka_source_is_refused_until_the_gang_reads_kafka() -> None:
+def test_a_kafka_source_with_a_rolling_aggregate_validates_cleanly() -> None:
     text = pipeline(keyed="    aggregate: {n: count()}").replace(
         "    type: files\n    path: ./in\n    format: jsonl\n",
         "    type: kafka\n    bootstrap_servers: localhost:9092\n    topic: events\n", 1)
+    spec = load(text)
+    assert spec.sources[0].type == "kafka"
+    assert continuous_refusal(spec) is None
+
+
+def test_a_kafka_source_read_by_spark_is_refused() -> None:
+    text = pipeline(keyed="    aggregate: {n: count()}").replace(
+        "    type: files\n    path: ./in\n    format: jsonl\n",
+        "    type: kafka\n    bootstrap_servers: localhost:9092\n    topic: events\n"
+        "    client: spark\n", 1)
     assert refused(text).startswith(
-        "p.yaml:7:5: source 'events' (kafka: the gang's source subtasks read local files only "
-        "so far) cannot run")
+        "p.yaml:7:5: source 'events' (kafka other than JSON values read with client: "
+        "confluent) cannot run")
 
 
 def test_the_same_refused_shapes_run_in_the_epoch_mode() -> None:
@@ -126,7 +136,7 @@ def test_refusals_name_the_node_and_why(change: tuple[str, str], words: str) -> 
     line = refused(text.replace(*change, 1))
     assert line.startswith("p.yaml:")
     assert f": {words} cannot run with job.execution.mode: continuous yet; the continuous " \
-        "mode runs one files source" in line
+        "mode runs one files or kafka source" in line
     assert line.endswith("; fix: remove job.execution.mode or use mode: epochs")
     assert "\n" not in line
 
@@ -161,9 +171,9 @@ def test_the_variable_that_chose_the_mode_is_in_the_fix() -> None:
         check_mode(spec, settings)
     assert str(info.value) == (
         "p.yaml:20:5: operator 'counts' (dedupe) cannot run with job.execution.mode: "
-        "continuous yet; the continuous mode runs one files source, filters and "
-        "derived columns, one rolling aggregate or tumbling/sliding window, and one files "
-        "sink; fix: unset STREAMER_EXECUTION_MODE or set it to epochs")
+        "continuous yet; the continuous mode runs one files or kafka source, filters and "
+        "derived columns, one rolling aggregate or tumbling/sliding window, and one files or "
+        "kafka sink; fix: unset STREAMER_EXECUTION_MODE or set it to epochs")
 
 
 # --------------------------------------------------------------------------------- CLI
