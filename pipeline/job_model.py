@@ -112,6 +112,18 @@ class ExecutionModel(YamlModel):
         "and one local jsonl or parquet files sink or Kafka sink; validation names what else "
         "rules it out. "
         "$STREAMER_EXECUTION_MODE overrides it.")
+    continuous_flush_interval: DurationOrZero = Field(
+        default="5ms", validate_default=True, description="The continuous mode's buffer "
+        "timeout, as Flink's: the longest a source subtask waits for more records before it "
+        "sends what it has on, and an at_least_once Kafka sink's `linger.ms`. Lower is lower "
+        "latency at low rates; higher sends fuller batches (docs/latency.md). "
+        "$STREAMER_CONTINUOUS_FLUSH_MS overrides it (milliseconds).")
+    continuous_batch_rows: Annotated[int, Field(ge=1), Fix(
+        "set a number of rows, at least 1")] = Field(
+        default=1_000, description="The continuous mode's batch size: the most rows a source "
+        "subtask reads and sends as one exchange message, and a keyed subtask applies at "
+        "once (it applies fewer whenever its input has nothing more ready). "
+        "$STREAMER_CONTINUOUS_BATCH_ROWS overrides it.")
 
 
 class PrometheusModel(YamlModel):

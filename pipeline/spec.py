@@ -259,6 +259,9 @@ class ExecutionSpec:
     arrow_input: bool = _JOB.execution.arrow_input
     #: "epochs", or "continuous": one barrier stage of long-running subtasks (issue 36).
     mode: str = _JOB.execution.mode
+    #: The continuous mode's buffer timeout (ms) and batch size (rows).
+    continuous_flush_interval: int = _JOB.execution.continuous_flush_interval
+    continuous_batch_rows: int = _JOB.execution.continuous_batch_rows
     #: Setting -> "default", "file" or "environment" (filled in for every setting).
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -272,6 +275,8 @@ class ExecutionSpec:
         "staged_input": "STREAMER_STAGED_INPUT",
         "arrow_input": "STREAMER_ARROW_INPUT",
         "mode": "STREAMER_EXECUTION_MODE",
+        "continuous_flush_interval": "STREAMER_CONTINUOUS_FLUSH_MS",
+        "continuous_batch_rows": "STREAMER_CONTINUOUS_BATCH_ROWS",
     }
     #: The values of the settings that take a word.
     _WORDS: ClassVar[Mapping[str, tuple[str, ...]]] = {"mode": ("epochs", "continuous")}
@@ -279,6 +284,7 @@ class ExecutionSpec:
     _ZERO: ClassVar[Mapping[str, str]] = {
         "small_epoch_rows": "0 turns the small-epoch mode off",
         "local_rows": "0 never reads a slice on the driver",
+        "continuous_flush_interval": "milliseconds; 0 sends at once",
     }
 
     def __post_init__(self) -> None:
@@ -310,7 +316,12 @@ class ExecutionSpec:
                 shown = str(current).lower()
             else:
                 value = int(raw) if re.fullmatch(r"[0-9]+", raw) else None
-                accepted = f"a whole number of rows >= 0 ({self._ZERO[key]})"
+                unit = "" if key == "continuous_flush_interval" else " of rows"
+                if key == "continuous_batch_rows":
+                    value = value if value else None
+                    accepted = "a whole number of rows >= 1"
+                else:
+                    accepted = f"a whole number{unit} >= 0 ({self._ZERO[key]})"
                 shown = str(current)
             if value is None:
                 errors.append(f"{variable}={raw!r} is not valid: it overrides "

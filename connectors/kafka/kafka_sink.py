@@ -176,12 +176,13 @@ class KafkaSink(StagedTableSink, WritesTaskFiles):
         return empty_target(self.ctx.spark, self._fs, self._epoch_dir(epoch), schema, json=True,
                             records=True, key=self.key)
 
-    def direct(self, schema: StructType) -> DirectProducer | None:
+    def direct(self, schema: StructType, linger_ms: int = 0) -> DirectProducer | None:
         """How a long-running task produces rows of `schema` itself as they come (the
         continuous mode's at_least_once path: records are visible at once, and each
         checkpoint flushes what came before it), or None: the sink is exactly_once (its
         records wait for the checkpoint's transaction), or the JSON encoder does not take
-        every column."""
+        every column. `linger_ms`: the producer's `linger.ms` (how long it waits to fill a
+        batch)."""
         from streamer.connectors.arrow.arrow_json_writer import (
             JsonLines,
             jvm_prints_shortest,
@@ -193,8 +194,8 @@ class KafkaSink(StagedTableSink, WritesTaskFiles):
                         if not f.name.startswith("__"))
         if self.transactional or not_utc(self.ctx.spark) or unsupported(list(columns)):
             return None
-        return DirectProducer(self.topic, dict(self.conf), self.key, JsonLines(
-            columns, shortest=jvm_prints_shortest(self.ctx.spark)))
+        json = JsonLines(columns, shortest=jvm_prints_shortest(self.ctx.spark))
+        return DirectProducer(self.topic, {"linger.ms": linger_ms, **self.conf}, self.key, json)
 
     @property
     def staging_root(self) -> str:
@@ -417,7 +418,7 @@ class DirectProducer:
         if self._producer is None:
             from confluent_kafka import Producer
 
-            self._producer = Producer({"linger.ms": 0, **self.conf}, logger=quiet_logger())
+            self._producer = Producer(self.conf, logger=quiet_logger())
         keys, values = records.column(0).to_pylist(), records.column(1).to_pylist()
         for key, value in zip(keys, values, strict=True):
             while True:

@@ -25,11 +25,7 @@ from typing import TYPE_CHECKING, Any
 from streamer.exceptions import ConfigError
 from streamer.runtime.watermarks import MIN_WATERMARK
 
-#: Rows a source subtask reads at a time; rows a keyed subtask applies at once; the bound
-#: of an exchange channel.
-SLICE_ROWS = 1_000
-POLL_S = 0.005
-BATCH_ROWS = 10_000
+#: The bound of an exchange channel (bytes).
 CHANNEL_BYTES = 4 << 20
 
 if TYPE_CHECKING:
@@ -79,7 +75,8 @@ def gang_plan(job: Any, spark: Any) -> GangPlan | str:
         from streamer.connectors.kafka.kafka_sink import KafkaSink
 
         if isinstance(sink, KafkaSink) and sink.spec.inputs == (stage.node_id,):
-            direct = sink.direct(stage.stage.visible_schema)
+            direct = sink.direct(stage.stage.visible_schema,
+                                 job.plan.settings.continuous_flush_interval)
         if direct is None:
             return (f"operator {stage.node_id!r}: its subtasks cannot write its sink "
                     "themselves (a local jsonl or parquet files sink, or a Kafka sink, that "
@@ -186,6 +183,7 @@ class GangRun:
         from streamer.runtime.job.gang_tasks import GangTasks
 
         gang, chk, job = self.gang, self.owner.checkpoints, self.job
+        settings = self._settings()
         node = gang.stage.node_id
         checkpointing = chk.task_checkpointing(node, None)
         cfg = replace(gang.plan.route.cfg, checkpointing=checkpointing)
@@ -200,15 +198,23 @@ class GangRun:
             target = replace(target, directory=gang.sink.staging_root)
         return GangTasks(
             sources=gang.sources, plan=plan, reads=self._reads(meta),
-            slice_rows=SLICE_ROWS, coordinator=coord.location,
+            slice_rows=settings.continuous_batch_rows, coordinator=coord.location,
             snapshots=SnapshotTarget(checkpointing.url, checkpointing.local_copy_root),
             sink=target, direct=gang.direct,
             sink_epoch_base=self.base, positions=self._positions(meta),
             last_checkpoint=meta.checkpoint_id if meta else 0, first_checkpoint=first,
             watermark=int(meta.watermark.get("current", MIN_WATERMARK)) if meta
             else MIN_WATERMARK,
-            channel_bytes=CHANNEL_BYTES, batch_rows=BATCH_ROWS,
+            channel_bytes=CHANNEL_BYTES, batch_rows=settings.continuous_batch_rows,
             host="127.0.0.1" if not job.on_cluster else None)
+
+    def _settings(self) -> Any:
+        """The run's `job.execution` settings (the environment's overrides applied)."""
+        assert self.job.plan is not None
+        return self.job.plan.settings
+
+    def _flush_s(self) -> float:
+        return float(self._settings().continuous_flush_interval) / 1000
 
     def _reads(self, meta: CheckpointMetadata | None) -> tuple[Any, ...]:
         """What each source subtask reads: a files source's files (those of the
@@ -230,7 +236,7 @@ class GangRun:
             return tuple(KafkaReads({s: start[s] for s in splits[i::n]},
                                     None if ends is None else
                                     {s: ends.get(s, start[s]) for s in splits[i::n]},
-                                    POLL_S) for i in range(n))
+                                    self._flush_s()) for i in range(n))
         positions = self._positions(meta)
         if positions:
             return tuple(FileReads(tuple(p["files"])) for _, p in sorted(positions.items()))

@@ -15,7 +15,8 @@ from streamer.pipeline.spec import ExecutionSpec, JobSpec, PipelineSpec
 from streamer.pipeline.validate import load_pipeline_text
 
 KEYS = ("small_epoch_rows", "local_rows", "direct_read", "driver_subtasks", "task_sink",
-        "staged_input", "arrow_input", "mode")
+        "staged_input", "arrow_input", "mode", "continuous_flush_interval",
+        "continuous_batch_rows")
 VARIABLES = {"small_epoch_rows": "STREAMER_SMALL_EPOCH_ROWS",
              "local_rows": "STREAMER_LOCAL_ROWS",
              "direct_read": "STREAMER_DIRECT_READ",
@@ -23,10 +24,13 @@ VARIABLES = {"small_epoch_rows": "STREAMER_SMALL_EPOCH_ROWS",
              "task_sink": "STREAMER_TASK_SINK",
              "staged_input": "STREAMER_STAGED_INPUT",
              "arrow_input": "STREAMER_ARROW_INPUT",
-             "mode": "STREAMER_EXECUTION_MODE"}
+             "mode": "STREAMER_EXECUTION_MODE",
+             "continuous_flush_interval": "STREAMER_CONTINUOUS_FLUSH_MS",
+             "continuous_batch_rows": "STREAMER_CONTINUOUS_BATCH_ROWS"}
 #: A value other than the default, as its variable writes it, for each key.
-OTHER = {key: "0" if key in ("small_epoch_rows", "local_rows") else
-         "continuous" if key == "mode" else "false" for key in KEYS}
+OTHER = {key: "0" if key in ("small_epoch_rows", "local_rows", "continuous_flush_interval")
+         else "continuous" if key == "mode" else "7" if key == "continuous_batch_rows"
+         else "false" for key in KEYS}
 
 
 def load(execution: str = "", env: dict[str, str] | None = None) -> PipelineSpec:
@@ -68,10 +72,13 @@ def test_every_value_from_the_file() -> None:
         staged_input: false
         arrow_input: false
         mode: epochs
+        continuous_flush_interval: 20ms
+        continuous_batch_rows: 500
         """).job.execution
     assert execution == ExecutionSpec(small_epoch_rows=0, local_rows=5000, direct_read=False,
                                       driver_subtasks=False, task_sink=False,
-                                      staged_input=False, arrow_input=False, mode="epochs")
+                                      staged_input=False, arrow_input=False, mode="epochs",
+                                      continuous_flush_interval=20, continuous_batch_rows=500)
     assert execution.sources == dict.fromkeys(KEYS, "file")
 
 
@@ -82,7 +89,9 @@ def test_a_value_written_as_the_default_still_comes_from_the_file() -> None:
     assert execution.sources == {"small_epoch_rows": "default", "local_rows": "file",
                                  "direct_read": "default", "driver_subtasks": "default",
                                  "task_sink": "file", "staged_input": "default",
-                                 "arrow_input": "default", "mode": "default"}
+                                 "arrow_input": "default", "mode": "default",
+                                 "continuous_flush_interval": "default",
+                                 "continuous_batch_rows": "default"}
     assert execution.describe() == {"small_epoch_rows": (20_000, "default"),
                                     "local_rows": (1000, "file"),
                                     "direct_read": (True, "default"),
@@ -90,7 +99,9 @@ def test_a_value_written_as_the_default_still_comes_from_the_file() -> None:
                                     "task_sink": (False, "file"),
                                     "staged_input": (True, "default"),
                                     "arrow_input": (True, "default"),
-                                    "mode": ("epochs", "default")}
+                                    "mode": ("epochs", "default"),
+                                    "continuous_flush_interval": (5, "default"),
+                                    "continuous_batch_rows": (1000, "default")}
 
 
 def test_value_from_a_pipeline_variable() -> None:
@@ -143,7 +154,9 @@ def test_variables_override_the_file_and_the_defaults() -> None:
     assert out.sources == {"small_epoch_rows": "environment", "local_rows": "environment",
                            "direct_read": "environment", "driver_subtasks": "default",
                            "task_sink": "environment", "staged_input": "environment",
-                           "arrow_input": "environment", "mode": "default"}
+                           "arrow_input": "environment", "mode": "default",
+                           "continuous_flush_interval": "default",
+                           "continuous_batch_rows": "default"}
     assert execution.local_rows == 0  # the original is unchanged
 
 
@@ -159,8 +172,8 @@ def test_overrides_from_the_process_environment(monkeypatch: pytest.MonkeyPatch)
 @pytest.mark.parametrize("key", KEYS)
 def test_each_variable_overrides_its_own_setting(key: str) -> None:
     out = ExecutionSpec().with_overrides({VARIABLES[key]: OTHER[key]})
-    assert getattr(out, key) in (0, False, "continuous")
-    assert getattr(out, key) is not True
+    assert getattr(out, key) in (0, False, "continuous", 7)
+    assert getattr(out, key) != getattr(ExecutionSpec(), key)
     assert out.set_by(key) == VARIABLES[key]
     assert out.describe()[key] == (getattr(out, key), VARIABLES[key])
     for other in KEYS:
@@ -238,7 +251,7 @@ def test_override_variables_are_the_documented_ones() -> None:
 
 # -------------------------------------------------------------------------- the schema
 
-def test_schema_has_job_execution_with_all_eight_keys() -> None:
+def test_schema_has_job_execution_with_all_its_keys() -> None:
     execution = json_schema()["properties"]["job"]["properties"]["execution"]
     assert execution["type"] == "object"
     assert execution["additionalProperties"] is False
@@ -251,6 +264,7 @@ def test_schema_has_job_execution_with_all_eight_keys() -> None:
     for key in ("direct_read", "driver_subtasks", "task_sink", "staged_input", "arrow_input"):
         assert props[key]["type"] == "boolean"
     assert props["mode"]["enum"] == ["epochs", "continuous"]
+    assert props["continuous_batch_rows"]["minimum"] == 1
 
 
 @pytest.mark.parametrize("key", KEYS)
@@ -258,8 +272,11 @@ def test_each_key_documents_its_default_and_its_variable(key: str) -> None:
     """The schema's `default` is the spec's (both come from pipeline/job_model.py), and the
     description names the variable that overrides it."""
     schema = json_schema()["properties"]["job"]["properties"]["execution"]["properties"][key]
-    assert schema["default"] == getattr(ExecutionSpec(), key)
-    assert isinstance(schema["default"], str if key == "mode" else int)
+    if key == "continuous_flush_interval":  # (a duration, as a file writes it)
+        assert schema["default"] == "5ms" and ExecutionSpec().continuous_flush_interval == 5
+    else:
+        assert schema["default"] == getattr(ExecutionSpec(), key)
+        assert isinstance(schema["default"], str if key == "mode" else int)
     assert f"${VARIABLES[key]} overrides it" in schema["description"]
 
 
