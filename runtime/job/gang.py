@@ -17,11 +17,13 @@ one local jsonl or parquet files sink that its subtasks write.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from streamer.connectors.files.files_sink import epoch_staging
 from streamer.exceptions import ConfigError
 from streamer.runtime.watermarks import MIN_WATERMARK
 
@@ -263,31 +265,61 @@ class GangRun:
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpoints(self, coord: BarrierCoordinator) -> tuple[str, str] | None:
-        """Trigger a checkpoint every interval until one completes with every subtask's
-        input ended (None) or a stop is requested (its status and reason, after a last
-        checkpoint). A failed gang ends the loop (`run` raises)."""
-        from streamer.runtime.job.barrier_coordinator import CheckpointDeclinedError
-
-        spec = self.job.spec.job.checkpoint
-        while not self.done.is_set():
-            self.done.wait(spec.interval_ms / 1000)
-            if self.done.is_set():
-                return None
-            stopping = self.owner.control.stop.is_set()
-            checkpoint = coord.trigger()
-            try:
-                meta = self._wait(coord, checkpoint, spec.timeout_ms / 1000)
-            except CheckpointDeclinedError as exc:
-                self._declined(coord, checkpoint, str(exc))
+        """Trigger a checkpoint every interval, and at once for a savepoint or a stop, until
+        one completes with every subtask's input ended (None), a stop ends the run after a
+        last checkpoint (and its savepoint), or a cancel. A failed gang ends the loop (None:
+        `run` raises)."""
+        spec, control = self.job.spec.job.checkpoint, self.owner.control
+        due = time.monotonic() + spec.interval_ms / 1000
+        while not self.done.wait(0.05):
+            url = control.poll()
+            if control.cancelled:
+                return "cancelled", "cancelled (continuous mode: no final checkpoint)"
+            stopping = control.stop.is_set()
+            if not (url or stopping or time.monotonic() >= due):
                 continue
+            meta = self._checkpoint(coord, spec.timeout_ms / 1000)
+            due = time.monotonic() + spec.interval_ms / 1000
             if meta is None:
-                return None
-            self._completed(meta)
-            if stopping:
-                return "stopped", f"stopped at checkpoint {checkpoint} (continuous mode)"
+                continue  # (declined; a failed gang ends the loop)
+            if url is not None:
+                self._savepoint(meta, url)
+            if stopping and self._stopped(meta):
+                return "stopped", f"stopped at checkpoint {meta.checkpoint_id}" + (
+                    f"; savepoint {control.stop_savepoint}" if control.stop_savepoint else "")
             if coord.all_ended is not None:
                 return None
         return None
+
+    def _checkpoint(self, coord: BarrierCoordinator, timeout_s: float
+                    ) -> CheckpointMetadata | None:
+        """Take a checkpoint now: its metadata, or None if it was declined."""
+        from streamer.runtime.job.barrier_coordinator import CheckpointDeclinedError
+
+        checkpoint = coord.trigger()
+        try:
+            meta = self._wait(coord, checkpoint, timeout_s)
+        except CheckpointDeclinedError as exc:
+            self._declined(coord, checkpoint, str(exc))
+            return None
+        if meta is not None:
+            self._completed(meta)
+        return meta
+
+    def _savepoint(self, meta: CheckpointMetadata, url: str) -> bool:
+        from streamer.runtime.job.gang_savepoint import savepoint_of_checkpoint
+
+        return savepoint_of_checkpoint(self.owner, self.gang.stage.node_id, meta, url)
+
+    def _stopped(self, meta: CheckpointMetadata) -> bool:
+        """A stop after checkpoint `meta`: the savepoints owed, then the stop's own; whether
+        the run stops (a failed stop-with-savepoint keeps it going)."""
+        control = self.owner.control
+        while (owed := control.owed()) is not None:
+            self._savepoint(meta, owed)
+        if control.stop_savepoint is not None:
+            self._savepoint(meta, control.stop_savepoint)
+        return control.stop.is_set()
 
     def _wait(self, coord: BarrierCoordinator, checkpoint: int, timeout_s: float
               ) -> CheckpointMetadata | None:
@@ -338,6 +370,8 @@ class GangRun:
         meta.epoch = max(meta.epoch, epoch)
         if self.gang.direct is not None:
             return  # (produced already, and flushed before the acknowledgements)
+        # (a checkpoint none of whose subtasks emitted a row has no directory yet)
+        os.makedirs(epoch_staging(self.gang.sink.staging_root, epoch), exist_ok=True)
         handle = self.gang.sink.tasks_wrote(epoch, lambda: None)
         meta.sinks = {self.gang.sink_id: [[epoch, handle]]}
 

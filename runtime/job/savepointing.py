@@ -12,10 +12,12 @@ from streamer.runtime.job.jobcontrol import JobControl
 
 
 def complete_savepoint(job: JobState, control: JobControl, url: str, epoch: int,
-                       keyed_metas: dict[str, Any], checkpointed: bool) -> bool:
+                       keyed_metas: dict[str, Any], checkpointed: bool,
+                       sources: tuple[dict[str, Any], dict[str, Any]] | None = None) -> bool:
     """Write the savepoint `url` from the subtasks' key-group files; whether it was
     written (a failure is reported and answered, and a failed stop-with-savepoint leaves
-    the job running)."""
+    the job running). `sources`: the offsets and watermark to record (default: the job's
+    now, `JobState.saved_sources`)."""
     from streamer import __version__
     from streamer.savepoint.savepoint_metadata import (
         SavepointMetadata,
@@ -26,7 +28,7 @@ def complete_savepoint(job: JobState, control: JobControl, url: str, epoch: int,
     errors = [] if checkpointed else ["its checkpoint did not complete"]
     operators = _operators(job, keyed_metas, errors)
     if not errors:
-        offsets, watermark = job.saved_sources()
+        offsets, watermark = sources or job.saved_sources()
         meta = SavepointMetadata(
             job=job.spec.name, created_at=time.time(), streamer_version=__version__,
             pipeline_fingerprint=pipeline_fingerprint(job.spec), epoch=epoch,

@@ -7,7 +7,9 @@ sink keyed by user, run as one barrier stage of long-running subtasks.
   each user's updates counting up by the records that passed the filter, none twice, the
   last one the user's total;
 - at_least_once: the keyed subtasks produce as they emit (the low-latency path) and flush
-  at each barrier; the records are there before the run ends, with the same totals.
+  at each barrier; the records are there before the run ends, with the same totals;
+- `streamer stop --savepoint` of a job in one mode, restored in the other at another
+  parallelism and on another backend: the two runs commit the uninterrupted run's windows.
 """
 
 from __future__ import annotations
@@ -84,3 +86,109 @@ def test_kafka_to_a_rolling_count_to_kafka_runs_continuously(
     assert {user: counts[-1] for user, counts in got.items()} == dict(want)
     for user, counts in got.items():  # a user's records are in one partition, in order
         assert counts == sorted(set(counts)), f"{user}: {counts}"
+
+
+# ------------------------------------------------------------------ savepoints across modes
+
+def windows(root: Path, bootstrap: str, topic: str, *, name: str, mode: str, bounded: bool,
+            parallelism: int, backend: str) -> Path:
+    """Kafka clicks -> amount >= 2 -> 1 s tumbling count and sum per user -> jsonl files."""
+    text = f"""\
+name: {name}
+storage: {root / 'storage'}
+job:
+  parallelism: {parallelism}
+  checkpoint: {{interval: 300ms}}
+  state: {{backend: {backend}}}
+  execution: {{mode: {mode}}}
+sources:
+  - id: clicks
+    type: kafka
+    bootstrap_servers: {bootstrap}
+    topic: {topic}
+    bounded: {str(bounded).lower()}
+    schema: {CLICKS_SCHEMA}
+    event_time: timestamp_millis(ts)
+    watermark: {{max_out_of_orderness: 1s}}
+operators:
+  - {{id: paid, input: clicks, filter: "amount >= 2"}}
+  - id: per_user
+    input: paid
+    key_by: [user]
+    window: {{tumbling: 1s}}
+    aggregate: {{n: count(), total: sum(amount)}}
+sinks:
+  - {{id: out, type: files, input: per_user, path: {root / ('out-' + name)}, format: jsonl}}
+{quick_jvm()}"""
+    path = root / f"{name}-{mode}.yaml"
+    path.write_text(text)
+    return path
+
+
+def rows_of(directory: Path) -> Counter[str]:
+    """The committed rows of a jsonl files sink."""
+    rows: Counter[str] = Counter()
+    for path in sorted(directory.glob("part-*.jsonl")):
+        rows.update(line for line in path.read_text().splitlines() if line)
+    return rows
+
+
+def stop_with_savepoint(path: Path, storage: Path, job: str) -> tuple[Any, str]:
+    """Run `path` (an unbounded source) until its first checkpoint, then `streamer stop
+    --savepoint`: the run and the savepoint's path."""
+    import threading
+    import time
+
+    from typer.testing import CliRunner
+
+    from streamer.cli.main import app
+
+    ran: list[Any] = []
+    thread = threading.Thread(target=lambda: ran.append(run_streamer(path)))
+    thread.start()
+    checkpoints = storage / job / "checkpoints"
+    deadline = time.monotonic() + 240
+    while not list(checkpoints.glob("chk-*/_metadata")):
+        assert time.monotonic() < deadline and thread.is_alive(), "no checkpoint came"
+        time.sleep(0.2)
+    result = CliRunner().invoke(app, ["stop", job, "--savepoint", "--storage", str(storage)])
+    thread.join(240)
+    assert result.exit_code == 0, result.output
+    return ran[0], result.output.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(("stop_in", "restore_in"), [
+    (("continuous", 2, "rocksdb"), ("epochs", 3, "memory")),
+    (("epochs", 3, "memory"), ("continuous", 2, "rocksdb")),
+])
+def test_stop_with_savepoint_in_one_mode_then_restore_in_the_other(
+        tmp_path: Path, kafka: Any, stop_in: tuple[str, int, str],
+        restore_in: tuple[str, int, str]) -> None:
+    """Another mode, parallelism and backend: the two runs commit the uninterrupted run's
+    windows, none twice, none lost."""
+    topic = kafka.create_topic(f"clicks-{uuid.uuid4().hex[:8]}", partitions=2)
+    kafka.produce(topic, click_records(PER_PARTITION))
+    reference = windows(tmp_path, kafka.bootstrap, topic, name="reference", mode="epochs",
+                        bounded=True, parallelism=2, backend="rocksdb")
+    assert run_streamer(reference).returncode == 0
+    want = rows_of(tmp_path / "out-reference")
+    assert sum(json.loads(r)["n"] for r in want.elements()) == sum(expected().values())
+
+    mode, parallelism, backend = stop_in
+    first = windows(tmp_path, kafka.bootstrap, topic, name="moving", mode=mode,
+                    bounded=False, parallelism=parallelism, backend=backend)
+    run, savepoint = stop_with_savepoint(first, tmp_path / "storage", "moving")
+    assert run.returncode == 0 and run.finished["status"] == "stopped", run.stderr[-3000:]
+    assert savepoint in run.finished["reason"]
+    assert (Path(savepoint) / "_metadata").is_file()
+    before = rows_of(tmp_path / "out-moving")
+    # (the source never ends: its last windows wait in the savepoint's state)
+    assert sum(before.values()) < sum(want.values())
+
+    mode, parallelism, backend = restore_in
+    second = windows(tmp_path, kafka.bootstrap, topic, name="moving", mode=mode,
+                     bounded=True, parallelism=parallelism, backend=backend)
+    restored = run_streamer(second, "--from-savepoint", savepoint)
+    assert restored.returncode == 0, restored.stderr[-3000:]
+    after = rows_of(tmp_path / "out-moving")
+    assert after == want, f"missing {want - after}, extra {after - want}"
