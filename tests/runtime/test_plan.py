@@ -285,3 +285,22 @@ def test_the_mode_variable_chooses_the_continuous_mode_and_refuses_what_it_canno
     assert (plan.mode.mode, plan.mode.why, plan.gang) == (
         "epochs", "STREAMER_EXECUTION_MODE", None)
     assert render(plan).startswith("mode: epochs (STREAMER_EXECUTION_MODE)\nsource stage")
+
+
+def test_plan_physical_says_what_the_gang_cannot_run_as_the_run_would(
+        spark, tmp_path: Path, monkeypatch) -> None:
+    """What only the analyzed plan shows (here a column type Arrow does not decode) is the
+    run's error, from `streamer plan --physical` already."""
+    monkeypatch.delenv("STREAMER_EXECUTION_MODE", raising=False)
+    (tmp_path / "in").mkdir()
+    text = JSON_SESSIONS.replace("{{session: {{gap: 30s}}}}", "{{tumbling: 1m}}").replace(
+        "amount: double}}", "amount: double, day: date}}").replace(
+        "job: {{parallelism: 2,", "job: {{execution: {{mode: continuous}}, parallelism: 2,")
+    file = tmp_path / "p.yaml"
+    file.write_text(textwrap.dedent(text.format(src=tmp_path / "in", out=tmp_path / "out")))
+    result = CliRunner().invoke(app, ["plan", str(file), "--physical"])
+    assert result.exit_code == 2, result.output
+    assert (f"{file}: job.execution.mode is continuous, but operator 'sessions': column 'day' "
+            "of source 'views' has type date") in result.output
+    assert "run it with job.execution.mode: epochs" in result.output
+    assert "Traceback" not in result.output
