@@ -72,6 +72,14 @@ def physical_plan(spec: PipelineSpec, spark: SparkSession | None = None) -> Phys
         msg = (f"{spec.file}: job.execution.mode is continuous, but {gang}; run it with "
                "job.execution.mode: epochs")
         raise ConfigError(msg)
+    shown = plan.gang
+    if gang is not None and shown is not None and gang.sources != shown.groups[0].subtasks:
+        plan.gang = shown.with_source_subtasks(gang.sources, (
+            "as many as the keyed subtasks, but no more than the topic's partitions (a "
+            "subtask without partitions would hold the watermark back); each reads its share "
+            "of the partitions with one consumer, runs the event time and the filters and "
+            "derived columns on Arrow and sends every keyed subtask its rows over Arrow "
+            "Flight"))
     return plan
 
 
