@@ -11,7 +11,7 @@ every source subtask and every keyed subtask at once (`runtime.continuous_source
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from streamer.pipeline.continuous_support import check_mode
@@ -71,6 +71,13 @@ class GangPlan:
         return {"stage": f"one Spark barrier stage of {self.tasks} tasks", "tasks": self.tasks,
                 "subtasks": [group.describe() for group in self.groups], "sink": self.sink}
 
+    def with_source_subtasks(self, n: int, reason: str) -> GangPlan:
+        """The gang with `n` source subtasks, for `reason` (the run's own count: a Kafka
+        source's is known once its partitions are listed)."""
+        return replace(self, groups=tuple(
+            replace(g, subtasks=n, reason=reason) if g.role == "source" else g
+            for g in self.groups))
+
     def render(self) -> list[str]:
         """As the tree shows it."""
         lines = [f"gang: one Spark barrier stage of {self.tasks} tasks (Spark schedules them "
@@ -107,6 +114,7 @@ def plan_gang(spec: PipelineSpec, keyed: Mapping[str, KeyedStage]) -> GangPlan:
     split = ("file i is read by subtask i mod n, in name order" if source.type == "files"
              else "each subtask reads its share of the topic's partitions with one consumer")
     sink = spec.sinks[0]
+    written = (f"{sink.option('format')} files" if sink.type == "files" else sink.type)
     return GangPlan((
         GangTasks("source", source.id, n, f"one per split group, as many as the keyed "
                   f"subtasks ({set_by}); {split}; each runs the event time and the "
@@ -114,5 +122,6 @@ def plan_gang(spec: PipelineSpec, keyed: Mapping[str, KeyedStage]) -> GangPlan:
                   "rows over Arrow Flight"),
         GangTasks("keyed", node_id, n, f"{set_by}; each aligns the checkpoint barriers of "
                   "its input channels and snapshots its state at each one"),
-    ), f"{sink.id!r} ({sink.option('format')} files), written by the keyed subtasks "
-       "(continuous writes and per-checkpoint commits are not built yet)")
+    ), f"{sink.id!r} ({written}), written by the keyed subtasks; what they wrote before "
+       "checkpoint n is committed after n's _metadata (an at_least_once Kafka sink's is "
+       "flushed at n)")

@@ -56,12 +56,31 @@ def analyze_spec(spec: PipelineSpec, spark: SparkSession | None = None) -> None:
 
 def physical_plan(spec: PipelineSpec, spark: SparkSession | None = None) -> PhysicalPlan:
     """The physical plan `streamer run` would compile for `spec` in local mode: sources
-    and sinks are built (not opened) and every expression analyzed; nothing is written."""
+    and sinks are built (not opened) and every expression analyzed; nothing is written. In
+    the continuous mode, a plan the gang cannot run (`runtime.job.gang.gang_plan`) is the
+    `ConfigError` the run would stop with."""
+    from streamer.exceptions import ConfigError
     from streamer.runtime.job.coordinator import JobRunner, RunOptions
+    from streamer.runtime.job.gang import gang_plan
 
     session = spark or shared_session(spec)  # (with checkpoints, as `streamer run`: a
     # sink's exactly-once mode decides how it is written)
-    return JobRunner(spec, RunOptions(ui=False, checkpoints=True), spark=session).build()
+    runner = JobRunner(spec, RunOptions(ui=False, checkpoints=True), spark=session)
+    plan = runner.build()
+    gang = gang_plan(runner.job, session) if plan.settings.mode == "continuous" else None
+    if isinstance(gang, str):
+        msg = (f"{spec.file}: job.execution.mode is continuous, but {gang}; run it with "
+               "job.execution.mode: epochs")
+        raise ConfigError(msg)
+    shown = plan.gang
+    if gang is not None and shown is not None and gang.sources != shown.groups[0].subtasks:
+        plan.gang = shown.with_source_subtasks(gang.sources, (
+            "as many as the keyed subtasks, but no more than the topic's partitions (a "
+            "subtask without partitions would hold the watermark back); each reads its share "
+            "of the partitions with one consumer, runs the event time and the filters and "
+            "derived columns on Arrow and sends every keyed subtask its rows over Arrow "
+            "Flight"))
+    return plan
 
 
 def check_user_code(spec: PipelineSpec) -> None:

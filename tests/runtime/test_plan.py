@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import uuid
 from pathlib import Path
 
 import pyarrow as pa
@@ -285,3 +286,52 @@ def test_the_mode_variable_chooses_the_continuous_mode_and_refuses_what_it_canno
     assert (plan.mode.mode, plan.mode.why, plan.gang) == (
         "epochs", "STREAMER_EXECUTION_MODE", None)
     assert render(plan).startswith("mode: epochs (STREAMER_EXECUTION_MODE)\nsource stage")
+
+
+def test_plan_physical_says_what_the_gang_cannot_run_as_the_run_would(
+        spark, tmp_path: Path, monkeypatch) -> None:
+    """What only the analyzed plan shows (here a column type Arrow does not decode) is the
+    run's error, from `streamer plan --physical` already."""
+    monkeypatch.delenv("STREAMER_EXECUTION_MODE", raising=False)
+    (tmp_path / "in").mkdir()
+    text = JSON_SESSIONS.replace("{{session: {{gap: 30s}}}}", "{{tumbling: 1m}}").replace(
+        "amount: double}}", "amount: double, day: date}}").replace(
+        "job: {{parallelism: 2,", "job: {{execution: {{mode: continuous}}, parallelism: 2,")
+    file = tmp_path / "p.yaml"
+    file.write_text(textwrap.dedent(text.format(src=tmp_path / "in", out=tmp_path / "out")))
+    result = CliRunner().invoke(app, ["plan", str(file), "--physical"])
+    assert result.exit_code == 2, result.output
+    assert (f"{file}: job.execution.mode is continuous, but operator 'sessions': column 'day' "
+            "of source 'views' has type date") in result.output
+    assert "run it with job.execution.mode: epochs" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.kafka
+def test_a_kafka_source_has_a_source_subtask_per_partition_at_most(
+        spark, tmp_path: Path, kafka, monkeypatch) -> None:
+    """The gang gives a Kafka source no more subtasks than the topic has partitions (one
+    without would hold the watermark back); the plan shows the run's count."""
+    monkeypatch.delenv("STREAMER_EXECUTION_MODE", raising=False)
+    topic = kafka.create_topic(f"plan-{uuid.uuid4().hex[:8]}", partitions=1)
+    text = f"""
+name: plan-kafka-gang
+job: {{parallelism: 3, execution: {{mode: continuous}}}}
+sources:
+  - id: clicks
+    type: kafka
+    bootstrap_servers: {kafka.bootstrap}
+    topic: {topic}
+    bounded: true
+    schema: {{user: string, amount: double, ts: bigint}}
+operators:
+  - {{id: per_user, input: clicks, key_by: [user], aggregate: {{n: count()}}}}
+sinks:
+  - {{id: out, type: files, input: per_user, path: "{tmp_path / 'out'}", format: jsonl}}
+"""
+    plan = physical_plan(load_pipeline_text(text), spark)
+    assert plan.gang is not None
+    assert [(g.role, g.subtasks) for g in plan.gang.groups] == [("source", 1), ("keyed", 3)]
+    assert plan.gang.tasks == 4
+    assert "no more than the topic's partitions" in plan.gang.groups[0].reason
+    assert "one Spark barrier stage of 4 tasks" in render(plan)
