@@ -54,7 +54,7 @@ class GangTasks:
 
 
 @dataclass(frozen=True)
-class GangPlan:
+class GangShape:
     """The continuous mode's one Spark barrier stage: its source and keyed subtasks (one task
     each, all scheduled at once) and the sink its keyed subtasks write."""
 
@@ -71,7 +71,7 @@ class GangPlan:
         return {"stage": f"one Spark barrier stage of {self.tasks} tasks", "tasks": self.tasks,
                 "subtasks": [group.describe() for group in self.groups], "sink": self.sink}
 
-    def with_source_subtasks(self, n: int, reason: str) -> GangPlan:
+    def with_source_subtasks(self, n: int, reason: str) -> GangShape:
         """The gang with `n` source subtasks, for `reason` (the run's own count: a Kafka
         source's is known once its partitions are listed)."""
         return replace(self, groups=tuple(
@@ -103,7 +103,7 @@ def choose_mode(spec: PipelineSpec, settings: ExecutionSpec) -> ModeChoice:
     return ModeChoice(settings.mode, why)
 
 
-def plan_gang(spec: PipelineSpec, keyed: Mapping[str, KeyedStage]) -> GangPlan:
+def plan_gang(spec: PipelineSpec, keyed: Mapping[str, KeyedStage]) -> GangShape:
     """The gang of a pipeline that `check_mode` accepted: one source, one keyed operator
     (its stage's parallelism: job.parallelism, else Spark's default) and one sink."""
     (source,) = spec.sources
@@ -115,7 +115,7 @@ def plan_gang(spec: PipelineSpec, keyed: Mapping[str, KeyedStage]) -> GangPlan:
              else "each subtask reads its share of the topic's partitions with one consumer")
     sink = spec.sinks[0]
     written = (f"{sink.option('format')} files" if sink.type == "files" else sink.type)
-    return GangPlan((
+    return GangShape((
         GangTasks("source", source.id, n, f"one per split group, as many as the keyed "
                   f"subtasks ({set_by}); {split}; each runs the event time and the "
                   "filters and derived columns on Arrow and sends every keyed subtask its "

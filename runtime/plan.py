@@ -21,7 +21,7 @@ from streamer.pipeline.spec import ExecutionSpec
 from streamer.runtime.arrow_input import ArrowInput, plan_arrow_input
 from streamer.runtime.bad_records import origin_of
 from streamer.runtime.keyed_plan import DirectShape, KeyedStage
-from streamer.runtime.mode_plan import GangPlan, ModeChoice, choose_mode, plan_gang
+from streamer.runtime.mode_plan import GangShape, ModeChoice, choose_mode, plan_gang
 from streamer.runtime.stages.base import EpochDecision, Stage, SubtaskSlice
 from streamer.runtime.stages.keyed_stage import (
     KeyedOperatorStage,
@@ -71,7 +71,7 @@ class PhysicalPlan:
     #: The execution mode and why (`runtime.mode_plan`).
     mode: ModeChoice = field(default_factory=lambda: ModeChoice("epochs", "default"))
     #: The continuous mode's barrier stage (None in the epoch mode).
-    gang: GangPlan | None = None
+    gang: GangShape | None = None
 
     @property
     def keyed(self) -> dict[str, KeyedStage]:

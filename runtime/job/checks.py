@@ -59,9 +59,8 @@ def physical_plan(spec: PipelineSpec, spark: SparkSession | None = None) -> Phys
     and sinks are built (not opened) and every expression analyzed; nothing is written. In
     the continuous mode, a plan the gang cannot run (`runtime.job.gang.gang_plan`) is the
     `ConfigError` the run would stop with."""
-    from streamer.exceptions import ConfigError
     from streamer.runtime.job.coordinator import JobRunner, RunOptions
-    from streamer.runtime.job.gang import gang_plan
+    from streamer.runtime.job.gang import gang_plan, refused
 
     session = spark or shared_session(spec)  # (with checkpoints, as `streamer run`: a
     # sink's exactly-once mode decides how it is written)
@@ -69,9 +68,7 @@ def physical_plan(spec: PipelineSpec, spark: SparkSession | None = None) -> Phys
     plan = runner.build()
     gang = gang_plan(runner.job, session) if plan.settings.mode == "continuous" else None
     if isinstance(gang, str):
-        msg = (f"{spec.file}: job.execution.mode is continuous, but {gang}; run it with "
-               "job.execution.mode: epochs")
-        raise ConfigError(msg)
+        raise refused(spec.file, gang)
     shown = plan.gang
     if gang is not None and shown is not None and gang.sources != shown.groups[0].subtasks:
         plan.gang = shown.with_source_subtasks(gang.sources, (

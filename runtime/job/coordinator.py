@@ -353,15 +353,11 @@ class JobRunner:
         plan = self.job.plan
         if plan is None or plan.settings.mode != "continuous":
             return self._loop()
-        from streamer.runtime.job.gang import GangRun, gang_plan
+        from streamer.runtime.job.gang import GangRun, gang_plan, refused
 
         gang = gang_plan(self.job, self.spark)
         if isinstance(gang, str):
-            from streamer.exceptions import ConfigError
-
-            msg = (f"{self.spec.file}: job.execution.mode is continuous, but {gang}; run it "
-                   "with job.execution.mode: epochs")
-            raise ConfigError(msg)
+            raise refused(self.spec.file, gang)
         status, reason = GangRun(self, gang).run()
         return self._result(status, reason)
 

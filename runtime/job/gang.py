@@ -104,6 +104,12 @@ def gang_plan(job: Any, spark: Any) -> GangPlan | str:
                     sink_id, sink, sources=sources, parallelism=parallelism, direct=direct)
 
 
+def refused(file: Any, why: str) -> ConfigError:
+    """The error of a continuous job whose plan the gang cannot run (`gang_plan`'s why)."""
+    return ConfigError(f"{file}: job.execution.mode is continuous, but {why}; run it with "
+                       "job.execution.mode: epochs")
+
+
 class GangRun:
     """One attempt of a continuous run (module docstring): `run()` returns (status,
     reason) or raises `JobFailedError` for `_attempts` to restart."""
