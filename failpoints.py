@@ -19,6 +19,13 @@ epoch number >= the given one (any number when it is left out). Points:
 - `after-metadata:<chk>`   driver, `_metadata` written, sinks not yet committed
 - `mid-commit:<chk>`       driver, the first sink committed, others not
 - `cancelling`             driver, a run that failed or was cancelled, before it records how
+- `barrier-injected:<chk>` driver, continuous mode: barrier <chk> injected at every subtask,
+                           none of their acknowledgements taken yet
+- `mid-transaction:<epoch>` driver, a Kafka sink's records of <epoch> produced in its
+                           transaction, which is not committed yet
+(In the continuous mode `in-task:<chk>` is a keyed subtask at barrier <chk>, its snapshot
+uploaded and not acknowledged; `mid-upload`, `after-metadata` are as above, numbered by
+checkpoint.)
 
 A third part, `sleep=<seconds>`, makes the point stall instead of kill (`after-snapshot:0:sleep=30`
 holds the driver in a checkpoint): a stop that takes long, deterministically. `pause=<path>`

@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from streamer import failpoints
 from streamer.connectors.base import ConnectorContext, WritesTaskFiles
 from streamer.connectors.exceptions import ConnectorError
 from streamer.connectors.formats import column, timestamps_as_iso
@@ -299,6 +300,7 @@ class KafkaSink(StagedTableSink, WritesTaskFiles):
         try:
             for table in tables:
                 _produce_table(producer, self.topic, table)
+            failpoints.reached("mid-transaction", epoch)
             marker = TopicPartition(self.topic, 0, epoch, metadata=handle["lineage"])
             self._marker()  # opens the marker consumer, whose group metadata is needed
             producer.send_offsets_to_transaction(

@@ -300,9 +300,11 @@ class GangRun:
     def _checkpoint(self, coord: BarrierCoordinator, timeout_s: float
                     ) -> CheckpointMetadata | None:
         """Take a checkpoint now: its metadata, or None if it was declined."""
+        from streamer import failpoints
         from streamer.runtime.job.barrier_coordinator import CheckpointDeclinedError
 
         checkpoint = coord.trigger()
+        failpoints.reached("barrier-injected", checkpoint)
         try:
             meta = self._wait(coord, checkpoint, timeout_s)
         except CheckpointDeclinedError as exc:

@@ -1,0 +1,123 @@
+"""The continuous mode's crash campaign (issue 36): Kafka -> filter -> keyed tumbling window
+-> transactional Kafka sink, one barrier stage of long-running subtasks, SIGKILLed 10 times
+(`STREAMER_TEST_CONTINUOUS_CRASH_KILLS`) and restarted each time: at every fail point of a
+continuous checkpoint once, then again in a new order, with random kills between:
+
+- `barrier-injected`: the driver injected barrier n, no subtask has aligned on it yet;
+- `mid-upload`: a keyed subtask is half-way through uploading its snapshot of n;
+- `in-task`: a keyed subtask uploaded its snapshot of n, not acknowledged yet;
+- `after-metadata`: `_metadata` of n is written, the sink's transaction not begun;
+- `mid-transaction`: the sink's records of n are produced in its open transaction;
+- `random`: the whole run (driver, JVM, Python workers), at a random moment.
+
+Each kill is armed for the run's first or second checkpoint, so it lands mid-stream. The
+last run goes to the end; a `read_committed` consumer then sees exactly what one
+uninterrupted run writes, each record once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fragments import CLICKS_SCHEMA, CRASH_AGGREGATE, click_records, kafka_sink, window
+from streamer_process import quick_jvm, run_streamer
+from test_crash import RandomCrash
+
+pytestmark = [pytest.mark.slow, pytest.mark.kafka]
+
+KILLS = int(os.environ.get("STREAMER_TEST_CONTINUOUS_CRASH_KILLS", "10"))
+SEED = int(os.environ.get("STREAMER_TEST_CRASH_SEED", str(random.randrange(1 << 30))))
+PER_PARTITION = 80_000
+POINTS = ("barrier-injected", "mid-upload", "in-task", "after-metadata", "mid-transaction",
+          "random")
+JOB = "ccrash"
+
+
+def pipeline(root: Path, bootstrap: str, source: str, sink: str) -> Path:
+    """The campaign's job: exactly once, checkpoints every 300 ms."""
+    text = f"""\
+name: {JOB}
+storage: {root / 'storage'}
+job:
+  parallelism: 2
+  checkpoint: {{interval: 300ms}}
+  execution: {{mode: continuous}}
+sources:
+  - id: clicks
+    type: kafka
+    bootstrap_servers: {bootstrap}
+    topic: {source}
+    bounded: true
+    schema: {CLICKS_SCHEMA}
+    event_time: timestamp_millis(ts)
+    watermark: {{max_out_of_orderness: 1s}}
+operators:
+  - {{id: paid, input: clicks, filter: "amount >= 1"}}
+{window("per_window", "paid", "5s", CRASH_AGGREGATE)}sinks:
+{kafka_sink("per_window", bootstrap, sink)}{quick_jvm()}"""
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "job.yaml"
+    path.write_text(text)
+    return path
+
+
+def committed(kafka: Any, topic: str) -> Counter[str]:
+    """What a read_committed consumer sees: (key, value) pairs as canonical JSON."""
+    return Counter(json.dumps([key, json.loads(value)], sort_keys=True)
+                   for key, value, _p, _o in kafka.read(topic, "read_committed"))
+
+
+def next_checkpoint(root: Path) -> int:
+    """The id the job's next checkpoint gets."""
+    found = [int(p.name.removeprefix("chk-"))
+             for p in (root / "storage" / JOB / "checkpoints").glob("chk-*")]
+    return max(found, default=0) + 1
+
+
+def test_sigkill_a_continuous_job_at_its_fail_points_then_read_committed_sees_each_once(
+        kafka: Any, tmp_path: Path) -> None:
+    source = kafka.create_topic(f"ccrash-in-{uuid.uuid4().hex[:8]}", 2)
+    kafka.produce(source, click_records(PER_PARTITION))
+    out = kafka.create_topic(f"ccrash-ref-{uuid.uuid4().hex[:8]}", 2)
+    reference = run_streamer(pipeline(tmp_path / "reference", kafka.bootstrap, source, out))
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    want = committed(kafka, out)
+    assert sum(want.values()) > 100
+
+    rng = random.Random(SEED)
+    root = tmp_path / "crashed"
+    out = kafka.create_topic(f"ccrash-out-{uuid.uuid4().hex[:8]}", 2)
+    path = pipeline(root, kafka.bootstrap, source, out)
+    log = [f"seed {SEED} (STREAMER_TEST_CRASH_SEED={SEED} repeats the choices)"]
+    deck: list[str] = []
+    for _ in range(KILLS):
+        if not deck:
+            deck = list(POINTS)
+            rng.shuffle(deck)
+        point = deck.pop()
+        if point == "random":
+            delay = rng.uniform(2.0, 7.0)  # (the JVM takes about 5 s to start)
+            run = run_streamer(path, watch=RandomCrash(0, delay))
+            what = f"random {delay:.2f}s after start"
+        else:
+            number = next_checkpoint(root) + (rng.random() < 0.3)
+            if point == "mid-transaction":
+                number = 1  # (a sink epoch: the run's first commit)
+            run = run_streamer(path, env={"STREAMER_TEST_FAILPOINTS": f"{point}:{number}"})
+            what = f"{point}:{number}"
+        log.append(f"{what}: {'killed' if run.killed else run.returncode}, checkpoints "
+                   f"{[e['id'] for e in run.checkpoints('completed')]}")
+        print(log[-1], flush=True)
+        assert run.killed, "\n".join(log) + "\n" + run.stderr[-3000:]
+    last = run_streamer(path)
+    assert last.returncode == 0, "\n".join(log) + "\n" + last.stderr[-3000:]
+    got = committed(kafka, out)
+    assert got == want, ("\n".join(log) + f"\nmissing {sum((want - got).values())}, "
+                         f"twice or more {sum((got - want).values())}")
