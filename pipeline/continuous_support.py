@@ -20,7 +20,7 @@ from streamer.pipeline.yaml_loader import Path
 
 #: What the continuous mode runs today, for messages.
 SUPPORTED = ("the continuous mode runs one files or kafka source, filters and derived "
-             "columns, one rolling aggregate or tumbling/sliding window, and one files or "
+             "columns, at most one rolling aggregate or tumbling/sliding window, and one files or "
              "kafka sink")
 #: The aggregate functions its keyed subtasks combine per key and window, as
 #: `operators.direct.DIRECT_AGGREGATES` (a copy: pipeline/ may not import operators/; a test
@@ -155,9 +155,7 @@ def _sink_refusal(kind: str, fmt: object, path: object, inputs: tuple[str, ...],
         return f"files of format {fmt}"
     if _remote(path):
         return "files on a remote file system"
-    if not keyed:
-        return "it reads no keyed operator"
-    if inputs != (keyed[0].id,):
+    if keyed and inputs != (keyed[0].id,):
         return f"it does not read keyed operator {keyed[0].id!r} alone"
     return None
 

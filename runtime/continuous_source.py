@@ -79,6 +79,11 @@ class KeyedRoute:
     #: The event-time column, or None (processing time).
     ts_column: str | None
 
+    @property
+    def channels(self) -> int:
+        """One per keyed subtask."""
+        return int(self.cfg.parallelism)
+
     def shape(self, table: Any, subtask: int) -> Any:
         """The rows of `table` (after the chain) that keyed subtask `subtask` owns, as its
         logic takes them (`read_direct`)."""
@@ -94,12 +99,35 @@ class KeyedRoute:
 
 
 @dataclass(frozen=True)
+class SinkRoute:
+    """Where a stateless pipeline's rows go: straight to its sink, on one channel (the
+    sink's columns, in order)."""
+
+    names: tuple[str, ...]
+
+    @property
+    def channels(self) -> int:
+        """One: the sink."""
+        return 1
+
+    def shape(self, table: Any, subtask: int) -> Any:
+        """The sink's columns of `table`."""
+        return table.select(list(self.names))
+
+    def empty(self, table_schema: Any) -> Any:
+        """The schema of the rows it sends."""
+        import pyarrow as pa
+
+        return pa.schema([table_schema.field(name) for name in self.names])
+
+
+@dataclass(frozen=True)
 class SourcePlan:
     """What every subtask of one source runs (picklable; compiled on the driver)."""
 
     spec: SourceSpec
     input: ArrowInput
-    route: KeyedRoute
+    route: KeyedRoute | SinkRoute
 
     def out_schema(self) -> Any:
         """The schema of the rows on every channel."""
@@ -146,9 +174,8 @@ class SourceSubtask:
                  ack: Callable[[int, dict[str, Any]], None],
                  position: dict[str, Any] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
-        if len(channels) != plan.route.cfg.parallelism:
-            msg = (f"{len(channels)} channels for {plan.route.cfg.parallelism} keyed "
-                   "subtasks")
+        if len(channels) != plan.route.channels:
+            msg = f"{len(channels)} channels for {plan.route.channels} subtasks"
             raise ValueError(msg)
         self.plan = plan
         self.splits = splits

@@ -103,18 +103,27 @@ def choose_mode(spec: PipelineSpec, settings: ExecutionSpec) -> ModeChoice:
     return ModeChoice(settings.mode, why)
 
 
-def plan_gang(spec: PipelineSpec, keyed: Mapping[str, KeyedStage]) -> GangShape:
-    """The gang of a pipeline that `check_mode` accepted: one source, one keyed operator
-    (its stage's parallelism: job.parallelism, else Spark's default) and one sink."""
+def plan_gang(spec: PipelineSpec, keyed: Mapping[str, KeyedStage],
+              default_parallelism: int) -> GangShape:
+    """The gang of a pipeline that `check_mode` accepted: one source, at most one keyed
+    operator (its stage's parallelism: job.parallelism, else Spark's default) and one sink."""
     (source,) = spec.sources
-    ((node_id, stage),) = keyed.items()
-    n = stage.parallelism
+    sink = spec.sinks[0]
+    n = next(iter(keyed.values())).parallelism if keyed else (
+        spec.job.parallelism or default_parallelism)
     set_by = ("job.parallelism" if spec.job.parallelism is not None
               else "Spark's default parallelism (job.parallelism is not set)")
     split = ("file i is read by subtask i mod n, in name order" if source.type == "files"
              else "each subtask reads its share of the topic's partitions with one consumer")
-    sink = spec.sinks[0]
     written = (f"{sink.option('format')} files" if sink.type == "files" else sink.type)
+    commit = ("what they wrote before checkpoint n is committed after n's _metadata (an "
+              "at_least_once Kafka sink's is flushed at n)")
+    if not keyed:
+        return GangShape((GangTasks(
+            "source", source.id, n, f"{set_by}; {split}; each runs the event time and the "
+            "filters and derived columns on Arrow and writes the sink itself (no keyed "
+            "operator)"),), f"{sink.id!r} ({written}), written by the source subtasks; {commit}")
+    ((node_id, _stage),) = keyed.items()
     return GangShape((
         GangTasks("source", source.id, n, f"one per split group, as many as the keyed "
                   f"subtasks ({set_by}); {split}; each runs the event time and the "
@@ -122,6 +131,4 @@ def plan_gang(spec: PipelineSpec, keyed: Mapping[str, KeyedStage]) -> GangShape:
                   "rows over Arrow Flight"),
         GangTasks("keyed", node_id, n, f"{set_by}; each aligns the checkpoint barriers of "
                   "its input channels and snapshots its state at each one"),
-    ), f"{sink.id!r} ({written}), written by the keyed subtasks; what they wrote before "
-       "checkpoint n is committed after n's _metadata (an at_least_once Kafka sink's is "
-       "flushed at n)")
+    ), f"{sink.id!r} ({written}), written by the keyed subtasks; {commit}")

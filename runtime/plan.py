@@ -176,7 +176,8 @@ def plan_stages(spec: PipelineSpec, flow: Dataflow, spark: SparkSession,
             chain.reason += (f"; in epochs the Arrow tasks of source "
                              f"{arrow_ops[chain.ops[0].id]!r} read, only on what they refuse "
                              "(the tasks run these operators, translated, on the rest)")
-    gang = plan_gang(spec, {k: s.stage for k, s in keyed.items()}) \
+    gang = plan_gang(spec, {k: s.stage for k, s in keyed.items()},
+                     spark.sparkContext.defaultParallelism) \
         if mode.mode == "continuous" else None
     return PhysicalPlan(stages, settings, {n.id: len(flow.consumers(n.id)) for n in flow.nodes},
                         mode, gang)

@@ -406,13 +406,16 @@ class DirectProducer:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_producer": None, "_failures": []}
 
-    def write(self, batch: pa.RecordBatch, kind_column: str, out_kind: str) -> None:
-        """Produce the batch's output rows (class docstring)."""
+    def write(self, batch: pa.RecordBatch, kind_column: str | None = None,
+              out_kind: str = "") -> None:
+        """Produce the batch's output rows (class docstring; without `kind_column`, every
+        row)."""
         import pyarrow.compute as pc
 
         from streamer.connectors.files.files_sink import kafka_records
 
-        out = batch.filter(pc.equal(batch.column(kind_column), out_kind))
+        out = batch if kind_column is None else batch.filter(
+            pc.equal(batch.column(kind_column), out_kind))
         if not out.num_rows:
             return
         out = out.select([n for n in out.schema.names if not n.startswith("__")])

@@ -42,12 +42,15 @@ class GangPlan:
 
     source_id: str
     source: Any
-    #: The keyed operator's stage (`runtime.stages.keyed_stage.KeyedOperatorStage`).
+    #: The keyed operator's stage (`runtime.stages.keyed_stage.KeyedOperatorStage`), or
+    #: None: a stateless pipeline, whose source subtasks write the sink.
     stage: Any
     #: Its source plan (`runtime.continuous_source.SourcePlan`), config without checkpoints.
     plan: Any
     sink_id: str
     sink: Any
+    #: The Spark schema of the rows the sink takes.
+    sink_schema: Any
     #: Source subtasks and keyed subtasks.
     sources: int
     parallelism: int
@@ -60,25 +63,67 @@ class GangPlan:
         """Tasks of the barrier stage."""
         return self.sources + self.parallelism
 
+    @property
+    def node_id(self) -> str | None:
+        """The keyed operator's node id (None: stateless)."""
+        return None if self.stage is None else str(self.stage.node_id)
+
+
+@dataclass(frozen=True)
+class _Route:
+    route: Any
+    arrow: Any
+    sink_schema: Any
+    direct: Any
+
 
 def gang_plan(job: Any, spark: Any) -> GangPlan | str:
     """The gang of `job`'s physical plan, or why it cannot run continuously."""
-    from streamer.runtime.arrow_input import plan_arrow_input
-    from streamer.runtime.continuous_source import KeyedRoute, SourcePlan
-    from streamer.runtime.stages.keyed_stage import KeyedOperatorStage, local_plan
+    from streamer.runtime.continuous_source import SourcePlan
+    from streamer.runtime.stages.keyed_stage import KeyedOperatorStage
 
     keyed = [s for s in job.plan.stages if isinstance(s, KeyedOperatorStage)]
-    if len(job.sources) != 1 or len(keyed) != 1 or len(job.sinks) != 1:
-        return "the continuous mode runs one source, one keyed operator and one sink"
-    stage = keyed[0]
+    if len(job.sources) != 1 or len(keyed) > 1 or len(job.sinks) != 1:
+        return "the continuous mode runs one source, at most one keyed operator and one sink"
+    source_id, source = next(iter(job.sources.items()))
+    if source.task_reads not in ("files", "csv", "parquet", "kafka"):
+        return (f"source {source_id!r} is not local JSON-lines, CSV or parquet files, nor "
+                "Kafka JSON values read by confluent-kafka")
     sink_id, sink = next(iter(job.sinks.items()))
+    found = (_keyed_route(job, spark, keyed[0], sink) if keyed
+             else _sink_route(job, spark, sink_id, sink))
+    if isinstance(found, str):
+        return found
+    stage = keyed[0] if keyed else None
+    parallelism = (stage.stage.base_config.parallelism if stage is not None
+                   else job.spec.job.parallelism or spark.sparkContext.defaultParallelism)
+    sources = parallelism
+    if source.task_reads == "kafka":  # (a subtask without partitions would hold the watermark)
+        sources = max(1, min(parallelism, len(source.partitions())))
+    return GangPlan(source_id, source, stage, SourcePlan(source.spec, found.arrow, found.route),
+                    sink_id, sink, found.sink_schema, sources=sources,
+                    parallelism=parallelism if stage is not None else 0, direct=found.direct)
+
+
+def _direct(job: Any, sink: Any, reads: str, schema: Any) -> Any:
+    """An at_least_once Kafka sink's producer, for a sink that reads only `reads`."""
+    from streamer.connectors.kafka.kafka_sink import KafkaSink
+
+    if isinstance(sink, KafkaSink) and sink.spec.inputs == (reads,):
+        return sink.direct(schema, job.plan.settings.continuous_flush_interval)
+    return None
+
+
+def _keyed_route(job: Any, spark: Any, stage: Any, sink: Any) -> _Route | str:
+    """The route of a keyed pipeline: its source's rows to the keyed subtasks."""
+    from streamer.runtime.arrow_input import plan_arrow_input
+    from streamer.runtime.continuous_source import KeyedRoute
+    from streamer.runtime.stages.keyed_stage import local_plan
+
+    schema = stage.stage.visible_schema
     direct = None
     if stage.task_sink is None:
-        from streamer.connectors.kafka.kafka_sink import KafkaSink
-
-        if isinstance(sink, KafkaSink) and sink.spec.inputs == (stage.node_id,):
-            direct = sink.direct(stage.stage.visible_schema,
-                                 job.plan.settings.continuous_flush_interval)
+        direct = _direct(job, sink, stage.node_id, schema)
         if direct is None:
             return (f"operator {stage.node_id!r}: its subtasks cannot write its sink "
                     "themselves (a local jsonl or parquet files sink, or a Kafka sink, that "
@@ -86,22 +131,43 @@ def gang_plan(job: Any, spark: Any) -> GangPlan | str:
     shape = local_plan(stage.stage)
     if isinstance(shape, str):
         return f"operator {stage.node_id!r}: {shape}"
-    source_id, source = next(iter(job.sources.items()))
-    if source.task_reads not in ("files", "csv", "parquet", "kafka"):
-        return (f"source {source_id!r} is not local JSON-lines, CSV or parquet files, nor "
-                "Kafka JSON values read by confluent-kafka")
     arrow = plan_arrow_input(spark, job.flow, stage.node_id, job.sources, job.schemas,
                              shape.columns)
     if isinstance(arrow, str):
         return f"operator {stage.node_id!r}: {arrow}"
-    cfg = stage.stage.base_config
-    route = KeyedRoute(cfg, shape.key_types, shape.columns, shape.ts_column)
-    parallelism = cfg.parallelism
-    sources = parallelism
-    if source.task_reads == "kafka":  # (a subtask without partitions would hold the watermark)
-        sources = max(1, min(parallelism, len(source.partitions())))
-    return GangPlan(source_id, source, stage, SourcePlan(source.spec, arrow, route),
-                    sink_id, sink, sources=sources, parallelism=parallelism, direct=direct)
+    route = KeyedRoute(stage.stage.base_config, shape.key_types, shape.columns,
+                       shape.ts_column)
+    return _Route(route, arrow, schema, direct)
+
+
+def _sink_route(job: Any, spark: Any, sink_id: str, sink: Any) -> _Route | str:
+    """The route of a stateless pipeline: its source's rows, through the chain, to the
+    sink, which its source subtasks write."""
+    from pyspark.sql.types import StructType
+
+    from streamer.columns import HIDDEN_PREFIX
+    from streamer.connectors.base import WritesTaskFiles
+    from streamer.operators.arrow_sql import arrow_type, supported
+    from streamer.runtime.arrow_input import plan_arrow_input
+    from streamer.runtime.continuous_source import SinkRoute
+
+    node = job.flow.node(sink_id)
+    schema = StructType([f for f in job.schemas[node.inputs[0]].fields
+                         if not f.name.startswith(HIDDEN_PREFIX)])
+    direct = _direct(job, sink, node.inputs[0], schema)
+    if direct is None and not (isinstance(sink, WritesTaskFiles)
+                               and sink.task_files_refused(schema) is None):
+        return (f"sink {sink_id!r}: the source subtasks cannot write it themselves (a local "
+                "jsonl or parquet files sink, or a Kafka sink)")
+    out = []
+    for f in schema.fields:
+        if not supported(f.dataType.simpleString()):
+            return f"sink {sink_id!r}: column {f.name!r} is {f.dataType.simpleString()}"
+        out.append((f.name, arrow_type(f.dataType.simpleString())))
+    arrow = plan_arrow_input(spark, job.flow, sink_id, job.sources, job.schemas, tuple(out))
+    if isinstance(arrow, str):
+        return f"sink {sink_id!r}: {arrow}"
+    return _Route(SinkRoute(tuple(name for name, _ in out)), arrow, schema, direct)
 
 
 def refused(file: Any, why: str) -> ConfigError:
@@ -167,11 +233,13 @@ class GangRun:
         )
 
         gang, chk, spec = self.gang, self.owner.checkpoints, self.job.spec
-        cfg = gang.plan.route.cfg
+        operators = {}
+        if gang.node_id is not None:
+            cfg = gang.stage.stage.base_config
+            operators[gang.node_id] = KeyedLayout(cfg.uid, cfg.backend, cfg.parallelism,
+                                                  cfg.max_parallelism)
         layout = GangLayout(spec.name, {gang.source_id: (gang.source.spec.uid, gang.sources)},
-                            {gang.stage.node_id: KeyedLayout(cfg.uid, cfg.backend,
-                                                             cfg.parallelism,
-                                                             cfg.max_parallelism)})
+                            operators)
         if chk.store is None:
             msg = "the continuous mode needs checkpoints (its sinks commit with them)"
             raise ConfigError(msg)
@@ -192,20 +260,21 @@ class GangRun:
 
         gang, chk, job = self.gang, self.owner.checkpoints, self.job
         settings = self._settings()
-        node = gang.stage.node_id
-        checkpointing = chk.task_checkpointing(node, None)
-        cfg = replace(gang.plan.route.cfg, checkpointing=checkpointing)
-        plan = replace(gang.plan, route=replace(gang.plan.route, cfg=cfg))
+        checkpointing = chk.task_checkpointing(gang.node_id or "", None)
+        plan = gang.plan
+        if gang.node_id is not None:
+            cfg = replace(gang.plan.route.cfg, checkpointing=checkpointing)
+            plan = replace(gang.plan, route=replace(gang.plan.route, cfg=cfg))
         meta = chk.last
         first = coord.next_id()
         self.base = job.epoch + 1 - first
         gang.sink.recover(job.epoch)  # (no staging of a dead attempt stays)
         target = None
         if gang.direct is None:
-            target = gang.sink.task_target(self.base + first, gang.stage.stage.visible_schema)
+            target = gang.sink.task_target(self.base + first, gang.sink_schema)
             target = replace(target, directory=gang.sink.staging_root)
         return GangTasks(
-            sources=gang.sources, plan=plan, reads=self._reads(meta),
+            sources=gang.sources, keyed=gang.parallelism, plan=plan, reads=self._reads(meta),
             slice_rows=settings.continuous_batch_rows, coordinator=coord.location,
             snapshots=SnapshotTarget(checkpointing.url, checkpointing.local_copy_root),
             sink=target, direct=gang.direct,
@@ -317,7 +386,7 @@ class GangRun:
     def _savepoint(self, meta: CheckpointMetadata, url: str) -> bool:
         from streamer.runtime.job.gang_savepoint import savepoint_of_checkpoint
 
-        return savepoint_of_checkpoint(self.owner, self.gang.stage.node_id, meta, url)
+        return savepoint_of_checkpoint(self.owner, self.gang.node_id, meta, url)
 
     def _stopped(self, meta: CheckpointMetadata) -> bool:
         """A stop after checkpoint `meta`: the savepoints owed, then the stop's own; whether
@@ -359,8 +428,9 @@ class GangRun:
         chk = self.owner.checkpoints
         chk.last = meta
         chk.completed.append(meta.checkpoint_id)
-        chk.last_handles = {self.gang.stage.node_id: {
-            int(h["subtask"]): h for op in meta.operators.values() for h in op.subtasks}}
+        if self.gang.node_id is not None:
+            chk.last_handles = {self.gang.node_id: {
+                int(h["subtask"]): h for op in meta.operators.values() for h in op.subtasks}}
         self.job.epoch = meta.epoch
         self.job.totals["records_in"] = sum(meta.records.values())
         self.job.offsets[self.gang.source_id] = dict(

@@ -19,22 +19,25 @@ from typing import Any
 from streamer.checkpoint.checkpoint_metadata import CheckpointMetadata
 
 
-def savepoint_of_checkpoint(owner: Any, node_id: str, meta: CheckpointMetadata, url: str
-                            ) -> bool:
+def savepoint_of_checkpoint(owner: Any, node_id: str | None, meta: CheckpointMetadata,
+                            url: str) -> bool:
     """Write savepoint `url` from checkpoint `meta` of the gang whose keyed operator is
-    `node_id`; whether it was written (a failure is reported and answered by
-    `complete_savepoint`)."""
+    `node_id` (None: a stateless one); whether it was written (a failure is reported and
+    answered by `complete_savepoint`)."""
     from streamer.runtime.job.savepointing import complete_savepoint
 
     job = owner.job
-    try:
-        metas = _key_groups(job, node_id, meta, url, owner.checkpoints.store.url)
-    except Exception as exc:  # reported as the savepoint's failure; the job goes on
-        metas = [{"subtask": -1, "savepoint_error": f"{type(exc).__name__}: {exc}"}]
+    keyed: dict[str, list[dict[str, Any]]] = {}
+    if node_id is not None:
+        try:
+            keyed[node_id] = _key_groups(job, node_id, meta, url, owner.checkpoints.store.url)
+        except Exception as exc:  # reported as the savepoint's failure; the job goes on
+            keyed[node_id] = [{"subtask": -1,
+                               "savepoint_error": f"{type(exc).__name__}: {exc}"}]
     uid_of = {s.uid: s.id for s in job.spec.sources}
     sources = ({uid: dict(o) for uid, o in meta.offsets.items() if uid in uid_of},
                dict(meta.watermark))
-    return complete_savepoint(job, owner.control, url, meta.epoch, {node_id: metas},
+    return complete_savepoint(job, owner.control, url, meta.epoch, keyed,
                               checkpointed=True, sources=sources)
 
 

@@ -38,7 +38,7 @@ from streamer.exchange.coordination import CoordinationClient
 from streamer.exchange.flight import ExchangeSender, ExchangeServer
 from streamer.exchange.gate import InputGate
 from streamer.operators.continuous import SnapshotTarget
-from streamer.runtime.continuous_source import SourcePlan, SourceSubtask
+from streamer.runtime.continuous_source import KeyedRoute, SourcePlan, SourceSubtask
 from streamer.runtime.continuous_splits import FileSplits, KafkaSplits
 from streamer.runtime.job.barrier_coordinator import keyed_task, source_task
 
@@ -77,8 +77,10 @@ class KafkaReads:
 class GangTasks:
     """What every task of the gang is given (pickled once, with the stage)."""
 
-    #: Source subtasks (the first tasks); the keyed subtasks follow.
+    #: Source subtasks (the first tasks); the keyed subtasks follow (none: a stateless
+    #: pipeline, whose source subtasks write the sink).
     sources: int
+    keyed: int
     #: The source's chain and the route to the keyed operator (its `KeyedConfig`, with
     #: the run's `TaskCheckpointing`).
     plan: SourcePlan
@@ -127,7 +129,9 @@ class GangTasks:
             raise RuntimeError(msg)
         index = context.partitionId()
         host = self.host or context.getTaskInfos()[index].address.rsplit(":", 1)[0]
-        if index < self.sources:
+        if self.keyed == 0:  # a stateless pipeline: the sources write the sink
+            yield run_stateless(self, index)
+        elif index < self.sources:
             found = context.allGather("")
             yield run_source(self, index, list(found[self.sources:]))
         else:
@@ -166,6 +170,64 @@ def run_source(tasks: GangTasks, subtask: int, keyed: list[str]) -> str:
         client.close()
 
 
+def run_stateless(tasks: GangTasks, subtask: int) -> str:
+    """Source subtask `subtask` of a stateless pipeline: its rows, through the chain, go
+    straight to the sink (staged for each checkpoint's commit, or produced at once); at
+    barrier n it publishes (or flushes) what came before, then acknowledges n."""
+    plan = tasks.plan
+    client = CoordinationClient(tasks.coordinator, source_task(plan.spec.id, subtask))
+    output: Any = (_KeyedOutput(tasks, subtask) if tasks.direct is None
+                   else _DirectOutput(tasks.direct, tasks.first_checkpoint))
+
+    def ack(checkpoint: int, position: dict[str, Any]) -> None:
+        failpoints.reached("in-task", checkpoint)
+        output.publish(checkpoint)
+        client.ack(checkpoint, position)
+
+    try:
+        src = SourceSubtask(plan, tasks.reads[subtask].open(plan.input, tasks.slice_rows),
+                            [_SinkChannel(output)], ack=ack,
+                            position=tasks.positions.get(subtask))
+        client.follow_barriers(src.inject)
+        while src.step():
+            pass
+        while client.following():
+            src.barriers()
+            time.sleep(0.01)
+        src.barriers()
+        if client.error is not None:
+            raise RuntimeError(client.error)
+        return f"source {subtask}: {src.records} records, {output.rows} rows out"
+    except BaseException:
+        output.discard()
+        raise
+    finally:
+        client.close()
+
+
+class _SinkChannel:
+    """A stateless source subtask's one channel: the sink (`runtime.continuous_source.
+    Channel`); barriers, watermarks and idleness mean nothing to it."""
+
+    def __init__(self, output: Any) -> None:
+        self.output = output
+
+    def send(self, batch: Any) -> None:
+        self.output.write_rows(batch)
+
+    def barrier(self, checkpoint: int) -> None:
+        """Nothing: the subtask's acknowledgement publishes the output first."""
+
+    def watermark(self, ms: int) -> None:
+        """Nothing: no operator here waits for time."""
+
+    def idle(self) -> None:
+        """Nothing: no operator here waits for time."""
+
+    def end(self) -> None:
+        """Nothing: the last checkpoint publishes the rest."""
+
+
 class _KeyedOutput:
     """A keyed subtask's output into the sink's staging directory of the next checkpoint."""
 
@@ -177,11 +239,21 @@ class _KeyedOutput:
         self._next = tasks.first_checkpoint
 
     def write(self, batch: Any) -> None:
+        """Write the output rows of a keyed subtask's batch."""
+        self._open().take(batch)
+
+    def write_rows(self, batch: Any) -> None:
+        """Write every row of `batch` (the sink's columns: a stateless pipeline's)."""
+        import pyarrow as pa
+
+        self._open().write_rows(pa.Table.from_batches([batch]))
+
+    def _open(self) -> TaskFile:
         if self._file is None:
             target = self.tasks.staging(self._next)
             os.makedirs(target.directory, exist_ok=True)
             self._file = TaskFile(target, self.subtask, ROW_KIND, OUT)
-        self._file.take(batch)
+        return self._file
 
     def publish(self, checkpoint: int) -> None:
         """Publish what goes with checkpoint `checkpoint`; later rows go with the next."""
@@ -217,7 +289,12 @@ class _DirectOutput:
         return int(self.producer.rows)
 
     def write(self, batch: Any) -> None:
+        """Produce the output rows of a keyed subtask's batch."""
         self.producer.write(batch, ROW_KIND, OUT)
+
+    def write_rows(self, batch: Any) -> None:
+        """Produce every row of `batch` (a stateless pipeline's)."""
+        self.producer.write(batch)
 
     def publish(self, checkpoint: int) -> None:
         self.producer.flush()
@@ -234,7 +311,9 @@ def open_keyed(tasks: GangTasks, subtask: int) -> tuple[Any, Any]:
     from streamer.operators.keyed import open_state_of
     from streamer.state import SubtaskLocation
 
-    cfg = tasks.plan.route.cfg
+    route = tasks.plan.route
+    assert isinstance(route, KeyedRoute)
+    cfg = route.cfg
     location = SubtaskLocation(cfg.state_root, cfg.job, cfg.uid, subtask)
     if location.path.exists():  # a failed attempt's state is ahead of the checkpoint
         shutil.rmtree(location.path)

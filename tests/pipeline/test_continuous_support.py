@@ -172,8 +172,8 @@ def test_the_variable_that_chose_the_mode_is_in_the_fix() -> None:
     assert str(info.value) == (
         "p.yaml:20:5: operator 'counts' (dedupe) cannot run with job.execution.mode: "
         "continuous yet; the continuous mode runs one files or kafka source, filters and "
-        "derived columns, one rolling aggregate or tumbling/sliding window, and one files or "
-        "kafka sink; fix: unset STREAMER_EXECUTION_MODE or set it to epochs")
+        "derived columns, at most one rolling aggregate or tumbling/sliding window, and one "
+        "files or kafka sink; fix: unset STREAMER_EXECUTION_MODE or set it to epochs")
 
 
 # --------------------------------------------------------------------------------- CLI

@@ -192,3 +192,26 @@ def test_stop_with_savepoint_in_one_mode_then_restore_in_the_other(
     assert restored.returncode == 0, restored.stderr[-3000:]
     after = rows_of(tmp_path / "out-moving")
     assert after == want, f"missing {want - after}, extra {after - want}"
+
+
+@pytest.mark.parametrize("mode", ["exactly_once", "at_least_once"])
+def test_a_stateless_pipeline_runs_in_its_source_subtasks(
+        tmp_path: Path, kafka: Any, mode: str) -> None:
+    """Kafka -> filter -> Kafka: no keyed operator, so the gang is the source subtasks alone,
+    each writing the sink (staged per checkpoint, or produced at once)."""
+    topic = kafka.create_topic(f"clicks-{uuid.uuid4().hex[:8]}", partitions=2)
+    out = kafka.create_topic(f"paid-{uuid.uuid4().hex[:8]}", partitions=2)
+    kafka.produce(topic, click_records(PER_PARTITION))
+    text = pipeline(tmp_path, kafka.bootstrap, topic, out, mode).read_text()
+    text = text.replace('''  - {id: per_user, input: paid, key_by: [user], aggregate: {n: count()}}
+''', "").replace("input: per_user", "input: paid")
+    path = tmp_path / "stateless.yaml"
+    path.write_text(text)
+    run = run_streamer(path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.finished is not None and run.finished["records_in"] == 2 * PER_PARTITION
+    want = Counter(json.dumps(value, sort_keys=True) for _, value, _ in
+                   click_records(PER_PARTITION) if value["amount"] >= 2)
+    got = Counter(json.dumps(json.loads(value), sort_keys=True)
+                  for _k, value, _p, _o in kafka.read(out, isolation="read_committed"))
+    assert got == want
