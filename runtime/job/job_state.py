@@ -138,12 +138,30 @@ class JobState:
         if len(self.history) > 2 * HISTORY_KEEP:
             del self.history[:-HISTORY_KEEP]
 
+    def _refuse_mid_file(self, source_id: str, offsets: dict[str, Any]) -> None:
+        """The epoch mode reads a file whole, so it cannot go on from a continuous run's
+        position in the middle of one (it would read that file's first rows again):
+        refuse, rather than write them twice."""
+        if self.plan is None or self.plan.settings.mode == "continuous":
+            return
+        for subtask, position in sorted(offsets.get("continuous", {}).items()):
+            if position.get("file") is not None and int(position.get("row", 0)) > 0:
+                from streamer.exceptions import ConfigError
+
+                msg = (f"source {source_id!r}: the checkpoint or savepoint was taken in "
+                       f"the continuous mode while its subtask {subtask} was in the middle "
+                       f"of file {position['file']!r} (row {position['row']}), which the "
+                       "epoch mode can only read whole; restore it with "
+                       "job.execution.mode: continuous at the same parallelism")
+                raise ConfigError(msg)
+
     def resume_sources(self, offsets: dict[str, Any], saved: dict[str, Any]) -> None:
         """Continue each source at its saved offsets (by uid; a new source starts at its
         beginning) and the watermark where it was."""
         ids_of = {s.uid: s.id for s in self.spec.sources}
         for source in self.spec.sources:
             if source.uid in offsets:
+                self._refuse_mid_file(source.id, offsets[source.uid])
                 self.offsets[source.id] = dict(offsets[source.uid])
         watermark = dict(saved)
         watermark["finished"] = [ids_of[u] for u in watermark.get("finished", [])

@@ -7,7 +7,8 @@ with barriers in the data every 300 ms, and commits the files sink after each `_
   subtask's position (the epoch mode's format);
 - a run SIGKILLed when a keyed subtask reaches a later checkpoint, run again, resumes from
   the last completed checkpoint (positions mid-file, state handles) and commits exactly the
-  uninterrupted output: nothing lost, nothing twice.
+  uninterrupted output: nothing lost, nothing twice; the epoch mode refuses to go on from
+  that checkpoint (it reads files whole, so it would read the file in progress again).
 """
 
 from __future__ import annotations
@@ -131,6 +132,12 @@ def test_a_killed_continuous_run_resumes_exactly_once(
     assert any(p["file"] is not None and p["row"] > 0 for p in positions.values())
     partial = committed(tmp_path, "gang")
     assert sum(partial.values()) < sum(want.values())
+    # The epoch mode reads files whole: it refuses to go on from the middle of one.
+    epochs = run_streamer(path, env={"STREAMER_EXECUTION_MODE": "epochs"})
+    assert epochs.returncode == 2, epochs.stderr[-3000:]
+    assert "which the epoch mode can only read whole" in epochs.stderr
+    assert "Traceback" not in epochs.stderr
+    assert committed(tmp_path, "gang") == partial
     second = run_streamer(path)
     assert second.returncode == 0, second.stderr[-3000:]
     assert second.finished is not None and second.finished["restored_from"] == max(done)
