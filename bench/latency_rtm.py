@@ -1,7 +1,7 @@
 """Kafka -> Kafka latency, streamer against Spark 4.3 Real-time Mode, in one run (issue 36).
 
     .venv/bin/python -m bench.latency_rtm [--rates 1000,100000] [--kinds stateless,rolling]
-        [--seconds 20] [--warmup 4] [--repeat 1] [--modes epochs] [--master local[4]]
+        [--seconds 20] [--warmup 10] [--repeat 1] [--modes epochs] [--master local[4]]
 
 One producer thread (`bench.latency_kafka.Producer`) writes JSON records `{user, amount,
 created}` to a 2-partition topic of a local broker (scripts/kafka_broker.py) at each rate,
@@ -357,8 +357,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kinds", default="stateless,rolling",
                         help="pipelines: stateless, rolling")
     parser.add_argument("--seconds", type=float, default=20.0, help="measured window, s")
-    parser.add_argument("--warmup", type=float, default=4.0,
-                        help="seconds after an engine's first output before the window")
+    parser.add_argument("--warmup", type=float, default=10.0,
+                        help="seconds after an engine's first output before the window (both "
+                             "drain what arrived while they started for 3-8 s here)")
     parser.add_argument("--tail", type=float, default=60.0,
                         help="at most this many seconds for the output to pass the window")
     parser.add_argument("--grace", type=float, default=1.0,
