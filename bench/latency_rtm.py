@@ -3,7 +3,8 @@
     .venv/bin/python -m bench.latency_rtm [--rates 1000,100000] [--kinds stateless,rolling]
         [--seconds 20] [--warmup 10] [--repeat 1] [--modes epochs] [--master local[4]]
 
-One producer thread (`bench.latency_kafka.Producer`) writes JSON records `{user, amount,
+One producer (`bench.latency_kafka.Producer`, in a process of its own so that it shares no
+GIL with the meter) writes JSON records `{user, amount,
 created}` to a 2-partition topic of a local broker (scripts/kafka_broker.py) at each rate,
 `created` being the wall clock (ms) when the record was handed to the producer. Every engine
 reads that topic from its end and writes JSON records to a fresh output topic of its own;
@@ -47,6 +48,7 @@ shared: read the figures as a comparison within one run, never as absolute numbe
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import re
 import shutil
@@ -61,6 +63,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Protocol
 
 from rich.console import Console
@@ -102,6 +105,39 @@ OPS = {
     "stateless": '    filter: "amount > 1"\n',
     "rolling": "    key_by: [user]\n    aggregate: {n: count(), created: max(created)}\n",
 }
+
+
+def produce(bootstrap: str, topic: str, rate: float, stop: Any, sent: Any) -> None:
+    """`bench.latency_kafka.Producer` in a process of its own, so that neither it nor the
+    output meter waits for the other's GIL; `sent` follows its count."""
+    producer = Producer(SimpleNamespace(bootstrap=bootstrap), topic, rate)
+    producer.start()
+    while not stop.wait(0.2):
+        sent.value = producer.sent
+    producer.stopped.set()
+    producer.join(60)
+    sent.value = producer.sent
+
+
+class ProducerProcess:
+    """Starts `produce` in a spawned process; `sent` is its count so far."""
+
+    def __init__(self, bootstrap: str, topic: str, rate: float) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.stop_event, self.count = ctx.Event(), ctx.Value("q", 0)
+        self.proc = ctx.Process(target=produce, daemon=True,
+                                args=(bootstrap, topic, rate, self.stop_event, self.count))
+        self.proc.start()
+
+    @property
+    def sent(self) -> int:
+        return int(self.count.value)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.proc.join(90)
+        if self.proc.is_alive():
+            self.proc.kill()
 
 
 class OutputMeter(threading.Thread):
@@ -264,7 +300,9 @@ class StreamerEngine:
         if self.proc is None or self.proc.poll() is None:
             return None
         lines = [ln for ln in self.log.read_text(errors="replace").splitlines() if ln.strip()]
-        return f"exit {self.proc.returncode}: {lines[-1] if lines else 'no output'}"
+        # `streamer` prints a refusal as "error FILE:LINE:COL: ..." then a count of problems.
+        errors = [ln for ln in lines if ln.startswith("error")] or lines[-1:] or ["no output"]
+        return f"exit {self.proc.returncode}: {errors[0].replace(str(self.dir) + '/', '')}"
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -295,10 +333,12 @@ def measure(engine: Engine, meter: OutputMeter, args: argparse.Namespace) -> Run
         time.sleep(max(0.0, until - time.time()))
         # Run on until the output has passed the window (a record created after it came
         # out), or for at most --tail seconds: an engine behind is measured, not cut off.
-        meter.passed(until, args.tail)
+        behind = not meter.passed(until, args.tail)
         time.sleep(args.grace)
         load = os.getloadavg()[0]
-        error = engine.failure()
+        error = engine.failure() or (
+            f"behind: output had not passed the window {args.tail:g} s after it "
+            "(the window's slowest records are missing)" if behind else None)
         return Run(meter.latencies(since, until), error, load)
     finally:
         engine.stop()
@@ -399,8 +439,7 @@ def main(argv: list[str] | None = None) -> None:
                   if ("rtm" if v.label.startswith("Spark") else "streamer") in engines]
         for rate in (float(r) for r in args.rates.split(",")):
             source = broker.create_topic(f"rtm-in-{rate:.0f}", 2)
-            producer = Producer(broker, source, rate)
-            producer.start()
+            producer = ProducerProcess(broker.bootstrap, source, rate)
             began, sent = time.monotonic(), producer.sent
             try:
                 for kind in args.kinds.split(","):
@@ -416,8 +455,7 @@ def main(argv: list[str] | None = None) -> None:
                                           f"{', ' + run.error if run.error else ''}")
             finally:
                 produced[rate] = (producer.sent - sent) / (time.monotonic() - began)
-                producer.stopped.set()
-                producer.join(60)
+                producer.stop()
         report(console, results, args, produced)
         spark.stop()
     finally:
