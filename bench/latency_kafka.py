@@ -109,7 +109,11 @@ class Producer(threading.Thread):
                 i = self.sent
                 value = json.dumps({"user": f"u{i * 7 % USERS}", "amount": float(i % 10),
                                     "created": int(time.time() * 1000)})
-                self.producer.produce(self.topic, value.encode(), partition=i % 2)
+                try:
+                    self.producer.produce(self.topic, value.encode(), partition=i % 2)
+                except BufferError:  # the client's queue is full: let it drain, then retry
+                    self.producer.poll(0.01)
+                    continue
                 self.sent += 1
             self.producer.poll(0)
             time.sleep(0.01)
