@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -56,6 +57,7 @@ class WarmJvm:
         #: How many Python processes `kill_workers` killed (for the campaign's log).
         self.workers_killed = 0
         self._log: IO[bytes] | None = None
+        self._scratch: Path | None = None
 
     def start(self) -> None:
         """Launch the JVM (if it is not running) and read its gateway's port and secret."""
@@ -65,7 +67,7 @@ class WarmJvm:
         self.starts += 1
         began = time.monotonic()
         self.root.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(prefix="spark-local-", dir=self.root))
+        scratch = self._scratch = Path(tempfile.mkdtemp(prefix="spark-local-", dir=self.root))
         info_dir = Path(tempfile.mkdtemp(prefix="gateway-", dir=self.root))
         info = info_dir / "info"
         env = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
@@ -132,7 +134,8 @@ class WarmJvm:
         self.close()
 
     def close(self) -> None:
-        """Kill the JVM's session, if it runs, and forget it."""
+        """Kill the JVM's session, if it runs, remove its Spark scratch directory (a killed
+        JVM leaves its block manager's and its contexts' files there) and forget it."""
         if self.proc is not None:
             crash(self.proc.pid)
             self.proc.wait()
@@ -142,3 +145,6 @@ class WarmJvm:
         if self._log is not None:
             self._log.close()
             self._log = None
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
