@@ -1,7 +1,8 @@
 """`streamer run` as a real process, for the crash and storage-fault tests: its `--json`
 events read line by line as they come, a SIGKILL of every process of the run at once (the
-driver, its Spark JVM and the Python workers, as a machine crash would), and the committed
-rows of a files sink.
+driver, its Spark JVM and the Python workers, as a machine crash would; on a warm JVM,
+`warm_jvm.py`, the driver and the JVM's Python workers), and the committed rows of a files
+sink.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,11 +111,14 @@ Watch = Callable[[dict[str, Any] | None, float], bool]
 
 def run_streamer(pipeline: Path, *args: str, env: Mapping[str, str] | None = None,
                  watch: Watch | None = None, timeout: float = 300.0,
-                 stderr_file: Path | None = None) -> Run:
+                 stderr_file: Path | None = None, driver: Sequence[str] = (str(STREAMER),),
+                 also_crash: Callable[[], None] | None = None) -> Run:
     """Run `streamer run <pipeline> --json --no-ui <args>` in a session of its own and
     return how it ended. Whenever it ends, or `watch` says so, every process of its session
-    is killed, so no Spark task of a dead run outlives it. Its stderr and events are kept in
-    `stderr_file` and the `.jsonl` file next to it."""
+    is killed, so no Spark task of a dead run outlives it, and then `also_crash` is called
+    (a warm JVM's run: the JVM's Python workers, or the JVM). Its stderr and events are kept
+    in `stderr_file` and the `.jsonl` file next to it. `driver` is the `streamer` command
+    (`warm_jvm.WarmJvm.driver` attaches the run to a warm JVM)."""
     environment = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
     environment.update(env or {})
     err_path = stderr_file or pipeline.with_suffix(".stderr")
@@ -123,10 +127,16 @@ def run_streamer(pipeline: Path, *args: str, env: Mapping[str, str] | None = Non
     started = time.monotonic()
     crashed = False
     events: list[dict[str, Any]] = []
+
+    def crash_run(sid: int) -> None:
+        crash(sid)
+        if also_crash is not None:
+            also_crash()
+
     lines: queue.Queue[str | None] = queue.Queue()
     with open(err_path, "w+", encoding="utf-8") as err:
         proc = subprocess.Popen(
-            [str(STREAMER), "run", str(pipeline), "--json", "--no-ui", *args],
+            [*driver, "run", str(pipeline), "--json", "--no-ui", *args],
             stdout=subprocess.PIPE, stderr=err, text=True, cwd=pipeline.parent,
             env=environment, start_new_session=True)
         assert proc.stdout is not None
@@ -158,15 +168,15 @@ def run_streamer(pipeline: Path, *args: str, env: Mapping[str, str] | None = Non
                 if not crashed and watch is not None and proc.poll() is None \
                         and watch(event, elapsed):
                     crashed = True
-                    crash(proc.pid)
+                    crash_run(proc.pid)
                 if proc.poll() is not None:  # the driver is gone: so is the rest
-                    crash(proc.pid)
+                    crash_run(proc.pid)
                 if elapsed > timeout:
-                    crash(proc.pid)
+                    crash_run(proc.pid)
                     msg = f"`streamer run {pipeline.name}` ran over {timeout:.0f}s"
                     raise AssertionError(msg)
         finally:
-            crash(proc.pid)
+            crash_run(proc.pid)
             proc.wait()
             reader.join(timeout=30)
             shutil.rmtree(scratch, ignore_errors=True)

@@ -75,7 +75,7 @@ def arrow_job(data: Path) -> LapJob:
             root / "dead").leftovers() + arrow_every_epoch(root)
 
     return LapJob(JOB, lambda root: write_job(root, data), collect, epochs=EPOCHS,
-                  kinds=KINDS)
+                  kinds=KINDS, warm=True)
 
 
 def test_sigkill_around_the_arrow_tasks_writes_then_rerun_commits_exactly_the_reference(

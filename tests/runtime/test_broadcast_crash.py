@@ -54,7 +54,8 @@ def reference_output(root: Path) -> Counter[str]:
 
 
 def broadcast_job() -> LapJob:
-    return LapJob(JOB, write_job, collect_files(), epochs=EPOCHS, kinds=KINDS)
+    return LapJob(JOB, write_job, collect_files(), epochs=EPOCHS, kinds=KINDS,
+                  warm=True)
 
 
 def test_sigkill_with_broadcast_state_then_every_subtask_applies_the_restored_rules(

@@ -18,10 +18,15 @@ are all done. The kills are chosen by a seeded RNG: `STREAMER_TEST_CRASH_SEED` r
 choices (the moment of a random kill still depends on how fast epochs run). The seed and every
 run are printed, and repeated in every failure message.
 
-Each `streamer run` pays seconds of JVM start, so the reference run (one, writing both
-formats, shared with test_s3_jobs.py) and the two backends' campaigns run side by side. The
-campaigns of other sinks and jobs (test_*_crash.py) use this module's harness:
-`crash_campaign` with a `LapJob`, its epochs and the kinds of kill it deals.
+A new JVM costs a run about 6.5 s to its SparkSession and more to its first job (cold JIT), so
+a campaign whose job needs nothing at JVM start (`LapJob.warm`) runs on one warm JVM
+(`warm_jvm.py`): a kill there kills the run's driver and the JVM's Python workers, and the
+next driver stops what the dead one left in the JVM before it starts. The campaign's first
+kill and its random kills kill the JVM too, as a machine crash does (`Campaign.machine_crash`).
+The reference run (one, writing both formats, shared with test_s3_jobs.py) and the two
+backends' campaigns run side by side. The campaigns of other sinks and jobs
+(test_*_crash.py) use this module's harness: `crash_campaign` with a `LapJob`, its epochs
+and the kinds of kill it deals.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from typing import Any
 import pytest
 from fragments import crash_job, files_sink, section, write_pipeline
 from streamer_process import FilesOutput, Run, diff, quick_jvm, run_streamer
+from warm_jvm import WarmJvm
 
 from streamer.checkpoint.checkpoint_metadata import CheckpointStore
 
@@ -208,11 +214,14 @@ class Planner:
         self.epochs = epochs
         self.kinds = kinds
         self.deck: list[str] = []
-        self.timing = Timing()
+        #: The epochs of runs that start a JVM (False) and of runs on a warm one (True), whose
+        #: first epochs take a fraction of the time.
+        self.timings = {False: Timing(), True: Timing()}
 
-    def next(self, remaining: int, kills_left: int, resumed_at: int, next_id: int) -> Kill:
+    def next(self, remaining: int, kills_left: int, resumed_at: int, next_id: int,
+             warm: bool = False) -> Kill:
         """The kill of a run that resumes after epoch `resumed_at` with `remaining` epochs to
-        go, when checkpoint ids start at `next_id`."""
+        go, when checkpoint ids start at `next_id` (on a `warm` JVM)."""
         rng = self.rng
         cap = remaining - 1 if kills_left > 1 else remaining  # epochs it may let complete
         target = remaining / kills_left
@@ -226,7 +235,8 @@ class Planner:
                 if cap < 1:  # it may let one more checkpoint complete than it waits for
                     continue
                 after = max(0, min(progress, cap - 1) - rng.randint(0, 1))
-                kill = Kill(kind, after, rng.uniform(0.0, self.timing.window(after)), resumed_at)
+                delay = rng.uniform(0.0, self.timings[warm].window(after))
+                kill = Kill(kind, after, delay, resumed_at)
             else:
                 counts, base = POINTS[kind]
                 # A base-0 point fires in epoch `resumed_at + 1 + done`, which must exist (the
@@ -272,6 +282,37 @@ class Campaign:
     backend: str
     laps: list[Lap] = field(default_factory=list)
     log: list[str] = field(default_factory=list)
+    #: The JVM its runs share (`LapJob.warm`).
+    jvm: WarmJvm | None = None
+
+    def machine_crash(self, kill: Kill) -> bool:
+        """Whether `kill` is to kill the JVM too, as a machine crash does. Every kill of a
+        campaign without a warm JVM; with one, the campaign's first kill and its random
+        ones: a fail point kills the driver at a known step (a keyed task's: the JVM's
+        Python workers die with it), a random kill at any moment of the JVM's own work
+        (a Spark writer's task, a commit), which a crash of the JVM cuts short where a
+        stop would cancel it cleanly."""
+        return self.jvm is None or not self.kills or kill.point == "random"
+
+    def run(self, pipeline: Path, kill: Kill | None, watch: RandomCrash | None,
+            stderr_file: Path) -> tuple[Run, str]:
+        """Run `pipeline` once, with `kill`'s fail points and `watch`, on the warm JVM if the
+        campaign has one (killed with the run when the kill is a `machine_crash`); return
+        the run and a note on its JVM for the log."""
+        jvm = self.jvm
+        env = kill.env() if kill else {}
+        if jvm is None:
+            return run_streamer(pipeline, env=env, watch=watch, stderr_file=stderr_file), ""
+        machine = kill is not None and self.machine_crash(kill)
+        starts, workers = jvm.starts, jvm.workers_killed
+        env.update(jvm.env())
+        run = run_streamer(pipeline, env=env, watch=watch, stderr_file=stderr_file,
+                           driver=jvm.driver, also_crash=jvm.crash if machine else jvm.kill_workers)
+        fresh = f"new JVM started in {jvm.start_seconds:.1f}s" if jvm.starts > starts \
+            else "warm JVM"
+        killed = "killed too" if machine else \
+            f"{jvm.workers_killed - workers} Python processes of it killed"
+        return run, f" ({fresh}, {killed})"
 
     @property
     def kills(self) -> list[Kill]:
@@ -303,6 +344,10 @@ class LapJob:
     #: The job's epochs (its final one included), and the kinds of kill its campaign deals.
     epochs: int = EPOCHS
     kinds: tuple[str, ...] = KINDS
+    #: Whether the campaign's runs share a warm JVM (`warm_jvm.py`) between the kills that
+    #: model a machine crash: for jobs that need nothing at JVM start but the quick driver
+    #: options (no extra jars or packages).
+    warm: bool = False
 
 
 def collect_files(fmt: str = "jsonl") -> Callable[[Path, Lap], None]:
@@ -338,7 +383,8 @@ def epochs_that(root: Path, wrong: Callable[[dict[str, Any]], bool]) -> list[str
 
 def files_job(backend: str, fmt: str = "jsonl") -> LapJob:
     """This module's datagen -> windows -> files job on `backend`, writing `fmt` files."""
-    return LapJob(JOB, lambda root: write_job(root, backend, fmt), collect_files(fmt))
+    return LapJob(JOB, lambda root: write_job(root, backend, fmt), collect_files(fmt),
+                  warm=True)
 
 
 def run_lap(campaign: Campaign, root: Path, kills_wanted: int, planner: Planner,
@@ -353,20 +399,20 @@ def run_lap(campaign: Campaign, root: Path, kills_wanted: int, planner: Planner,
         resumed_at = latest.epoch if latest else 0
         kills_left = kills_wanted - len(lap.kills)
         kill = None
+        warm = campaign.jvm is not None and campaign.jvm.sid is not None
         if kills_left > 0 and resumed_at < job.epochs:
             kill = planner.next(job.epochs - resumed_at, kills_left, resumed_at,
-                                store.next_id())
+                                store.next_id(), warm)
         watch = RandomCrash(kill.number, kill.delay) if kill and kill.point == "random" \
             else None
-        run = run_streamer(pipeline, env=kill.env() if kill else {}, watch=watch,
-                           stderr_file=root / f"run-{lap.runs}.stderr")
+        run, jvm_note = campaign.run(pipeline, kill, watch, root / f"run-{lap.runs}.stderr")
         lap.runs += 1
-        planner.timing.learn(run)
+        planner.timings[warm].learn(run)
         done = [e["id"] for e in run.checkpoints("completed")]
         failed = [e["id"] for e in run.checkpoints("failed")]
         outcome = (f"{'killed' if run.killed else f'exit {run.returncode}'} after "
                    f"{run.seconds:.1f}s, checkpoints completed {done}"
-                   + (f", failed {failed}" if failed else ""))
+                   + (f", failed {failed}" if failed else "") + jvm_note)
         if kill is not None:
             kill.outcome = outcome
             campaign.note(f"{root.name} kill {len(lap.kills) + 1}: {kill}")
@@ -389,7 +435,7 @@ def crash_campaign(label: str, root: Path, job: LapJob, kills: int = KILLS,
                    per_lap: int | None = None) -> Campaign:
     """Laps of `job` (log and seed named `label`) until `kills` kills are done, at most
     `per_lap` in a lap (by default one per epoch of the job)."""
-    campaign = Campaign(label)
+    campaign = Campaign(label, jvm=WarmJvm(root / "jvm") if job.warm else None)
     planner = Planner(random.Random(f"{SEED}-{label}"), job.epochs, job.kinds)
     per_lap = min(per_lap or job.epochs, job.epochs)
     try:
@@ -399,6 +445,10 @@ def crash_campaign(label: str, root: Path, job: LapJob, kills: int = KILLS,
                     min(kills - len(campaign.kills), per_lap), planner, job)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{campaign.schedule}") from exc
+    finally:
+        if campaign.jvm is not None:
+            campaign.note(f"JVM starts: {campaign.jvm.starts}")
+            campaign.jvm.close()
     return campaign
 
 

@@ -90,7 +90,7 @@ def reference_output(root: Path) -> Counter[str]:
 def join_job() -> LapJob:
     """The join job for test_crash.py's campaign: lap n on `BACKENDS[(n - 1) % 2]`."""
     return LapJob(JOB, alternating_backends(write_job), collect_files(), epochs=EPOCHS,
-                  kinds=KINDS)
+                  kinds=KINDS, warm=True)
 
 
 def test_sigkill_at_fail_points_and_random_moments_then_rerun_commits_exactly_the_reference(

@@ -69,7 +69,7 @@ def staged_job(data: Path) -> LapJob:
         lap.leftovers += staged_every_epoch(root)
 
     return LapJob(JOB, lambda root: write_job(root, data), collect, epochs=EPOCHS,
-                  kinds=KINDS)
+                  kinds=KINDS, warm=True)
 
 
 def test_sigkill_around_the_staging_write_then_rerun_commits_exactly_the_reference(

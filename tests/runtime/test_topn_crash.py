@@ -122,7 +122,8 @@ def topn_job() -> LapJob:
     def collect(root: Path, lap: Lap) -> None:
         lap.rows, lap.leftovers = committed(root)
 
-    return LapJob(JOB, alternating_backends(write_job), collect, epochs=EPOCHS, kinds=KINDS)
+    return LapJob(JOB, alternating_backends(write_job), collect, epochs=EPOCHS, kinds=KINDS,
+                  warm=True)
 
 
 def test_sigkill_with_top_n_and_distinct_counts_then_rerun_commits_exactly_the_reference(
