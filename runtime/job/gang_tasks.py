@@ -154,20 +154,27 @@ def run_source(tasks: GangTasks, subtask: int, keyed: list[str]) -> str:
     try:
         src = SourceSubtask(plan, tasks.reads[subtask].open(plan.input, tasks.slice_rows),
                             senders, ack=client.ack, position=tasks.positions.get(subtask))
-        client.follow_barriers(src.inject)
-        while src.step():
-            pass
-        while client.following():  # ended: the final position answers every barrier
-            src.barriers()
-            time.sleep(0.01)
-        src.barriers()
-        if client.error is not None:
-            raise RuntimeError(client.error)
+        drive(src, client)
         return f"source {subtask}: {src.records} records"
     finally:
         for sender in senders:
             sender.close()
         client.close()
+
+
+def drive(src: SourceSubtask, client: CoordinationClient) -> None:
+    """Run a source subtask to the end of its input, taking the barriers injected on the
+    control plane; then answer every later barrier with its final position until the
+    coordinator ends the stream."""
+    client.follow_barriers(src.inject)
+    while src.step():
+        pass
+    while client.following():
+        src.barriers()
+        time.sleep(0.01)
+    src.barriers()
+    if client.error is not None:
+        raise RuntimeError(client.error)
 
 
 def run_stateless(tasks: GangTasks, subtask: int) -> str:
@@ -188,15 +195,7 @@ def run_stateless(tasks: GangTasks, subtask: int) -> str:
         src = SourceSubtask(plan, tasks.reads[subtask].open(plan.input, tasks.slice_rows),
                             [_SinkChannel(output)], ack=ack,
                             position=tasks.positions.get(subtask))
-        client.follow_barriers(src.inject)
-        while src.step():
-            pass
-        while client.following():
-            src.barriers()
-            time.sleep(0.01)
-        src.barriers()
-        if client.error is not None:
-            raise RuntimeError(client.error)
+        drive(src, client)
         return f"source {subtask}: {src.records} records, {output.rows} rows out"
     except BaseException:
         output.discard()
