@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.latency_rtm [--rates 1000,100000] [--kinds stateless,rolling]
         [--seconds 20] [--warmup 10] [--repeat 1] [--modes epochs] [--master local[4]]
+        [--cluster CORES]
 
 One producer (`bench.latency_kafka.Producer`, in a process of its own so that it shares no
 GIL with the meter) writes JSON records `{user, amount,
@@ -39,6 +40,10 @@ Pipelines: **stateless** (filter `amount > 1`) and **rolling** (count per `user`
   parallelism 2, `checkpoint.mode: at_least_once` (every epoch commits its output: the
   low-latency path); and a row with `exactly_once`, a 1 s checkpoint interval and a
   `read_committed` meter (output becomes visible when its checkpoint's transaction commits).
+
+With `--cluster CORES`, each streamer mode also runs (at_least_once) with `--submit` on a
+standalone cluster of 2 workers of CORES cores each (`runtime.cluster.standalone`), started
+for the run: the continuous mode's gang needs a slot per source and keyed subtask (4 here).
 
 The table has a row per pipeline x rate x engine: medians over `--repeat` runs of p50, p99
 and max, the records measured, and the 1-minute load average. The machine is small and
@@ -285,6 +290,8 @@ class StreamerEngine:
             mode=mode, bootstrap=bootstrap, source=source, sink=sink, op=OPS[kind],
             key="    key: user\n" if kind == "rolling" else "")))
         self.master = master
+        #: `streamer run --submit --master <master>` (a standalone cluster's URL) when true.
+        self.submit = master.startswith("spark://")
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = self.dir / "run.log"
 
@@ -293,6 +300,7 @@ class StreamerEngine:
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
                 [str(streamer), "run", str(self.file), "--json", "--no-ui", "--fresh",
+                 *(["--submit"] if self.submit else []),
                  "--master", self.master, "--storage", str(self.dir / "storage")],
                 stdout=log, stderr=subprocess.STDOUT, cwd=self.dir)
 
@@ -345,8 +353,10 @@ def measure(engine: Engine, meter: OutputMeter, args: argparse.Namespace) -> Run
         meter.stop()
 
 
-def variants(spark: Any, broker: KafkaBroker, args: argparse.Namespace) -> list[Variant]:
-    """The engine configurations of one pipeline, in the order they alternate."""
+def variants(spark: Any, broker: KafkaBroker, args: argparse.Namespace,
+             cluster: str | None = None) -> list[Variant]:
+    """The engine configurations of one pipeline, in the order they alternate (with a
+    standalone cluster's URL, streamer's on that cluster too)."""
     out = [Variant(f"Spark RTM, realTime {args.rtm_batch}", "read_uncommitted",
                    lambda kind, src, sink, scratch: RtmEngine(
                        spark, broker.bootstrap, kind, src, sink, args.rtm_batch,
@@ -362,6 +372,12 @@ def variants(spark: Any, broker: KafkaBroker, args: argparse.Namespace) -> list[
                                lambda kind, src, sink, scratch, mode=mode: StreamerEngine(
                                    broker.bootstrap, kind, src, sink, scratch, mode,
                                    "exactly_once", "1s", args.master)))
+        if cluster is not None:
+            out.append(Variant(f"streamer {mode}, at_least_once, --submit to the cluster",
+                               "read_uncommitted",
+                               lambda kind, src, sink, scratch, mode=mode: StreamerEngine(
+                                   broker.bootstrap, kind, src, sink, scratch, mode,
+                                   "at_least_once", "10s", cluster)))
     return out
 
 
@@ -414,6 +430,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="leave out the exactly_once / read_committed row")
     parser.add_argument("--rtm-batch", default="10 seconds",
                         help="Real-time Mode's batch duration (its checkpoint interval)")
+    parser.add_argument("--cluster", type=int, default=0, metavar="CORES",
+                        help="also run streamer with --submit on a standalone cluster of 2 "
+                             "workers of CORES cores each (0: not)")
     parser.add_argument("--master", default="local[4]",
                         help="Spark master of both engines (RTM needs a slot per source "
                              "partition and per shuffle partition)")
@@ -425,17 +444,23 @@ def main(argv: list[str] | None = None) -> None:
     console = Console(width=160)
     from streamer.connectors.maven import packages_conf, spark_kafka_packages
     from streamer.runtime.cluster.spark import create_session
+    from streamer.runtime.cluster.standalone import StandaloneCluster
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-rtm-"))
     broker = KafkaBroker(scratch / "broker").start()
     engines = set(args.engines.split(","))
     results: dict[tuple[str, float, str], list[Run]] = {}
     produced: dict[float, float] = {}
+    cluster = None
+    if args.cluster:
+        cluster = StandaloneCluster(scratch / "cluster", workers=2, cores=args.cluster,
+                                    memory="1g").start()
     try:
         spark = create_session("bench-rtm", args.master, ui=False, conf={
             "spark.sql.shuffle.partitions": "2",
             **packages_conf({}, spark_kafka_packages())})
-        chosen = [v for v in variants(spark, broker, args)
+        chosen = [v for v in variants(spark, broker, args,
+                                      cluster.master_url if cluster else None)
                   if ("rtm" if v.label.startswith("Spark") else "streamer") in engines]
         for rate in (float(r) for r in args.rates.split(",")):
             source = broker.create_topic(f"rtm-in-{rate:.0f}", 2)
@@ -459,6 +484,8 @@ def main(argv: list[str] | None = None) -> None:
         report(console, results, args, produced)
         spark.stop()
     finally:
+        if cluster is not None:
+            cluster.stop()
         broker.stop()
         shutil.rmtree(scratch, ignore_errors=True)
 

@@ -144,8 +144,15 @@ def gang_slots(master: str | None, parallelism: int | None, conf: Mapping[str, s
     """The master and conf of a continuous job's session: in local mode, a task slot for
     each of its source and keyed subtasks (a barrier stage is scheduled only whole: Spark
     refuses one with more tasks than slots), while the keyed operators keep the
-    parallelism they would have (`spark.default.parallelism`: the cores, or the job's)."""
+    parallelism they would have (`spark.default.parallelism`: the cores, or the job's).
+    Under spark-submit, or on a cluster, the slots are the cluster's."""
     out = dict(conf)
+    # A gang restarted after a lost executor waits for its slots: Spark re-checks them every
+    # `interval` (15 s by default), up to `maxFailures` times; check each second, for 3 min.
+    out.setdefault("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
+    out.setdefault("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "180")
+    if "PYSPARK_GATEWAY_PORT" in os.environ:  # spark-submit's master and slots, as given
+        return master, out
     if master is not None and not master.startswith("local"):
         return master, out
     inside = (master or "local[*]").removeprefix("local").strip("[]").split(",")[0]
@@ -153,6 +160,13 @@ def gang_slots(master: str | None, parallelism: int | None, conf: Mapping[str, s
     keyed = parallelism or int(out.get("spark.default.parallelism", cores))
     out.setdefault("spark.default.parallelism", str(keyed))
     return f"local[{max(cores, 2 * keyed)}]", out
+
+
+def task_slots(spark: SparkSession) -> int:
+    """How many tasks the session's executors run at once now: what Spark holds a barrier
+    stage's task count against."""
+    sc = spark.sparkContext._jsc.sc()
+    return int(sc.maxNumConcurrentTasks(sc.resourceProfileManager().defaultResourceProfile()))
 
 
 def create_session(app_name: str = "streamer", master: str | None = None,

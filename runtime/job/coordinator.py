@@ -303,8 +303,9 @@ class JobRunner:
         restarts = free = 0  # free: restarts that do not count (lost state, bad checkpoint)
         while True:
             try:
-                self.recovery.recover(first=restarts + free == 0)
-                return self._attempt(), restarts
+                first = restarts + free == 0
+                self.recovery.recover(first=first)
+                return self._attempt(first), restarts
             except JobFailedError as exc:
                 if not self.recovery.may_restart(exc, restarts, free, self.control.stop):
                     raise
@@ -348,8 +349,9 @@ class JobRunner:
                 shutil.rmtree(os.path.join(copies, f"executor-{executor}"), ignore_errors=True)
 
     # ------------------------------------------------------------------------ the loop
-    def _attempt(self) -> JobResult:
-        """One attempt of the run: the epoch loop, or the continuous mode's gang."""
+    def _attempt(self, first: bool) -> JobResult:
+        """One attempt of the run: the epoch loop, or the continuous mode's gang (whose
+        first attempt checks the cluster has a task slot for each of its subtasks)."""
         plan = self.job.plan
         if plan is None or plan.settings.mode != "continuous":
             return self._loop()
@@ -358,6 +360,9 @@ class JobRunner:
         gang = gang_plan(self.job, self.spark)
         if isinstance(gang, str):
             raise refused(self.spec.file, gang)
+        if first:
+            gang.check_slots(self.spark, self.spec.file, wait_s=15.0 if self.job.on_cluster
+                             else 0.0)
         status, reason = GangRun(self, gang).run()
         return self._result(status, reason)
 

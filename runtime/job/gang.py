@@ -68,6 +68,22 @@ class GangPlan:
         """The keyed operator's node id (None: stateless)."""
         return None if self.stage is None else str(self.stage.node_id)
 
+    def check_slots(self, spark: Any, file: Any, wait_s: float) -> None:
+        """Refuse, with the fix, a gang the session has too few task slots for (Spark
+        schedules a barrier stage only whole, and would retry it for minutes); on a cluster,
+        executors that are still registering get `wait_s` to come."""
+        from streamer.runtime.cluster.spark import task_slots
+
+        deadline = time.monotonic() + wait_s
+        while (slots := task_slots(spark)) < self.tasks:
+            if time.monotonic() >= deadline:
+                msg = (f"{file}: job.execution.mode is continuous, and its gang needs a task "
+                       f"slot for each of its {self.sources} source and {self.parallelism} "
+                       f"keyed subtasks ({self.tasks}), but the executors offer {slots}; set "
+                       "job.parallelism lower, or give the job more executor cores")
+                raise ConfigError(msg)
+            time.sleep(0.5)
+
 
 @dataclass(frozen=True)
 class _Route:

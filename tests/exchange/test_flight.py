@@ -226,3 +226,22 @@ def test_a_sender_abandoned_without_end_of_input_closes_at_once_and_fails_its_ch
             server.wait_ready(timeout_s=5)
     finally:
         assert server.close()
+
+
+def test_a_batch_off_its_alignment_is_copied_and_an_aligned_one_is_not() -> None:
+    """gRPC hands a receiver buffers at any address between executors; Acero (the keyed
+    kernels' group_by) warns on each such batch, so the receiver realigns them."""
+    import pyarrow as pa
+
+    from streamer.exchange.flight import aligned
+
+    batch = pa.record_batch({"k": pa.array(["a", None, "ccc"]),
+                             "v": pa.array([1, 2, 3], pa.int64()),
+                             "xs": pa.array([[1.5], [], None], pa.list_(pa.float64()))})
+    shifted = pa.py_buffer(b"\0" + batch.serialize().to_pybytes()).slice(1)
+    off = pa.ipc.read_record_batch(shifted, batch.schema)
+    assert any(b is not None and b.address % 8 for c in off.columns for b in c.buffers())
+    fixed = aligned(off)
+    assert fixed.equals(batch)
+    assert all(b is None or b.address % 8 == 0 for c in fixed.columns for b in c.buffers())
+    assert aligned(batch) is batch

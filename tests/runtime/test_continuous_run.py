@@ -117,6 +117,8 @@ def test_a_continuous_run_commits_the_epoch_modes_output(
     positions = last["offsets"][next(iter(last["offsets"]))]["continuous"]
     assert sorted(positions) == ["0", "1"] and all(p["ended"] for p in positions.values())
     assert len(run.checkpoints("completed")) >= 2
+    # (batches a keyed subtask receives over Flight are realigned before Acero groups them)
+    assert "poorly aligned" not in run.stderr
 
 
 def test_a_killed_continuous_run_resumes_exactly_once(
