@@ -128,7 +128,8 @@ class OperatorHarness:
             out_schema=to_arrow_schema(out_schema, timezone="UTC"), backend=backend,
             state_root=str(root), job=spec.name, parallelism=parallelism,
             max_parallelism=spec.job.max_parallelism, epoch=0, fire_up_to=0,
-            changelog=changelog, op=op)
+            changelog=changelog, op=op, park=True)  # (as a local epoch's subtasks do)
+        self.arrow_input = to_arrow_schema(input_schema, timezone="UTC")
         self.columns = _direct_columns(op, kind.has(WHOLE_RECORDS), input_schema)
         self.key_types = tuple(input_schema[k].dataType.simpleString() for k in op.key_by)
 
@@ -166,10 +167,13 @@ class OperatorHarness:
         ones are dropped and counted. Returns the rows emitted, as `rows` holds them."""
         return self._epoch(self.table(rows), now_ms, None)
 
-    def advance_watermark(self, ms: int, now_ms: int = 0) -> list[dict[str, Any]]:
-        """The watermark moves to `ms` (never back): the timers up to it fire now."""
+    def advance_watermark(self, ms: int, now_ms: int = 0, *, fire: bool = True
+                          ) -> list[dict[str, Any]]:
+        """The watermark moves to `ms` (never back): the timers up to it fire now, or, with
+        `fire=False`, at the start of the next `process` (as the engine's next epoch fires
+        them before its records)."""
         self.watermark = max(self.watermark, ms)
-        return self._epoch(None, now_ms, None)
+        return self._epoch(None, now_ms, None) if fire else []
 
     def finish(self, now_ms: int = 0) -> list[dict[str, Any]]:
         """The end of input: every timer fires (Flink's MAX_WATERMARK)."""
@@ -183,9 +187,8 @@ class OperatorHarness:
     def table(self, rows: Iterable[Mapping[str, Any]] | Any) -> Any:
         """`rows` as an Arrow table of the operator's input columns."""
         import pyarrow as pa
-        from pyspark.sql.pandas.types import to_arrow_schema
 
-        schema = to_arrow_schema(self.input_schema, timezone="UTC")
+        schema = self.arrow_input
         if isinstance(rows, pa.Table):
             return _with_constants(rows, self.op).select(schema.names).cast(schema)
         listed = [dict(r) for r in rows]
@@ -232,8 +235,13 @@ class OperatorHarness:
         """Every subtask's state, in the savepoint format, under `url` (a new directory)."""
         files: list[Mapping[str, Any]] = []
         for subtask in range(self.cfg.parallelism):
-            with open_state_of(self.cfg, subtask) as backend:
+            backend = open_state_of(self.cfg, subtask)
+            try:
                 files += write_key_groups(backend, str(url), self.cfg.uid, subtask)["files"]
+            except BaseException:
+                backend.close()
+                raise
+            backend.park()
         return Snapshot(str(url), tuple(files), self.epoch, self.watermark)
 
     def restore(self, snapshot: Snapshot, root: str | Path, *, backend: str | None = None,
@@ -253,11 +261,28 @@ class OperatorHarness:
                             parallelism=parallelism or self.cfg.parallelism)
         p, maxp = fresh.cfg.parallelism, fresh.cfg.max_parallelism
         for subtask in range(p):
-            with open_state_of(fresh.cfg, subtask) as state:
+            state = open_state_of(fresh.cfg, subtask)
+            try:
                 restore_key_groups(snapshot.url, snapshot.files, state,
                                    key_group_range(subtask, p, maxp))
                 state.commit(snapshot.epoch)
+            except BaseException:
+                state.close()
+                raise
+            state.park()
         return fresh
+
+    def close(self) -> None:
+        """Close the subtasks' state (a RocksDB handle stays open between epochs, parked in
+        this process as a local epoch's is: `KeyedStateBackend.park`)."""
+        for subtask in range(self.cfg.parallelism):
+            open_state_of(self.cfg, subtask).close()
+
+    def __enter__(self) -> OperatorHarness:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def output_schema(self) -> dict[str, str]:

@@ -1,0 +1,204 @@
+"""The oracle properties of `test_window_properties.py` without Spark: the same pipelines,
+random streams and oracle (`oracle.py`), run through `streamer.testing.harness` (the
+engine's `run_task` per subtask, as a local epoch runs it, on real memory and RocksDB state),
+so each property takes hundreds of examples in seconds. The Spark properties stay, with fewer
+examples: they check what the harness does not run (Spark's `prepare` of the other aggregate
+functions, `late:` outputs, routing, epochs, sinks).
+
+The harness computes count, sum, min, max and avg (`harness.refusal_of`), so these use those;
+where the Spark property checks a `late:` output's rows, this checks that as many records
+were dropped late as the oracle sends there.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import oracle
+import pytest
+import test_window_properties as spark_props
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from oracle import Agg
+
+from streamer.testing.harness import HarnessError, OperatorHarness
+
+#: The aggregate functions the harness computes (`harness.refusal_of`), one of each.
+AGGS = (Agg("n", "count"), Agg("total", "sum"), Agg("lo", "min"), Agg("hi", "max"),
+        Agg("mean", "avg"))
+EXAMPLES = 200
+PROPERTY = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                           HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def harness(tmp_path: Path, operator: str, job: Mapping[str, Any]) -> OperatorHarness:
+    """Operator `op` (YAML body `operator`) of the Spark property's pipeline, its state in a
+    directory of its own (hypothesis reuses `tmp_path`)."""
+    root = Path(tempfile.mkdtemp(dir=tmp_path, prefix="state-"))
+    text = spark_props.pipeline_yaml(operator, root=root, **job)
+    return OperatorHarness.of(text, "op", root / "state")
+
+
+def run(h: OperatorHarness, epochs: Sequence[Sequence[Mapping[str, Any]]], ooo: int
+        ) -> list[dict[str, Any]]:
+    """The epochs through the harness as the job runs them: epoch i with the watermark
+    after epoch i - 1 (the newest event time so far less `ooo`), then the end of input.
+    Returns the rows as a sink writes them (times as ISO-8601 text)."""
+    newest: int | None = None
+    for rows in epochs:
+        h.process(rows)
+        if rows:
+            newest = max([*(r["ts"] for r in rows), *([newest] if newest is not None else [])])
+            h.advance_watermark(newest - ooo, fire=False)  # (fires at the next epoch's start)
+    h.finish()
+    h.close()
+    return as_written(h.rows)
+
+
+def as_written(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`rows` with their timestamps as the sinks write them (`oracle.iso`)."""
+    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+    return [{k: oracle.iso((v - epoch) // dt.timedelta(milliseconds=1))
+             if isinstance(v, dt.datetime) else v for k, v in r.items()} for r in rows]
+
+
+def window(text: str, lateness: int, emit: str) -> str:
+    return (f"key_by: [k]\nwindow: {{{text}, allowed_lateness: {lateness}ms, emit: {emit}}}\n"
+            + spark_props.aggregate_yaml(AGGS))
+
+
+def check(name: str, want: list[dict[str, Any]], got: list[dict[str, Any]],
+          epochs: Sequence[Sequence[Mapping[str, Any]]], **params: Any) -> None:
+    spark_props.assert_same(name, want, got, spark_props.describe(epochs, **params))
+
+
+# ----------------------------------------------------------------------------- properties
+@PROPERTY
+@given(epochs=spark_props.streams(), job=spark_props.JOB,
+       shape=st.sampled_from([(10_000, 10_000), (30_000, 30_000), (60_000, 60_000),
+                              (30_000, 10_000), (60_000, 20_000), (20_000, 5_000),
+                              (25_000, 10_000)]),
+       lateness=st.sampled_from([0, 3000, 15_000]), emit=st.sampled_from(["final", "updates"]))
+def test_tumbling_and_sliding_windows_match_oracle(tmp_path, epochs, job, shape, lateness,
+                                                   emit) -> None:
+    size, slide = shape
+    text = f"tumbling: {size}ms" if size == slide else \
+        f"sliding: {{size: {size}ms, slide: {slide}ms}}"
+    h = harness(tmp_path, window(text, lateness, emit), job)
+    got = run(h, epochs, job["ooo_ms"])
+    want, late = oracle.time_windows(oracle.records(epochs), size=size, slide=slide,
+                                     ooo=job["ooo_ms"], lateness=lateness, aggs=AGGS, emit=emit)
+    check("out", want, got, epochs, size=size, slide=slide, lateness=lateness, emit=emit, **job)
+    assert h.late_dropped == len(late)
+
+
+@PROPERTY
+@given(epochs=spark_props.streams(max_records=30), job=spark_props.JOB,
+       gap=spark_props.SESSION_GAPS, lateness=st.sampled_from([0, 3000, 15_000]),
+       emit=spark_props.SESSION_EMITS)
+def test_session_windows_match_oracle(tmp_path, epochs, job, gap, lateness, emit) -> None:
+    h = harness(tmp_path, window(f"session: {{gap: {gap}ms}}", lateness, emit), job)
+    got = run(h, epochs, job["ooo_ms"])
+    want, late = oracle.sessions(oracle.records(epochs), gap=gap, ooo=job["ooo_ms"],
+                                 lateness=lateness, aggs=AGGS, emit=emit)
+    check("out", want, got, epochs, gap=gap, lateness=lateness, emit=emit, **job)
+    assert h.late_dropped == len(late)
+
+
+@PROPERTY
+@given(case=spark_props.bridged_sessions(), job=spark_props.JOB,
+       lateness=st.sampled_from([0, 3000, 15_000]), emit=spark_props.SESSION_EMITS,
+       slack=st.sampled_from([0, 60_000]))
+def test_sessions_bridged_in_a_later_epoch_match_oracle(tmp_path, case, job, lateness, emit,
+                                                        slack) -> None:
+    epochs, gap = case
+    ooo = job["ooo_ms"] + slack
+    h = harness(tmp_path, window(f"session: {{gap: {gap}ms}}", lateness, emit), job)
+    got = run(h, epochs, ooo)
+    want, late = oracle.sessions(oracle.records(epochs), gap=gap, ooo=ooo, lateness=lateness,
+                                 aggs=AGGS, emit=emit)
+    check("out", want, got, epochs, gap=gap, lateness=lateness, emit=emit, **job)
+    assert h.late_dropped == len(late)
+
+
+@PROPERTY
+@given(epochs=spark_props.streams(max_records=30), job=spark_props.JOB)
+def test_rolling_aggregate_matches_oracle(tmp_path, epochs, job) -> None:
+    h = harness(tmp_path, "key_by: [k]\n" + spark_props.aggregate_yaml(AGGS), job)
+    got = run(h, epochs, job["ooo_ms"])
+    check("out", oracle.rolling(oracle.records(epochs), aggs=AGGS), got, epochs, **job)
+
+
+@PROPERTY
+@given(epochs=spark_props.streams(max_records=30), job=spark_props.JOB,
+       within_s=st.sampled_from([5, 20, 60]))
+def test_dedupe_matches_oracle(tmp_path, epochs, job, within_s) -> None:
+    h = harness(tmp_path, f"key_by: [k]\ndedupe: {{within: {within_s}s}}", job)
+    got = run(h, epochs, job["ooo_ms"])
+    want = oracle.dedupe(oracle.records(epochs), within=within_s * 1000, ooo=job["ooo_ms"])
+    check("out", want, got, epochs, within_s=within_s, **job)
+
+
+OPERATORS = st.sampled_from([
+    window("tumbling: 10s", 3000, "final"), window("sliding: {size: 30s, slide: 10s}", 0,
+                                                   "updates"),
+    window("session: {gap: 10s}", 0, "final"), "key_by: [k]\n" + spark_props.aggregate_yaml(AGGS),
+    "key_by: [k]\ndedupe: {within: 20s}"])
+
+
+@PROPERTY
+@given(epochs=spark_props.streams(max_epochs=4), job=spark_props.JOB, operator=OPERATORS,
+       data=st.data())
+def test_a_snapshot_restored_on_another_backend_and_parallelism_goes_on_alike(
+        tmp_path, epochs, job, operator, data) -> None:
+    """Snapshot after a random epoch, restored on the other backend at another parallelism
+    (its key groups re-split): the rows before plus the restored harness's after are the
+    rows of a run without a snapshot."""
+    whole = harness(tmp_path, operator, job)
+    want = run(whole, epochs, job["ooo_ms"])
+    cut = data.draw(st.integers(0, len(epochs)), label="cut")
+    other = "memory" if job["backend"] == "rocksdb" else "rocksdb"
+    parallelism = data.draw(st.integers(1, 4), label="parallelism")
+    first = harness(tmp_path, operator, job)
+    run_part(first, epochs[:cut], job["ooo_ms"], None)
+    saved = first.snapshot(Path(tempfile.mkdtemp(dir=tmp_path)) / "savepoint")
+    first.close()
+    resumed = first.restore(saved, Path(tempfile.mkdtemp(dir=tmp_path)) / "state",
+                            backend=other, parallelism=parallelism)
+    newest = max((r["ts"] for e in epochs[:cut] for r in e), default=None)
+    run_part(resumed, epochs[cut:], job["ooo_ms"], newest)
+    resumed.finish()
+    resumed.close()
+    check("out", want, as_written(first.rows) + as_written(resumed.rows), epochs, cut=cut,
+          restored_on=other, restored_parallelism=parallelism, **job)
+
+
+def run_part(h: OperatorHarness, epochs: Sequence[Sequence[Mapping[str, Any]]], ooo: int,
+             newest: int | None) -> None:
+    """`run` without the end of input, from `newest` (the newest event time before)."""
+    for rows in epochs:
+        h.process(rows)
+        if rows:
+            newest = max([*(r["ts"] for r in rows), *([newest] if newest is not None else [])])
+            h.advance_watermark(newest - ooo, fire=False)
+
+
+# ----------------------------------------------------------------------------- what it refuses
+@pytest.mark.parametrize(("operator", "reason"), [
+    ("key_by: [k]\nwindow: {count: 3}\naggregate: {n: count()}", "a count or until window"),
+    ("key_by: [k]\naggregate: {f: first(v)}", "first(), whose partials are Spark SQL"),
+    ("key_by: [k]\nwindow: {tumbling: 10s, late: late_out}\naggregate: {n: count()}",
+     "a late: output"),
+])
+def test_what_needs_spark_is_refused_with_the_reason(tmp_path, operator, reason) -> None:
+    root = Path(tempfile.mkdtemp(dir=tmp_path))
+    text = spark_props.pipeline_yaml(operator, root=root, parallelism=1, max_parallelism=4,
+                                     backend="memory", ooo_ms=0, late_sink="late:" in operator)
+    with pytest.raises(HarnessError, match="needs Spark") as caught:
+        OperatorHarness.of(text, "op", root)
+    assert reason in str(caught.value)
