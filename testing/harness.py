@@ -51,6 +51,7 @@ from streamer.columns import (
     ROW_KIND,
     ROW_META,
 )
+from streamer.exchange.alignment import MAX_WATERMARK, MIN_WATERMARK
 from streamer.operators.contract import LOCAL_EPOCHS, WHOLE_RECORDS
 from streamer.operators.direct import DIRECT_AGGREGATES, DirectRead, ipc_bytes
 from streamer.operators.keyed import open_state_of, output_schema, run_task
@@ -61,11 +62,6 @@ from streamer.pipeline.validate import load_pipeline_text
 from streamer.savepoint.format import restore_key_groups, write_key_groups
 from streamer.state import key_group_range
 from streamer.state.keygroups import PYTHON_HASHED_TYPES
-
-#: The watermark before any: every event time is after it.
-MIN_WATERMARK = -(2**63)
-#: The end of input: every timer is due.
-MAX_WATERMARK = 2**63 - 1
 
 #: Spark type names of a source's `schema:` the harness reads (the direct read's types).
 _TYPES = ("string", "tinyint", "smallint", "int", "bigint", "float", "double", "boolean",
@@ -106,6 +102,8 @@ class OperatorHarness:
         #: The column of an input row that holds its event time, when it has no `__ts`.
         self.event_from = event_from
         self.watermark = watermark
+        #: The watermark its last epoch ran with (see `output_watermark`).
+        self.ran_with = watermark
         self.epoch = epoch
         self.emitted: list[dict[str, Any]] = []
         self.late_dropped = 0
@@ -213,6 +211,7 @@ class OperatorHarness:
                           watermark=self.watermark, table=ipc_bytes(
                               table.select([n for n, _ in self.columns])))
         fire_up_to = self.watermark if self.cfg.domain == "event" else now_ms
+        self.ran_with = self.watermark
         cfg = replace(self.cfg, epoch=self.epoch, fire_up_to=fire_up_to, now_ms=now_ms,
                       flush_to=flush, direct=read)
         out: list[dict[str, Any]] = []
@@ -271,6 +270,15 @@ class OperatorHarness:
                 raise
             state.park()
         return fresh
+
+    @property
+    def output_watermark(self) -> int:
+        """The watermark a keyed operator reading this one runs its next epoch with: the one
+        this one's last epoch ran with, less what it may still emit behind it
+        (`OperatorSpec.watermark_hold_ms`; `runtime.watermarks`)."""
+        if self.ran_with in (MIN_WATERMARK, MAX_WATERMARK):
+            return self.ran_with
+        return self.ran_with - self.op.watermark_hold_ms
 
     def close(self) -> None:
         """Close the subtasks' state (a RocksDB handle stays open between epochs, parked in

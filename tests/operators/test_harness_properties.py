@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import datetime as dt
 import tempfile
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import oracle
 import pytest
+import test_chained_properties as chained
 import test_window_properties as spark_props
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -202,3 +204,65 @@ def test_what_needs_spark_is_refused_with_the_reason(tmp_path, operator, reason)
     with pytest.raises(HarnessError, match="needs Spark") as caught:
         OperatorHarness.of(text, "op", root)
     assert reason in str(caught.value)
+
+
+# ----------------------------------------------------------------------------- chained
+#: The upstream kinds of `test_chained_properties.py` a harness drives (append-only output),
+#: each with every downstream kind.
+CHAINED = [(up, down) for up, down in chained.PAIRS if up in ("tumbling", "session", "dedupe")]
+
+
+@pytest.mark.parametrize("pair", CHAINED, ids=["-".join(p) for p in CHAINED])
+@settings(max_examples=40, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10_000), size_s=st.sampled_from([5, 10, 20]), rekey=st.booleans(),
+       parallelism=st.integers(1, 4), backend=st.sampled_from(["memory", "rocksdb"]),
+       epochs=st.integers(1, 4))
+def test_a_keyed_operator_over_a_keyed_operator_equals_the_batch_oracle(
+        tmp_path, pair, seed, size_s, rekey, parallelism, backend, epochs) -> None:
+    """The chained property's pipelines (`test_chained_properties.py`), the two operators
+    in two harnesses: the downstream takes the upstream's rows of each epoch (with `g`, the
+    stateless `with_columns` between them, when re-keyed) and runs each epoch with the
+    upstream's output watermark after the epoch before, as `runtime.watermarks` has it."""
+    up_kind, down_kind = pair
+    root = Path(tempfile.mkdtemp(dir=tmp_path))
+    text = textwrap.dedent(chained.pipeline(root / "data", root / "out", up_kind, down_kind,
+                                            size_s, rekey, parallelism, backend))
+    up = OperatorHarness.of(text, "up", root / "up", schema={
+        "k": "bigint", "v": "bigint", "__ts": "timestamp"})
+    fields = {**up.output_schema, **({"g": "bigint"} if rekey else {})}
+    down = OperatorHarness.of(text, "down", root / "down", schema=fields)
+    records = chained.make_records(seed, 400, 6)
+    per = -(-len(records) // epochs)
+    cuts = [records[i * per:(i + 1) * per] for i in range(epochs)]
+    newest: int | None = None
+    for i, part in enumerate(cuts):
+        down.advance_watermark(up.output_watermark, fire=False)
+        rows = [{"k": r["k"], "v": r["v"], "__ts": r["ts"]} for r in part]
+        out = after(up, lambda rows=rows: up.process(rows))
+        if i == len(cuts) - 1:  # the end of input: the upstream's last rows, this epoch
+            out += after(up, up.finish)
+        down.process([{**r, "g": r["k"] % 2} for r in out])
+        newest = max([*(r["ts"] for r in part), *([newest] if newest is not None else [])])
+        up.advance_watermark(newest - chained.DISORDER_MS, fire=False)
+    down.finish()
+    up.close()
+    down.close()
+    assert up.late_dropped == 0 and down.late_dropped == 0
+    expected = chained.downstream_rows(down_kind, 2 * size_s * 1000, rekey,
+                                       chained.upstream_rows(up_kind, size_s * 1000, records))
+    got: dict[tuple[Any, ...], tuple[int, int]] = {}
+    key = "g" if rekey else "k"
+    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+    for row in down.rows:  # a rolling aggregate's last update wins
+        start = (row["window_start"] - epoch) // dt.timedelta(milliseconds=1) \
+            if down_kind == "tumbling" else None
+        got[(row[key], start)] = (row["c"], row["t"])
+    assert got == expected, (up_kind, down_kind, size_s, rekey, parallelism, backend, epochs)
+
+
+def after(h: OperatorHarness, step: Any) -> list[dict[str, Any]]:
+    """The rows (hidden columns too) that `step` of `h` emits."""
+    before = len(h.emitted)
+    step()
+    return h.emitted[before:]
