@@ -19,12 +19,16 @@ per-subtask code on real state backends, in this process, with no SparkSession:
   (`savepoint.format.write_key_groups`), and `OperatorHarness.restore` reads them into a fresh
   harness, on either backend, at any parallelism (each new subtask takes its key groups).
 
+A join's two inputs (`process(left, right=...)`) go to its subtasks as one parquet file per
+side and epoch, which `read_direct` projects onto the join's columns as when a join's
+subtasks read both its sources' files (`operators.direct.JoinSide`).
+
 What it can drive is what a local epoch can (`contract.LOCAL_EPOCHS`, `local_refusal`, the
 direct read's shapes): windows (tumbling, sliding, session) and rolling aggregates of count,
-sum, min, max and avg without `filter:`, and dedupe, over an append-only input. Count
-windows, `late:` outputs, the other aggregate functions (their partials are Spark SQL:
-`operators.aggregates.accumulator(...).sql`), joins, process functions, top-N and OVER windows
-need Spark's `prepare`, and the harness refuses them with the reason.
+sum, min, max and avg without `filter:`, dedupe, and interval, window and table joins, over
+an append-only input. Count windows, `late:` outputs, the other aggregate functions (their
+partials are Spark SQL: `operators.aggregates.accumulator(...).sql`), process functions,
+top-N and OVER windows need Spark's `prepare`, and the harness refuses them with the reason.
 
 It lives in `streamer.testing` (not in tests/) so a pipeline's author can test an operator
 in their own suite in milliseconds, as with Flink's harness; nothing in the engine imports it.
@@ -45,6 +49,7 @@ from streamer.columns import (
     EVENT_TIME,
     GLOBAL_KEY,
     HIDDEN_PREFIX,
+    JOIN_SIDE,
     META,
     OUT,
     RETRACT,
@@ -53,7 +58,7 @@ from streamer.columns import (
 )
 from streamer.exchange.alignment import MAX_WATERMARK, MIN_WATERMARK
 from streamer.operators.contract import LOCAL_EPOCHS, WHOLE_RECORDS
-from streamer.operators.direct import DIRECT_AGGREGATES, DirectRead, ipc_bytes
+from streamer.operators.direct import DIRECT_AGGREGATES, DirectRead, JoinSide, ipc_bytes
 from streamer.operators.keyed import open_state_of, output_schema, run_task
 from streamer.operators.keyed_config import KeyedConfig
 from streamer.operators.kinds import kind_of
@@ -92,8 +97,8 @@ class OperatorHarness:
 
     def __init__(self, spec: PipelineSpec, op: OperatorSpec, input_schema: Any, root: Path, *,
                  backend: str, parallelism: int, changelog: bool = False,
-                 event_from: str | None = None, watermark: int = MIN_WATERMARK,
-                 epoch: int = 0) -> None:
+                 event_from: str | None = None, join: JoinInput | None = None,
+                 watermark: int = MIN_WATERMARK, epoch: int = 0) -> None:
         from pyspark.sql.pandas.types import to_arrow_schema
 
         self.op = op
@@ -101,6 +106,8 @@ class OperatorHarness:
         self.root = root
         #: The column of an input row that holds its event time, when it has no `__ts`.
         self.event_from = event_from
+        #: A join's two inputs (None for the other kinds).
+        self.join = join
         self.watermark = watermark
         #: The watermark its last epoch ran with (see `output_watermark`).
         self.ran_with = watermark
@@ -110,8 +117,8 @@ class OperatorHarness:
         kind = kind_of(op.keyed_kind or "aggregate")
         out_schema = output_schema(None, op, input_schema)
         window = op.window
-        event = EVENT_TIME in input_schema.fieldNames() and not (
-            window and window.time == "processing")
+        timed = join.timed if join is not None else EVENT_TIME in input_schema.fieldNames()
+        event = timed and not (window and window.time == "processing")
         self.cfg = KeyedConfig(
             uid=op.uid, kind=kind.name, keys=op.key_by, aggregates=op.aggregates,
             window_kind=window.kind if window else None,
@@ -126,7 +133,8 @@ class OperatorHarness:
             out_schema=to_arrow_schema(out_schema, timezone="UTC"), backend=backend,
             state_root=str(root), job=spec.name, parallelism=parallelism,
             max_parallelism=spec.job.max_parallelism, epoch=0, fire_up_to=0,
-            changelog=changelog, op=op, park=True)  # (as a local epoch's subtasks do)
+            changelog=changelog, op=op, park=True,  # (as a local epoch's subtasks do)
+            join=op.join, join_columns=join.columns if join is not None else None)
         self.arrow_input = to_arrow_schema(input_schema, timezone="UTC")
         self.columns = _direct_columns(op, kind.has(WHOLE_RECORDS), input_schema)
         self.key_types = tuple(input_schema[k].dataType.simpleString() for k in op.key_by)
@@ -135,12 +143,16 @@ class OperatorHarness:
     @classmethod
     def of(cls, text: str, operator: str, root: str | Path, *, backend: str | None = None,
            parallelism: int | None = None, schema: Mapping[str, str] | None = None,
-           changelog: bool = False) -> OperatorHarness:
+           right_schema: Mapping[str, str] | None = None, changelog: bool = False
+           ) -> OperatorHarness:
         """The harness of keyed operator `operator` of the pipeline YAML `text`, its state
         under `root`. Its input columns are `schema` ({column: Spark type name}) or, when
         it reads a source, the source's `schema:` (its `event_time:` column becomes the
         record's event time); the backend and parallelism are the job's unless given.
-        `changelog`: a keyed operator reads this rolling aggregate (the planner's rule)."""
+        A join's inputs are `schema` (its left) and `right_schema` (else `schema`), else
+        their sources' through stateless operators (which the harness does not run: give
+        it each side's rows as they reach the join). `changelog`: a keyed operator reads
+        this rolling aggregate (the planner's rule)."""
         spec = load_pipeline_text(text)
         op = next((o for o in spec.operators if o.id == operator), None)
         if op is None or op.keyed_kind is None:
@@ -150,20 +162,28 @@ class OperatorHarness:
         if refusal is not None:
             msg = f"operator {operator!r} needs Spark: {refusal}"
             raise HarnessError(msg)
-        source = next((s for s in spec.sources if s.id in op.inputs), None)
+        settings: dict[str, Any] = {"backend": backend or spec.job.state_backend,
+                                    "parallelism": parallelism or spec.job.parallelism or 1,
+                                    "changelog": changelog}
+        if op.join is not None:
+            join = join_input(spec, op, schema, right_schema or schema)
+            return cls(spec, op, join.stage, Path(root), join=join, **settings)
+        source = _source_of(spec, op.inputs[0])
         fields = dict(schema) if schema is not None else _source_schema(op, source)
-        return cls(spec, _keyed(op), _struct(op, fields), Path(root),
-                   backend=backend or spec.job.state_backend,
-                   parallelism=parallelism or spec.job.parallelism or 1, changelog=changelog,
-                   event_from=source.event_time if source is not None else None)
+        keyed = _keyed(op)
+        return cls(spec, keyed, _struct(fields, keyed.key_by), Path(root),
+                   event_from=source.event_time if source is not None else None, **settings)
 
     # ------------------------------------------------------------------ driving it
-    def process(self, rows: Iterable[Mapping[str, Any]] | Any, now_ms: int = 0
-                ) -> list[dict[str, Any]]:
+    def process(self, rows: Iterable[Mapping[str, Any]] | Any, now_ms: int = 0, *,
+                right: Iterable[Mapping[str, Any]] | Any = ()) -> list[dict[str, Any]]:
         """One epoch: the timers due at the watermark fire, then `rows` (dicts, or an Arrow
-        table of the input columns; event times as epoch ms or datetimes) are taken; late
-        ones are dropped and counted. Returns the rows emitted, as `rows` holds them."""
-        return self._epoch(self.table(rows), now_ms, None)
+        table of the input columns; event times as epoch ms or datetimes) are taken (a
+        join's left rows; `right` its right rows); late ones are dropped and counted.
+        Returns the rows emitted, as `rows` holds them."""
+        if self.join is None:
+            return self._epoch(self.table(rows), now_ms, None)
+        return self._epoch(self._sides(rows, right), now_ms, None)
 
     def advance_watermark(self, ms: int, now_ms: int = 0, *, fire: bool = True
                           ) -> list[dict[str, Any]]:
@@ -184,32 +204,40 @@ class OperatorHarness:
 
     def table(self, rows: Iterable[Mapping[str, Any]] | Any) -> Any:
         """`rows` as an Arrow table of the operator's input columns."""
+        return _arrow_table(rows, self.arrow_input, self.op, self.event_from)
+
+    def _sides(self, left: Any, right: Any) -> tuple[JoinSide, JoinSide]:
+        """A join's rows of the epoch, each side's as the parquet file its subtasks read
+        (`operators.direct.JoinSide`: the join's subtasks reading both sources' files)."""
+        import pyarrow.parquet as pq
+
+        assert self.join is not None
+        folder = self.root / "input"
+        folder.mkdir(parents=True, exist_ok=True)
+        names = [name for name, _ in self.columns]
+        out = []
+        for side, rows in enumerate((left, right)):
+            path = folder / f"{self.epoch + 1}-{side}.parquet"
+            pq.write_table(_arrow_table(rows, self.join.schemas[side], self.op,
+                                        self.join.event_from[side]), path)
+            own = self.join.columns.of_side(side)
+            out.append(JoinSide((str(path),), tuple(own.get(n) for n in names),
+                                EVENT_TIME if self.cfg.domain == "event" else None))
+        return out[0], out[1]
+
+    def _epoch(self, rows: Any, now_ms: int, flush: int | None) -> list[dict[str, Any]]:
         import pyarrow as pa
 
-        schema = self.arrow_input
-        if isinstance(rows, pa.Table):
-            return _with_constants(rows, self.op).select(schema.names).cast(schema)
-        listed = [dict(r) for r in rows]
-        arrays = []
-        for f in schema:
-            values = [_value(r, f.name, self.op, self.event_from) for r in listed]
-            if pa.types.is_timestamp(f.type) and any(isinstance(v, int) for v in values):
-                ms = pa.array(values, pa.int64())
-                arrays.append(pa.compute.multiply(ms, 1000).cast(pa.int64()).cast(f.type))
-            else:
-                arrays.append(pa.array(values, f.type))
-        return pa.Table.from_arrays(arrays, schema=schema)
-
-    def _epoch(self, table: Any, now_ms: int, flush: int | None) -> list[dict[str, Any]]:
-        import pyarrow as pa
-
+        if rows is None and self.join is not None:
+            rows = self._sides([], [])
         self.epoch += 1
-        if table is None:
-            table = pa.schema([pa.field(n, t) for n, t in self.columns]).empty_table()
+        if rows is None:
+            rows = pa.schema([pa.field(n, t) for n, t in self.columns]).empty_table()
+        sides = rows if isinstance(rows, tuple) else ()
         read = DirectRead(files=(), columns=self.columns, key_types=self.key_types,
                           ts_column=EVENT_TIME if self.cfg.domain == "event" else None,
-                          watermark=self.watermark, table=ipc_bytes(
-                              table.select([n for n, _ in self.columns])))
+                          watermark=self.watermark, sides=sides, table=None if sides else
+                          ipc_bytes(rows.select([n for n, _ in self.columns])))
         fire_up_to = self.watermark if self.cfg.domain == "event" else now_ms
         self.ran_with = self.watermark
         cfg = replace(self.cfg, epoch=self.epoch, fire_up_to=fire_up_to, now_ms=now_ms,
@@ -310,8 +338,6 @@ def refusal_of(op: OperatorSpec) -> str | None:
     refusal = kind.local_refusal(op)
     if refusal is not None:
         return refusal
-    if kind.name == "join":
-        return "a join's two inputs are projected by Spark (`runtime.join_plan`)"
     for agg in op.aggregates:
         if agg.function not in DIRECT_AGGREGATES:
             return (f"aggregate {agg.name!r} is {agg.function}(), whose partials are Spark "
@@ -335,12 +361,66 @@ def _keyed(op: OperatorSpec) -> OperatorSpec:
     return op
 
 
+@dataclass(frozen=True)
+class JoinInput:
+    """A join's two inputs as the harness takes them: each side's columns (an Arrow schema
+    of its own columns, with `__ts` when timed) and event-time column of its rows, the
+    join's columns (`operators.join.join_columns`) and the stage's input (Spark schema:
+    the output columns, `__ts`, `__join_side`, as `runtime.join_plan.plan_join` has it)."""
+
+    schemas: tuple[Any, Any]
+    event_from: tuple[str | None, str | None]
+    columns: Any
+    stage: Any
+    timed: bool
+
+
+def join_input(spec: PipelineSpec, op: OperatorSpec, left: Mapping[str, str] | None,
+               right: Mapping[str, str] | None) -> JoinInput:
+    """The `JoinInput` of join `op`: its sides' columns given, or their sources'."""
+    from pyspark.sql import types as T
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from streamer.operators.join import join_columns
+
+    join = op.join
+    assert join is not None
+    structs, event_from = [], []
+    for given, name in ((left, join.left), (right, join.right)):
+        source = _source_of(spec, name)
+        side = dict(given) if given is not None else _source_schema(op, source)
+        structs.append(_struct(side, ()))
+        event_from.append(source.event_time if source is not None else None)
+    columns, problems, output = join_columns(join, structs[0], structs[1])
+    if problems:
+        msg = f"join {op.id!r}: " + "; ".join(message for _, message in problems)
+        raise HarnessError(msg)
+    stage = T.StructType([*output, T.StructField(EVENT_TIME, T.TimestampType()),
+                          T.StructField(JOIN_SIDE, T.IntegerType())])
+    timed = all(EVENT_TIME in s.fieldNames() for s in structs)
+    return JoinInput((to_arrow_schema(structs[0], timezone="UTC"),
+                      to_arrow_schema(structs[1], timezone="UTC")),
+                     (event_from[0], event_from[1]), columns, stage, timed)
+
+
+def _source_of(spec: PipelineSpec, node: str) -> Any:
+    """The source whose records reach `node` through stateless operators, or None."""
+    while True:
+        source = next((s for s in spec.sources if s.id == node), None)
+        if source is not None:
+            return source
+        op = next((o for o in spec.operators if o.id == node), None)
+        if op is None or op.keyed_kind is not None or len(op.inputs) != 1:
+            return None
+        node = op.inputs[0]
+
+
 def _source_schema(op: OperatorSpec, source: Any) -> dict[str, str]:
     """The operator's input columns when it reads a source with a `schema:`: that schema,
     its `event_time:` column also as the record's event time."""
     if source is None or source.schema is None:
-        msg = (f"operator {op.id!r} does not read a source with a `schema:`: give the "
-               f"harness its input columns (schema=)")
+        msg = (f"operator {op.id!r} does not read a source with a `schema:` through stateless "
+               f"operators: give the harness its input columns (schema=)")
         raise HarnessError(msg)
     fields = dict(source.schema)
     if source.event_time:
@@ -348,22 +428,23 @@ def _source_schema(op: OperatorSpec, source: Any) -> dict[str, str]:
     return fields
 
 
-def _struct(op: OperatorSpec, fields: Mapping[str, Any]) -> Any:
-    """The Spark schema of the operator's input (`key_by: []` adds the constant key)."""
+def _struct(fields: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
+    """The Spark schema of `fields` (`key_by: []`, keyed by `GLOBAL_KEY`, adds it)."""
     from pyspark.sql import types as T
 
     simple = {"string": T.StringType(), "tinyint": T.ByteType(), "smallint": T.ShortType(),
               "int": T.IntegerType(), "bigint": T.LongType(), "float": T.FloatType(),
               "double": T.DoubleType(), "boolean": T.BooleanType(), "date": T.DateType(),
               "timestamp": T.TimestampType()}
-    out = [T.StructField(GLOBAL_KEY, T.IntegerType())] if not op.key_by and op.join is None \
-        else []
+    out = [T.StructField(GLOBAL_KEY, T.IntegerType())] if keys == (GLOBAL_KEY,) else []
     for name, type_name in fields.items():
         if str(type_name) not in simple:
             msg = f"column {name!r} of type {type_name!r}: the harness reads {', '.join(_TYPES)}"
             raise HarnessError(msg)
         out.append(T.StructField(name, simple[str(type_name)]))
-    for key in op.key_by:
+    for key in keys:
+        if key == GLOBAL_KEY:
+            continue
         if key not in fields or str(fields[key]) not in PYTHON_HASHED_TYPES:
             msg = f"key {key!r} is not a plain string, integer, boolean or date column"
             raise HarnessError(msg)
@@ -382,6 +463,26 @@ def _direct_columns(op: OperatorSpec, whole: bool, schema: Any
         *([EVENT_TIME] if EVENT_TIME in schema.fieldNames() else [])]
     unique = list(dict.fromkeys(names))
     return tuple((n, to_arrow_type(schema[n].dataType, timezone="UTC")) for n in unique)
+
+
+def _arrow_table(rows: Any, schema: Any, op: OperatorSpec, event_from: str | None) -> Any:
+    """`rows` (dicts, event times as epoch ms or datetimes, or an Arrow table) as an Arrow
+    table of `schema`."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(rows, pa.Table):
+        return _with_constants(rows, op).select(schema.names).cast(schema)
+    listed = [dict(r) for r in rows]
+    arrays = []
+    for f in schema:
+        values = [_value(r, f.name, op, event_from) for r in listed]
+        if pa.types.is_timestamp(f.type) and any(isinstance(v, int) for v in values):
+            ms = pa.array(values, pa.int64())
+            arrays.append(pc.multiply(ms, 1000).cast(f.type))
+        else:
+            arrays.append(pa.array(values, f.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def _with_constants(table: Any, op: OperatorSpec) -> Any:

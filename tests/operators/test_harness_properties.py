@@ -1,7 +1,8 @@
-"""The oracle properties of `test_window_properties.py` without Spark: the same pipelines,
-random streams and oracle (`oracle.py`), run through `streamer.testing.harness` (the
-engine's `run_task` per subtask, as a local epoch runs it, on real memory and RocksDB state),
-so each property takes hundreds of examples in seconds. The Spark properties stay, with fewer
+"""The oracle properties of `test_window_properties.py`, `test_join_properties.py` and
+`test_chained_properties.py` without Spark: the same pipelines, random streams and oracles
+(`oracle.py`, `join_oracle.py`), run through `streamer.testing.harness` (the engine's
+`run_task` per subtask, as a local epoch runs it, on real memory and RocksDB state), so each
+property takes hundreds of examples in seconds. The Spark properties stay, with fewer
 examples: they check what the harness does not run (Spark's `prepare` of the other aggregate
 functions, `late:` outputs, routing, epochs, sinks).
 
@@ -19,9 +20,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import join_oracle
 import oracle
 import pytest
 import test_chained_properties as chained
+import test_join_properties as join_props
 import test_window_properties as spark_props
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -290,3 +293,73 @@ def test_the_use_docs_architecture_shows_runs(tmp_path) -> None:
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     exec(compile(code, "docs/architecture.md", "exec"),
          {"PIPELINE": DOCS_PIPELINE, "tmp_path": tmp_path})
+
+
+# ----------------------------------------------------------------------------- joins
+def join_harness(tmp_path: Path, join: str, job: Mapping[str, Any]) -> OperatorHarness:
+    """Join `j` of the join property's pipeline, without its `late:` output (a local epoch
+    drops and counts the late records instead)."""
+    root = Path(tempfile.mkdtemp(dir=tmp_path, prefix="state-"))
+    text = join_props.join_pipeline(join, root=root, **job)
+    text = text.replace("    late: late_out\n", "").split("  - id: late_out")[0]
+    return OperatorHarness.of(text, "j", root / "state")
+
+
+def run_join(h: OperatorHarness, epochs: Sequence[Sequence[Mapping[str, Any]]], ooo: int
+             ) -> list[dict[str, Any]]:
+    """`run` for a join: each epoch's records go to the side their `s` names (the two
+    filters of the pipeline)."""
+    newest: int | None = None
+    for rows in epochs:
+        h.process([r for r in rows if r["s"] == "L"], right=[r for r in rows if r["s"] == "R"])
+        if rows:
+            newest = max([*(r["ts"] for r in rows), *([newest] if newest is not None else [])])
+            h.advance_watermark(newest - ooo, fire=False)
+    h.finish()
+    h.close()
+    return as_written(h.rows)
+
+
+@PROPERTY
+@given(epochs=join_props.two_streams(), job=join_props.JOB, bounds=join_props.BOUNDS,
+       type=st.sampled_from(join_props.TYPES))
+def test_interval_join_matches_oracle(tmp_path, epochs, job, bounds, type) -> None:
+    lower, upper = bounds
+    h = join_harness(tmp_path, f"type: {type}, between: [{join_props._d(lower)}, "
+                               f"{join_props._d(upper)}]", job)
+    got = run_join(h, epochs, job["ooo_ms"])
+    want, late = join_oracle.interval_join(epochs, ooo=job["ooo_ms"], lower=lower,
+                                           upper=upper, type=type)
+    spark_props.assert_same("out", want, got, join_props.describe(
+        epochs, bounds=bounds, type=type, **job))
+    assert h.late_dropped == len(late)
+
+
+@PROPERTY
+@given(epochs=join_props.two_streams(), job=join_props.JOB, window=join_props.WINDOWS,
+       type=st.sampled_from(join_props.TYPES))
+def test_window_join_matches_oracle(tmp_path, epochs, job, window, type) -> None:
+    size, slide = window
+    shape = (f"{{tumbling: {size}ms}}" if size == slide
+             else f"{{sliding: {{size: {size}ms, slide: {slide}ms}}}}")
+    h = join_harness(tmp_path, f"type: {type}, window: {shape}", job)
+    got = run_join(h, epochs, job["ooo_ms"])
+    want, late = join_oracle.window_join(epochs, ooo=job["ooo_ms"], size=size, slide=slide,
+                                         type=type)
+    spark_props.assert_same("out", want, got, join_props.describe(
+        epochs, window=window, type=type, **job))
+    assert h.late_dropped == len(late)
+
+
+@PROPERTY
+@given(epochs=join_props.two_streams(), job=join_props.JOB, temporal=st.booleans(),
+       type=st.sampled_from(("inner", "left")))
+def test_table_join_matches_oracle(tmp_path, epochs, job, temporal, type) -> None:
+    table = "{as_of: event_time}" if temporal else "true"
+    h = join_harness(tmp_path, f"type: {type}, table: {table}", job)
+    got = run_join(h, epochs, job["ooo_ms"])
+    want, late = join_oracle.table_join(epochs, ooo=job["ooo_ms"], temporal=temporal,
+                                        type=type)
+    spark_props.assert_same("out", want, got, join_props.describe(
+        epochs, temporal=temporal, type=type, **job))
+    assert h.late_dropped == len(late)
