@@ -36,8 +36,8 @@ in their own suite in milliseconds, as with Flink's harness; nothing in the engi
 
 from __future__ import annotations
 
+import copy
 import json
-import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -81,7 +81,7 @@ class HarnessError(ValueError):
 @dataclass(frozen=True)
 class Snapshot:
     """A harness's state in the savepoint format: where, every subtask's key-group files,
-    the epoch it was taken after and the watermark the operator had fired up to."""
+    the epoch it was taken after and the watermark its next epoch runs with."""
 
     url: str
     files: tuple[Mapping[str, Any], ...]
@@ -277,10 +277,10 @@ class OperatorHarness:
         `backend` at `parallelism` (each subtask takes its key groups), which goes on from
         the snapshot's epoch and watermark."""
         root = Path(root)
-        if root.exists():
-            shutil.rmtree(root)
-        fresh = OperatorHarness.__new__(OperatorHarness)
-        fresh.__dict__.update(self.__dict__)
+        if root.exists() and any(root.iterdir()):
+            msg = f"cannot restore into {str(root)!r}: it is not empty (give a new directory)"
+            raise HarnessError(msg)
+        fresh = copy.copy(self)
         fresh.root, fresh.emitted, fresh.late_dropped = root, [], 0
         fresh.epoch, fresh.watermark = snapshot.epoch, snapshot.watermark
         fresh.cfg = replace(self.cfg, state_root=str(root),

@@ -363,3 +363,21 @@ def test_table_join_matches_oracle(tmp_path, epochs, job, temporal, type) -> Non
     spark_props.assert_same("out", want, got, join_props.describe(
         epochs, temporal=temporal, type=type, **job))
     assert h.late_dropped == len(late)
+
+
+def test_mistakes_get_a_clear_error(tmp_path) -> None:
+    """An operator that is not there or not keyed, input columns it cannot find, and a
+    restore into a directory that holds something: a `HarnessError` saying what to do."""
+    with pytest.raises(HarnessError, match="no keyed operator 'nope'"):
+        OperatorHarness.of(DOCS_PIPELINE, "nope", tmp_path / "a")
+    chained_text = textwrap.dedent(chained.pipeline(tmp_path, tmp_path, "dedupe", "rolling",
+                                                    5, True, 1, "memory"))
+    with pytest.raises(HarnessError, match=r"give the harness its input columns \(schema=\)"):
+        OperatorHarness.of(chained_text, "down", tmp_path / "b")
+    with OperatorHarness.of(DOCS_PIPELINE, "counts", tmp_path / "c") as h:
+        saved = h.snapshot(tmp_path / "savepoint")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "keep.txt").write_text("mine")
+    with pytest.raises(HarnessError, match="is not empty"):
+        h.restore(saved, tmp_path / "d")
+    assert (tmp_path / "d" / "keep.txt").read_text() == "mine"
