@@ -170,6 +170,10 @@ class OperatorHarness:
             return cls(spec, op, join.stage, Path(root), join=join, **settings)
         source = _source_of(spec, op.inputs[0])
         fields = dict(schema) if schema is not None else _source_schema(op, source)
+        if CHANGE in fields:  # (as `runtime.stages.keyed_stage.local_plan` refuses it)
+            msg = (f"operator {operator!r} needs Spark: its input is an update stream (its "
+                   f"retractions are signed in Spark's partials)")
+            raise HarnessError(msg)
         keyed = _keyed(op)
         return cls(spec, keyed, _struct(fields, keyed.key_by), Path(root),
                    event_from=source.event_time if source is not None else None, **settings)

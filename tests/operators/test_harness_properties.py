@@ -374,6 +374,10 @@ def test_mistakes_get_a_clear_error(tmp_path) -> None:
                                                     5, True, 1, "memory"))
     with pytest.raises(HarnessError, match=r"give the harness its input columns \(schema=\)"):
         OperatorHarness.of(chained_text, "down", tmp_path / "b")
+    with pytest.raises(HarnessError, match="needs Spark: its input is an update stream"):
+        OperatorHarness.of(chained_text, "down", tmp_path / "b", schema={
+            "k": "bigint", "g": "bigint", "x": "bigint", "__ts": "timestamp",
+            "__op": "string"})
     with OperatorHarness.of(DOCS_PIPELINE, "counts", tmp_path / "c") as h:
         saved = h.snapshot(tmp_path / "savepoint")
     (tmp_path / "d").mkdir()
