@@ -184,39 +184,15 @@ def iso_ms(text: str) -> int:
     return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
 
 
-#: The pairs `test_harness_properties.py` runs without Spark (40 examples each): here they
-#: check the wiring (routing, per-operator watermarks, epochs, sinks) with one example.
-HARNESSED = [p for p in PAIRS if p[0] in ("tumbling", "session", "dedupe")]
-OTHERS = [p for p in PAIRS if p not in HARNESSED]
-CHAIN = given(seed=st.integers(0, 10_000), size_s=st.sampled_from([5, 10, 20]),
-              rekey=st.booleans(), parallelism=st.integers(1, 4),
-              backend=st.sampled_from(["memory", "rocksdb"]), files=st.integers(1, 4))
-
-
-@pytest.mark.parametrize("pair", OTHERS, ids=["-".join(p) for p in OTHERS])
+@pytest.mark.parametrize("pair", PAIRS, ids=["-".join(p) for p in PAIRS])
 @settings(max_examples=2, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@CHAIN
+@given(seed=st.integers(0, 10_000), size_s=st.sampled_from([5, 10, 20]), rekey=st.booleans(),
+       parallelism=st.integers(1, 4), backend=st.sampled_from(["memory", "rocksdb"]),
+       files=st.integers(1, 4))
 def test_a_keyed_operator_over_a_keyed_operator_equals_the_batch_oracle(
         spark, tmp_path_factory, seed, pair, size_s, rekey, parallelism, backend,
         files) -> None:
-    check_chain(spark, tmp_path_factory, seed, pair, size_s, rekey, parallelism, backend,
-                files)
-
-
-@pytest.mark.parametrize("pair", HARNESSED, ids=["-".join(p) for p in HARNESSED])
-@settings(max_examples=1, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@CHAIN
-def test_the_wiring_of_chains_the_harness_checks(
-        spark, tmp_path_factory, seed, pair, size_s, rekey, parallelism, backend,
-        files) -> None:
-    check_chain(spark, tmp_path_factory, seed, pair, size_s, rekey, parallelism, backend,
-                files)
-
-
-def check_chain(spark, tmp_path_factory, seed, pair, size_s, rekey, parallelism, backend,
-                files) -> None:
     up, down = pair
     tmp = tmp_path_factory.mktemp("chain")
     data, out = tmp / "data", tmp / "out"
