@@ -161,13 +161,17 @@ def assign_time_windows(plan: Planning, df: DataFrame, epoch: int, watermark: in
 def aggregate_fields(spark: Any, op: OperatorSpec, input_schema: StructType
                      ) -> list[StructField]:
     """The output column of each of `op`'s aggregates, typed as Spark types its final
-    value over `input_schema`."""
+    value over `input_schema`. Without a session (`spark` None: `streamer.testing.harness`)
+    only the aggregates Arrow computes are typed (`arrow_typed_aggregate`)."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import StructField
 
     from streamer.frames import empty_frame
     from streamer.operators.aggregates import accumulator
 
+    if spark is None:
+        return [StructField(agg.name, arrow_typed_aggregate(agg, input_schema))
+                for agg in op.aggregates]
     empty = empty_frame(spark, input_schema)
     fields = []
     for agg in op.aggregates:
@@ -175,6 +179,36 @@ def aggregate_fields(spark: Any, op: OperatorSpec, input_schema: StructType
         dtype = empty.select(F.expr(acc.type_sql).alias(agg.name)).schema[0].dataType
         fields.append(StructField(agg.name, dtype))
     return fields
+
+
+def arrow_typed_aggregate(agg: Any, input_schema: StructType) -> Any:
+    """The Spark type of aggregate `agg`'s final value, without a session, for the functions
+    whose partials Arrow computes (`operators.direct.DIRECT_AGGREGATES`) over the columns a
+    direct read takes (integers, floating point; min and max of timestamps too), as Spark's
+    analyzer types them (tests/operators/test_harness_types.py checks it does)."""
+    from pyspark.sql.types import DoubleType, FloatType, LongType
+
+    if agg.function == "count":
+        return LongType()
+    if agg.function not in ("sum", "min", "max", "avg") or agg.filter is not None \
+            or agg.arg is None or agg.arg not in input_schema.fieldNames():
+        msg = (f"aggregate {agg.name!r} ({agg.function}({agg.arg or ''})"
+               f"{' with a filter' if agg.filter else ''}) is typed by Spark's analyzer "
+               f"only: without a session, count, sum, min, max and avg of a column are")
+        raise ValueError(msg)
+    dtype = input_schema[agg.arg].dataType
+    name = dtype.simpleString()
+    if agg.function in ("min", "max") and name in (*_INTEGRAL, "float", "double", "timestamp"):
+        return dtype
+    if name in _INTEGRAL:
+        return LongType() if agg.function == "sum" else DoubleType()
+    if isinstance(dtype, FloatType) or name == "double":
+        return DoubleType()
+    msg = f"aggregate {agg.name!r}: {agg.function} of a {name} column needs Spark's analyzer"
+    raise ValueError(msg)
+
+
+_INTEGRAL = ("tinyint", "smallint", "int", "bigint")
 
 
 def combine(plan: Planning, df: DataFrame, group: list[Any], prerouted: bool) -> DataFrame:

@@ -7,6 +7,9 @@ Nothing in the engine imports this package (tests/test_layering.py checks that).
   It reaches every process (Spark's Python workers too) through fsspec's own plug-in
   registration: the `fsspec.specs` entry point `faulty` in pyproject.toml, so a `faulty://`
   URL works wherever streamer is installed, and `streamer.storage` knows no scheme of its own.
+- `streamer.testing.harness`: `OperatorHarness`, one keyed operator of a pipeline run by the
+  engine's own subtask code without Spark (push rows, move the watermark, read the output,
+  snapshot and restore on either backend at any parallelism).
 
 Its environment variables start with `STREAMER_TEST_` (see `streamer.environment`).
 """

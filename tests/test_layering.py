@@ -43,8 +43,9 @@ ALLOWED: dict[str, set[str]] = {
     #: Continuous execution's exchange between tasks and barrier alignment (issue 36): the
     #: keyed subtasks (operators, in Spark tasks) and the driver (runtime) both use it.
     "exchange": {"core"},
-    #: Test scaffolding (fault-injecting storage): it may use the core; no package imports it.
-    "testing": {"core"},
+    #: Test scaffolding (fault-injecting storage, the operator harness that runs a keyed
+    #: operator's subtasks without Spark): everything below runtime; no package imports it.
+    "testing": {"operators", "exchange", "checkpoint", "savepoint", "state", "core"},
 }
 
 #: Inside runtime/ and connectors/: which units may import which (besides themselves; what

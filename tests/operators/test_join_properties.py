@@ -30,6 +30,9 @@ from streamer.runtime.job.coordinator import JobRunner, RunOptions
 pytestmark = pytest.mark.spark
 
 TYPES = ("inner", "left", "right", "full")
+#: The properties run about half their examples of before: `test_harness_properties.py`
+#: checks each join's kernel without Spark (200 examples each, late records counted); these
+#: check Spark's side (the sides' projection, `late:` outputs, routing, epochs, sinks).
 
 
 def _schema() -> Any:
@@ -221,7 +224,7 @@ def _d(ms: int) -> str:
 
 # ----------------------------------------------------------------------------- properties
 @pytest.mark.slow
-@settings(max_examples=8, **PROPERTY)
+@settings(max_examples=4, **PROPERTY)
 @given(epochs=two_streams(), job=JOB, bounds=BOUNDS, type=st.sampled_from(TYPES))
 @example(  # both sides of a pair in one epoch, at the same instant
     epochs=[[{"k": "a", "v": 1, "s": "L", "ts": BASE}, {"k": "a", "v": 2, "s": "R", "ts": BASE}],
@@ -233,7 +236,7 @@ def test_interval_join_matches_oracle(spark, tmp_path, epochs, job, bounds, type
 
 
 @pytest.mark.slow
-@settings(max_examples=5, **PROPERTY)
+@settings(max_examples=3, **PROPERTY)
 @given(epochs=two_streams(), job=JOB, window=WINDOWS, type=st.sampled_from(TYPES))
 @example(  # rocksdb (the derandomized draws happen to be memory only), a sliding window
     epochs=[[{"k": "a", "v": 1, "s": "L", "ts": BASE}, {"k": "a", "v": 2, "s": "R",
@@ -247,7 +250,7 @@ def test_window_join_matches_oracle(spark, tmp_path, epochs, job, window, type) 
 
 
 @pytest.mark.slow
-@settings(max_examples=5, **PROPERTY)
+@settings(max_examples=3, **PROPERTY)
 @given(epochs=two_streams(), job=JOB, temporal=st.booleans(),
        type=st.sampled_from(("inner", "left")))
 @example(  # a row and its update in one epoch, the update first; a left record at each
