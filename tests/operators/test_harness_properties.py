@@ -2,7 +2,7 @@
 `test_chained_properties.py` without Spark: the same pipelines, random streams and oracles
 (`oracle.py`, `join_oracle.py`), run through `streamer.testing.harness` (the engine's
 `run_task` per subtask, as a local epoch runs it, on real memory and RocksDB state), so each
-property takes hundreds of examples in seconds. The Spark properties stay (the window and
+property takes dozens of examples in seconds. The Spark properties stay (the window and
 join ones with about half their examples): they check what the harness does not run
 (Spark's `prepare` of the other aggregate functions, `late:` outputs, routing, epochs, sinks).
 
@@ -35,7 +35,7 @@ from streamer.testing.harness import HarnessError, OperatorHarness
 #: The aggregate functions the harness computes (`harness.refusal_of`), one of each.
 AGGS = (Agg("n", "count"), Agg("total", "sum"), Agg("lo", "min"), Agg("hi", "max"),
         Agg("mean", "avg"))
-EXAMPLES = 200
+EXAMPLES = 50
 PROPERTY = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture,
                                            HealthCheck.too_slow, HealthCheck.data_too_large])
