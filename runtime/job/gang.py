@@ -254,7 +254,7 @@ class GangRun:
             if runner is not None:
                 runner.join()
         if self.error is not None and status is None and not ended:
-            detail = task_error(self.error)
+            detail = coord.failure or task_error(self.error)
             if DECODE_ERROR_MARKER in detail:  # a bad record without on_error: no restart
                 msg = detail[detail.index(DECODE_ERROR_MARKER) + len(DECODE_ERROR_MARKER):]
                 raise DecodeError(msg) from self.error

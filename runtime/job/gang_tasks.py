@@ -32,6 +32,7 @@ from typing import Any
 
 from streamer import failpoints
 from streamer.columns import OUT, ROW_KIND
+from streamer.connectors.exceptions import DecodeError
 from streamer.connectors.files.files_sink import TaskFile, TaskTarget, epoch_staging
 from streamer.exchange.alignment import BarrierAligner
 from streamer.exchange.coordination import CoordinationClient
@@ -178,7 +179,9 @@ def run_source(tasks: GangTasks, subtask: int, keyed: list[str]) -> str:
                             dead=None if dead is None else dead.write_table)
         drive(src, client)
         return f"source {subtask}: {src.records} records, {src.dead_letters} dead letters"
-    except BaseException:
+    except BaseException as exc:
+        if isinstance(exc, DecodeError):  # (the keyed subtasks fail too, losing a channel)
+            client.fail(str(exc))
         if dead is not None:
             dead.discard()
         raise
@@ -227,7 +230,9 @@ def run_stateless(tasks: GangTasks, subtask: int) -> str:
                             dead=None if dead is None else dead.write_table)
         drive(src, client)
         return f"source {subtask}: {src.records} records, {output.rows} rows out"
-    except BaseException:
+    except BaseException as exc:
+        if isinstance(exc, DecodeError):
+            client.fail(str(exc))
         output.discard()
         if dead is not None:
             dead.discard()
