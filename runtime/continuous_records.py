@@ -144,71 +144,78 @@ def _bad(bad: BadRecords, raw: bytes | None, text: str | None, records: int | No
 @dataclass
 class Salvaged:
     """What a refused file or poll holds: its good records decoded, where each was (its
-    line, or its split and offset), and its bad records as dead letters."""
+    line or offset, its text, its split), and its bad records as dead letters."""
 
     table: Any
     dead: list[Dead]
     lines: list[int] = field(default_factory=list)
-    texts: list[str] = field(default_factory=list)
+    texts: list[str | None] = field(default_factory=list)
     splits: list[str] = field(default_factory=list)
+
+
+#: One record as read: its bytes, its text, its split and its line or offset.
+Record = tuple[bytes | None, str | None, str, int]
+
+
+def _salvage(bad: BadRecords, records: list[Record], alone: int | None) -> Salvaged:
+    """`records` sorted into good ones (`Salvaged` without its table) and dead letters
+    (`alone`: how `decode` counts a record taken alone)."""
+    salvaged = Salvaged(None, [])
+    for raw, text, split, offset in records:
+        error = _bad(bad, raw, text, alone)
+        if error is None:
+            salvaged.lines.append(offset)
+            salvaged.texts.append(text)
+            salvaged.splits.append(split)
+            continue
+        found: Dead = (split, str(offset), text, error)
+        if bad.on_error is None:
+            raise bad.undecodable(found)
+        salvaged.dead.append(found)
+    return salvaged
+
+
+def _json_lines(data: bytes, split: str) -> list[Record]:
+    """The records of JSON-lines text: its non-blank lines (Spark drops blank ones), each
+    with its line number (1-based, as `connectors.dead_letters` counts)."""
+    found: list[Record] = []
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        text = raw.decode("utf-8", errors="replace").rstrip("\r")
+        if text.strip(" "):
+            found.append((raw, text, split, number))
+    return found
 
 
 def salvage_lines(bad: BadRecords, data: bytes, split: str) -> Salvaged:
     """The records of a JSON-lines file (`data`, named `split`) Arrow refused whole
-    (module docstring); each dead letter's offset is its line (1-based, as
-    `connectors.dead_letters` counts). `ArrowRefused` when the good records are refused
-    still; without `on_error`, the error of the first bad record."""
-    good: list[bytes] = []
-    salvaged = Salvaged(None, [])
-    for number, raw in enumerate(data.split(b"\n"), start=1):
-        text = raw.decode("utf-8", errors="replace").rstrip("\r")
-        if not text.strip(" "):
-            continue  # (not a record: Spark drops blank lines)
-        error = _bad(bad, raw, text, None)
-        if error is None:
-            good.append(raw)
-            salvaged.lines.append(number)
-            salvaged.texts.append(text)
-            continue
-        found: Dead = (split, str(number), text, error)
-        if bad.on_error is None:
-            raise bad.undecodable(found)
-        salvaged.dead.append(found)
-    salvaged.table = decode(b"\n".join(good), bad.columns)
+    (module docstring); each dead letter's offset is its line. `ArrowRefused` when the good
+    records are refused still; without `on_error`, the error of the first bad record."""
+    records = _json_lines(data, split)
+    salvaged = _salvage(bad, records, None)
+    kept = set(salvaged.lines)
+    salvaged.table = decode(b"".join((r[0] or b"") + b"\n" for r in records if r[3] in kept),
+                            bad.columns)
     return salvaged
 
 
 def salvage_values(bad: BadRecords, values: list[bytes | None], splits: list[str],
                    offsets: list[int]) -> Salvaged:
     """As `salvage_lines`, for Kafka values (`splits` and `offsets`: each one's partition
-    and offset, the dead letter's split and offset); the good ones' splits and offsets."""
+    and offset, the dead letter's split and offset); the good ones' splits and offsets
+    (`lines`)."""
     from streamer.runtime.arrow_input import kafka_text
 
-    good: list[bytes | None] = []
-    salvaged = Salvaged(None, [])
-    for value, split, offset in zip(values, splits, offsets, strict=True):
-        text = None if value is None else value.decode("utf-8", errors="replace")
-        error = _bad(bad, value, text, 1)
-        if error is None:
-            good.append(value)
-            salvaged.splits.append(split)
-            salvaged.lines.append(offset)
-            continue
-        found: Dead = (split, str(offset), text, error)
-        if bad.on_error is None:
-            raise bad.undecodable(found)
-        salvaged.dead.append(found)
+    records: list[Record] = [
+        (value, None if value is None else value.decode("utf-8", errors="replace"), split,
+         offset) for value, split, offset in zip(values, splits, offsets, strict=True)]
+    salvaged = _salvage(bad, records, 1)
+    kept = set(zip(salvaged.splits, salvaged.lines, strict=True))
+    good = [r[0] for r in records if (r[2], r[3]) in kept]
     salvaged.table = decode(kafka_text(good), bad.columns, len(good))
     return salvaged
 
 
-def file_lines(name: str) -> list[tuple[int, str]]:
+def file_lines(name: str) -> list[tuple[int, str | None]]:
     """(line number, text) of each record of a JSON-lines file (its non-blank lines)."""
     with open(name, "rb") as f:
-        data = f.read()
-    found = []
-    for number, raw in enumerate(data.split(b"\n"), start=1):
-        text = raw.decode("utf-8", errors="replace").rstrip("\r")
-        if text.strip(" "):
-            found.append((number, text))
-    return found
+        return [(r[3], r[1]) for r in _json_lines(f.read(), name)]

@@ -68,7 +68,7 @@ class FileSplits:
         self._split = "files"
         self._dead: list[Dead] = []  # the file's bad records, sent with its first slice
         self._dead_sent = False
-        self._lines: list[tuple[int, str]] | None = None  # each decoded row's line and text
+        self._lines: list[tuple[int, str | None]] | None = None  # each decoded row's line and text
 
     def position(self) -> dict[str, Any]:
         """The files done, the file being read (None: all done) and its rows taken."""
