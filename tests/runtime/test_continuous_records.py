@@ -103,3 +103,29 @@ def test_file_lines_number_every_line(tmp_path: Path) -> None:
     path = tmp_path / "a.jsonl"
     path.write_bytes(LINES)
     assert [n for n, _ in file_lines(str(path))] == [1, 3, 4, 5, 6]
+
+
+def test_the_gang_plan_shows_the_dead_letter_sink() -> None:
+    """`streamer plan --physical` of a continuous pipeline with `on_error`: the sink is the
+    pipeline's own (wherever the dead-letter sink is listed), and the dead letters are
+    written by the source subtasks."""
+    from streamer.pipeline.validate import load_pipeline_text
+    from streamer.runtime.mode_plan import plan_gang
+
+    spec = load_pipeline_text("""\
+name: p
+job: {parallelism: 2, execution: {mode: continuous}}
+sources:
+  - {id: events, type: files, path: ./in, format: jsonl, on_error: dead,
+     schema: {user: string, qty: bigint}}
+operators:
+  - {id: some, input: events, filter: "qty > 0"}
+sinks:
+  - {id: dead, type: files, path: ./dead, format: jsonl}
+  - {id: out, type: files, input: some, path: ./out, format: jsonl}
+""", file="p.yaml", env={})
+    gang = plan_gang(spec, {}, 2)
+    assert gang.sink.startswith("'out' (jsonl files), written by the source subtasks")
+    assert gang.render()[-1].startswith("    - dead letters: 'dead', written by the source "
+                                        "subtasks")
+    assert gang.describe()["dead_letters"] == gang.dead_letters
