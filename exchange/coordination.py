@@ -18,6 +18,7 @@ coordinator's business. A subtask that cannot reach the coordinator gets an `Exc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import threading
@@ -37,13 +38,15 @@ _POLL_S = 0.5
 
 class CoordinationServer(flight.FlightServerBase):
     """The driver's side: barrier streams to the source subtasks, acknowledgements to
-    `on_ack(task, checkpoint, payload)` (called on a server thread)."""
+    `on_ack(task, checkpoint, payload)` and a subtask's reason to fail to
+    `on_fail(task, reason)` (called on a server thread)."""
 
     def __init__(self, host: str, on_ack: Callable[[str, int, dict[str, Any]], None],
-                 port: int = 0) -> None:
+                 port: int = 0, on_fail: Callable[[str, str], None] | None = None) -> None:
         super().__init__(f"grpc+tcp://{host}:{port}")
         self.host = host
         self._on_ack = on_ack
+        self._on_fail = on_fail
         self._lock = threading.Lock()
         self._queues: dict[str, queue.Queue[int | None]] = {}
         self._closed = False
@@ -81,12 +84,17 @@ class CoordinationServer(flight.FlightServerBase):
             yield pa.record_batch([pa.array([checkpoint], pa.int64())], schema=BARRIERS)
 
     def do_action(self, context: Any, action: flight.Action) -> Iterator[flight.Result]:
-        """An acknowledgement (the only action)."""
-        if action.type != "ack":
-            msg = f"unknown action {action.type!r} (only 'ack')"
+        """An acknowledgement, or a subtask's reason to fail (`fail`)."""
+        if action.type not in ("ack", "fail"):
+            msg = f"unknown action {action.type!r} (only 'ack' and 'fail')"
             raise flight.FlightServerError(msg)
         try:
             body = json.loads(action.body.to_pybytes())
+            if action.type == "fail":
+                if self._on_fail is not None:
+                    self._on_fail(str(body["task"]), str(body["reason"]))
+                yield flight.Result(b"ok")
+                return
             task, checkpoint, payload = str(body["task"]), int(body["checkpoint"]), \
                 dict(body["payload"])
         except (ValueError, KeyError, TypeError) as exc:
@@ -133,6 +141,15 @@ class CoordinationClient:
         if [r.body.to_pybytes() for r in results] != [b"ok"]:
             msg = f"{self.task}: the coordinator answered {results!r} to an acknowledgement"
             raise ExchangeError(msg)
+
+    def fail(self, reason: str) -> None:
+        """Tell the coordinator why this subtask fails, before it does: Spark reports the
+        first task that failed, which may be another that lost this one's channel. Best
+        effort: the subtask fails either way."""
+        body = json.dumps({"task": self.task, "reason": reason}).encode()
+        options = flight.FlightCallOptions(timeout=self.timeout_s)
+        with contextlib.suppress(pa.ArrowException, OSError):
+            list(self._client.do_action(flight.Action("fail", body), options))
 
     def follow_barriers(self, on_barrier: Callable[[int], None]) -> None:
         """Call `on_barrier(n)` for each barrier injected at this task, on a thread of its

@@ -4,7 +4,8 @@ The continuous mode runs one barrier stage of long-running subtasks (docs/archit
 "Continuous execution"): source subtasks that read files or Kafka partitions with Arrow and
 run the fused stateless chain (`runtime.arrow_input`), keyed subtasks that run a rolling
 aggregate or a tumbling or sliding window of the aggregates the direct read combines
-(`operators.direct.DIRECT_AGGREGATES`), and a files sink. `continuous_refusal(spec)` returns
+(`operators.direct.DIRECT_AGGREGATES`), and a files sink (and the source's `on_error`
+sink: the source subtasks stage its dead letters). `continuous_refusal(spec)` returns
 the first node outside that shape, with its location, so that `streamer validate` (with or
 without Spark) and the planner refuse the pipeline with one line rather than at run time.
 """
@@ -73,12 +74,15 @@ def continuous_refusal(spec: PipelineSpec) -> Refusal | None:
     why = _source_refusal(spec, keyed)
     if why is not None:
         return refuse(source, f"source {source.id!r} ({why})")
-    if len(spec.sinks) != 1:  # (validation asks for at least one)
-        return refuse(spec.sinks[1], f"sink {spec.sinks[1].id!r} (a second sink)")
-    sink = spec.sinks[0]
-    why = _sink_refusal(sink.type, sink.option("format"), sink.option("path"), sink.inputs,
-                        keyed)
-    return refuse(sink, f"sink {sink.id!r} ({why})") if why is not None else None
+    sinks = [s for s in spec.sinks if s.id != source.on_error]
+    if len(sinks) != 1:  # (validation asks for at least one)
+        return refuse(sinks[1], f"sink {sinks[1].id!r} (a second sink)")
+    for sink in spec.sinks:
+        why = _sink_refusal(sink.type, sink.option("format"), sink.option("path"),
+                            sink.inputs, keyed if sink.id != source.on_error else [])
+        if why is not None:
+            return refuse(sink, f"sink {sink.id!r} ({why})")
+    return None
 
 
 def _remote(path: object) -> bool:
@@ -106,8 +110,9 @@ def _source_refusal(spec: PipelineSpec, keyed: list[OperatorSpec]) -> str | None
                 return f"kafka with {key}:"
     else:
         return f"type {source.type}"
-    if source.on_error:
-        return f"on_error: {source.on_error}"
+    if source.on_error and source.type == "files" and source.option("format") != "jsonl":
+        return (f"on_error with files of format {source.option('format')} (its source "
+                "subtasks find bad records in JSON lines and Kafka values)")
     if keyed and keyed[0].window is not None and not source.event_time:
         return f"no event_time, which window {keyed[0].id!r} needs"
     return None

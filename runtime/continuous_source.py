@@ -43,6 +43,7 @@ from streamer.operators.direct import DirectRead, ipc_bytes, read_direct
 from streamer.operators.keyed_config import KeyedConfig
 from streamer.pipeline.source_spec import SourceSpec
 from streamer.runtime.arrow_input import ArrowInput
+from streamer.runtime.continuous_records import BadRecords, Dead
 from streamer.runtime.continuous_splits import ContinuousSourceError, Slice
 from streamer.runtime.watermarks import WatermarkTracker
 
@@ -128,6 +129,8 @@ class SourcePlan:
     spec: SourceSpec
     input: ArrowInput
     route: KeyedRoute | SinkRoute
+    #: How its bad records are treated (`runtime.continuous_records`); None: they fail it.
+    bad: BadRecords | None = None
 
     def out_schema(self) -> Any:
         """The schema of the rows on every channel."""
@@ -173,7 +176,8 @@ class SourceSubtask:
     def __init__(self, plan: SourcePlan, splits: Splits, channels: Sequence[Channel], *,
                  ack: Callable[[int, dict[str, Any]], None],
                  position: dict[str, Any] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 dead: Callable[[Any], None] | None = None) -> None:
         if len(channels) != plan.route.channels:
             msg = f"{len(channels)} channels for {plan.route.channels} subtasks"
             raise ValueError(msg)
@@ -182,6 +186,8 @@ class SourceSubtask:
         self.channels = list(channels)
         self.ack = ack
         self.clock = clock
+        self.dead = dead  # writes dead-letter rows (the `on_error` sink's staging)
+        self.dead_letters = 0
         self.tracker = WatermarkTracker({plan.spec.id: plan.spec})
         self.records = 0  # rows read in all (before the chain)
         self.sent_watermark = MIN_WATERMARK
@@ -227,6 +233,8 @@ class SourceSubtask:
             self.barriers()
             return False
         maxima: dict[str, int | None] = dict.fromkeys(piece.polled)
+        if piece.dead:
+            self._dead_letters(piece.dead)
         if piece.table.num_rows:
             self.records += piece.table.num_rows
             maxima.update(self._emit(piece))
@@ -254,12 +262,10 @@ class SourceSubtask:
         maxima: dict[str, int | None] = {}
         if self.plan.input.event_time is not None:
             table, _ = self.plan.input.event_time.run(table)
-            ts = table.column(EVENT_TIME)
-            if ts.null_count:
-                msg = (f"source {self.plan.spec.id!r}: a record of {self.splits.where()} has "
-                       "no event time")
-                raise ContinuousSourceError(msg)
-            maxima = newest_per_split(ts, piece.splits)
+            splits = piece.splits
+            if table.column(EVENT_TIME).null_count:
+                table, splits = self._without_time(table, piece)
+            maxima = newest_per_split(table.column(EVENT_TIME), splits)
         table, _ = self.plan.input.program.run(table)
         for subtask, channel in enumerate(self.channels):
             rows = self.plan.route.shape(table, subtask).cast(self._schema)
@@ -267,6 +273,33 @@ class SourceSubtask:
                 for batch in rows.combine_chunks().to_batches():
                     channel.send(batch)
         return maxima
+
+    def _without_time(self, table: Any, piece: Slice) -> tuple[Any, str | list[str]]:
+        """`table` without its records whose event time is null, which become dead letters
+        (the error of the first without `on_error`), and the split of each row left."""
+        import pyarrow.compute as pc
+
+        from streamer.columns import EVENT_TIME
+
+        if self.plan.bad is None or piece.where is None:
+            msg = (f"source {self.plan.spec.id!r}: a record of {self.splits.where()} has "
+                   "no event time")
+            raise ContinuousSourceError(msg)
+        valid = pc.is_valid(table.column(EVENT_TIME))
+        keep = valid.to_pylist()
+        rows = [i for i, ok in enumerate(keep) if not ok]
+        self._dead_letters(self.plan.bad.null_times(table, rows, piece.where))
+        splits = piece.splits if isinstance(piece.splits, str) else [
+            s for s, ok in zip(piece.splits, keep, strict=True) if ok]
+        return table.filter(valid), splits
+
+    def _dead_letters(self, dead: list[Dead]) -> None:
+        """Write dead letters to the `on_error` sink's staging."""
+        if self.plan.bad is None or self.dead is None:
+            msg = f"source {self.plan.spec.id!r}: dead letters, but no output for them"
+            raise ContinuousSourceError(msg)
+        self.dead(self.plan.bad.table(dead))
+        self.dead_letters += len(dead)
 
     def _watermark(self, maxima: dict[str, int | None]) -> None:
         """Advance the watermark (sent on every channel when it moved); tell the channels

@@ -17,11 +17,20 @@ at a time, with a position between two slices that it can resume from. Free of S
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from streamer.exceptions import ArrowRefused, StreamerError
 from streamer.runtime.arrow_input import ArrowInput, decode_unit, kafka_text
+from streamer.runtime.continuous_records import (
+    BadRecords,
+    Dead,
+    Where,
+    file_lines,
+    salvage_lines,
+    salvage_values,
+)
 
 
 class ContinuousSourceError(StreamerError):
@@ -38,25 +47,34 @@ class Slice:
     table: Any
     splits: str | list[str]
     polled: tuple[str, ...]
+    #: Bad records met reading it, as dead letters (a source with `on_error`).
+    dead: list[Dead] = field(default_factory=list)
+    #: Where some of its rows were (for dead letters of records without event time).
+    where: Where | None = None
 
 
 class FileSplits:
     """Files in order (module docstring)."""
 
-    def __init__(self, plan: ArrowInput, files: Sequence[str], batch_rows: int) -> None:
+    def __init__(self, plan: ArrowInput, files: Sequence[str], batch_rows: int,
+                 bad: BadRecords | None = None) -> None:
         self.plan = plan
         self.files = list(files)
         self.batch_rows = batch_rows
+        self.bad = bad
         self.file = 0  # the index of the file being read
         self.row = 0  # rows of it taken
         self._table: Any = None  # the file being read, decoded
         self._split = "files"
+        self._dead: list[Dead] = []  # the file's bad records, sent with its first slice
+        self._dead_sent = False
+        self._lines: list[tuple[int, str | None]] | None = None  # each decoded row's line and text
 
     def position(self) -> dict[str, Any]:
         """The files done, the file being read (None: all done) and its rows taken."""
         current = self.files[self.file] if self.file < len(self.files) else None
         return {"done": self.files[:self.file], "file": current, "row": self.row,
-                "files": list(self.files)}
+                "files": list(self.files), "dead_sent": self._dead_sent}
 
     def epoch_offsets(self) -> dict[str, Any]:
         """What the epoch mode's files source records: the files read whole."""
@@ -72,26 +90,63 @@ class FileSplits:
                    f"this subtask's files {self.files}")
             raise ContinuousSourceError(msg)
         self.row = int(position.get("row", 0))
+        self._dead_sent = bool(position.get("dead_sent", self.row > 0))
         self._table = None
 
     def next_slice(self) -> Slice | None:
-        """The next `batch_rows` rows (advancing the position), or None at the end."""
+        """The next `batch_rows` rows (advancing the position), or None at the end. A file's
+        bad records go with its first slice (`dead_sent` in the position)."""
         while self.file < len(self.files):
             if self._table is None:
-                name = self.files[self.file]
-                try:
-                    self._table, self._split = decode_unit(self.plan, name)
-                except ArrowRefused as exc:
-                    msg = f"source {self.plan.source_id!r}: cannot read {name!r} with Arrow: {exc}"
-                    raise ContinuousSourceError(msg) from exc
-            if self.row < self._table.num_rows:
+                self._open(self.files[self.file])
+            dead = [] if self._dead_sent else self._dead
+            self._dead_sent = True
+            if self.row < self._table.num_rows or dead:
+                start = self.row
                 table = self._table.slice(self.row, self.batch_rows)
                 self.row += table.num_rows
-                return Slice(table, self._split, (self._split,))
+                return Slice(table, self._split, (self._split,), dead,
+                             partial(self._where, start))
             self.file += 1
             self.row = 0
-            self._table = None
+            self._table, self._dead, self._dead_sent, self._lines = None, [], False, None
         return None
+
+    def _open(self, name: str) -> None:
+        """Decode file `name`; one Arrow refuses whole record by record (`salvage_lines`)."""
+        try:
+            self._table, self._split = decode_unit(self.plan, name)
+            self._dead = []
+            return
+        except ArrowRefused as exc:
+            refused = exc
+        if self.bad is not None and self.plan.kind == "files":
+            from streamer.connectors.files.files_source import SPLIT
+
+            with open(name, "rb") as f:
+                data = f.read()
+            try:
+                found = salvage_lines(self.bad, data, name)
+            except ArrowRefused as exc:
+                refused = exc
+            else:
+                self._table, self._split, self._dead = found.table, SPLIT, found.dead
+                self._lines = list(zip(found.lines, found.texts, strict=True))
+                return
+        msg = f"source {self.plan.source_id!r}: cannot read {name!r} with Arrow: {refused}"
+        raise ContinuousSourceError(msg) from refused
+
+    def _where(self, start: int, rows: list[int]) -> list[tuple[str | None, str | None,
+                                                                 str | None]]:
+        """The file, line and text of `rows` of the slice from row `start` (JSON lines; of
+        another format the row's index in the file, and no text)."""
+        name = self.files[self.file]
+        if self.plan.kind != "files":
+            return [(name, str(start + i), None) for i in rows]
+        if self._lines is None:
+            self._lines = file_lines(name)
+        return [(name, str(self._lines[start + i][0]), self._lines[start + i][1])
+                for i in rows]
 
     def where(self) -> str:
         """The file being read (for messages)."""
@@ -106,8 +161,10 @@ class KafkaSplits:
     the next offset to read; `stop_at`: split name -> where a bounded source ends."""
 
     def __init__(self, plan: ArrowInput, offsets: Mapping[str, int], batch_rows: int, *,
-                 stop_at: Mapping[str, int] | None = None, poll_s: float = 0.1) -> None:
+                 stop_at: Mapping[str, int] | None = None, poll_s: float = 0.1,
+                 bad: BadRecords | None = None) -> None:
         self.plan = plan
+        self.bad = bad
         self.offsets = dict(offsets)
         self.stop_at = dict(stop_at) if stop_at is not None else None
         self.batch_rows = batch_rows
@@ -152,7 +209,6 @@ class KafkaSplits:
         import pyarrow as pa
         from confluent_kafka import KafkaError, KafkaException
 
-        from streamer.connectors.arrow.arrow_json import decode
         from streamer.connectors.kafka.kafka_source import split_name
         from streamer.operators.arrow_sql import arrow_type
 
@@ -162,6 +218,7 @@ class KafkaSplits:
             self._consumer = self._open()
         values: list[bytes | None] = []
         splits: list[str] = []
+        offsets: list[int] = []
         for m in self._consumer.consume(num_messages=self.batch_rows, timeout=self.poll_s):
             err = m.error()
             split = split_name(m.topic(), m.partition())
@@ -182,17 +239,39 @@ class KafkaSplits:
             self.offsets[split] = offset + 1
             values.append(m.value())
             splits.append(split)
+            offsets.append(offset)
         polled = tuple(self.offsets)
         if not values:
             schema = pa.schema([(n, arrow_type(k)) for n, k in self.plan.columns])
             return Slice(schema.empty_table(), [], polled)
+        return self._decoded(values, splits, offsets, polled)
+
+    def _decoded(self, values: list[bytes | None], splits: list[str], offsets: list[int],
+                 polled: tuple[str, ...]) -> Slice:
+        """The slice of one poll's values; values Arrow refuses together are taken one by
+        one (`salvage_values`): the bad ones as dead letters."""
+        from streamer.connectors.arrow.arrow_json import decode
+
+        dead: list[Dead] = []
         try:
             table = decode(kafka_text(values), self.plan.columns, len(values))
         except ArrowRefused as exc:
-            msg = (f"source {self.plan.source_id!r}: cannot decode records of "
-                   f"{sorted(set(splits))} with Arrow: {exc}")
-            raise ContinuousSourceError(msg) from exc
-        return Slice(table, splits, polled)
+            if self.bad is None:
+                msg = (f"source {self.plan.source_id!r}: cannot decode records of "
+                       f"{sorted(set(splits))} with Arrow: {exc}")
+                raise ContinuousSourceError(msg) from exc
+            try:
+                found = salvage_values(self.bad, values, splits, offsets)
+            except ArrowRefused as again:
+                msg = (f"source {self.plan.source_id!r}: cannot decode records of "
+                       f"{sorted(set(splits))} with Arrow: {again}")
+                raise ContinuousSourceError(msg) from again
+            table, splits, offsets, dead = found.table, found.splits, found.lines, found.dead
+
+        def where(rows: list[int]) -> list[tuple[str | None, str | None, str | None]]:
+            return [(splits[i], str(offsets[i]), None) for i in rows]
+
+        return Slice(table, splits, polled, dead, where)
 
     def where(self) -> str:
         """The partitions (for messages)."""

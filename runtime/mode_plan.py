@@ -60,6 +60,8 @@ class GangShape:
 
     groups: tuple[GangTasks, ...]
     sink: str
+    #: The source's `on_error` sink, which its subtasks write (None: no `on_error`).
+    dead_letters: str | None = None
 
     @property
     def tasks(self) -> int:
@@ -68,8 +70,12 @@ class GangShape:
 
     def describe(self) -> dict[str, Any]:
         """As `--format json` shows it."""
-        return {"stage": f"one Spark barrier stage of {self.tasks} tasks", "tasks": self.tasks,
-                "subtasks": [group.describe() for group in self.groups], "sink": self.sink}
+        found = {"stage": f"one Spark barrier stage of {self.tasks} tasks",
+                 "tasks": self.tasks,
+                 "subtasks": [group.describe() for group in self.groups], "sink": self.sink}
+        if self.dead_letters is not None:
+            found["dead_letters"] = self.dead_letters
+        return found
 
     def with_source_subtasks(self, n: int, reason: str) -> GangShape:
         """The gang with `n` source subtasks, for `reason` (the run's own count: a Kafka
@@ -86,6 +92,8 @@ class GangShape:
             lines.append(f"    - {group.role} {group.node_id!r}: {group.subtasks} "
                          f"subtask{'s' if group.subtasks != 1 else ''}: {group.reason}")
         lines.append(f"    - sink: {self.sink}")
+        if self.dead_letters is not None:
+            lines.append(f"    - dead letters: {self.dead_letters}")
         return lines
 
 
@@ -108,7 +116,7 @@ def plan_gang(spec: PipelineSpec, keyed: Mapping[str, KeyedStage],
     """The gang of a pipeline that `check_mode` accepted: one source, at most one keyed
     operator (its stage's parallelism: job.parallelism, else Spark's default) and one sink."""
     (source,) = spec.sources
-    sink = spec.sinks[0]
+    sink = next(s for s in spec.sinks if s.id != source.on_error)
     n = next(iter(keyed.values())).parallelism if keyed else (
         spec.job.parallelism or default_parallelism)
     set_by = ("job.parallelism" if spec.job.parallelism is not None
@@ -118,11 +126,16 @@ def plan_gang(spec: PipelineSpec, keyed: Mapping[str, KeyedStage],
     written = (f"{sink.option('format')} files" if sink.type == "files" else sink.type)
     commit = ("what they wrote before checkpoint n is committed after n's _metadata (an "
               "at_least_once Kafka sink's is flushed at n)")
+    dead = None
+    if source.on_error is not None:
+        dead = (f"{source.on_error!r}, written by the source subtasks (the records they cannot "
+                "decode or that have no event time); committed with each checkpoint as the sink")
     if not keyed:
         return GangShape((GangTasks(
             "source", source.id, n, f"{set_by}; {split}; each runs the event time and the "
             "filters and derived columns on Arrow and writes the sink itself (no keyed "
-            "operator)"),), f"{sink.id!r} ({written}), written by the source subtasks; {commit}")
+            "operator)"),), f"{sink.id!r} ({written}), written by the source subtasks; {commit}",
+            dead)
     ((node_id, _stage),) = keyed.items()
     return GangShape((
         GangTasks("source", source.id, n, f"one per split group, as many as the keyed "
@@ -131,4 +144,4 @@ def plan_gang(spec: PipelineSpec, keyed: Mapping[str, KeyedStage],
                   "rows over Arrow Flight"),
         GangTasks("keyed", node_id, n, f"{set_by}; each aligns the checkpoint barriers of "
                   "its input channels and snapshots its state at each one"),
-    ), f"{sink.id!r} ({written}), written by the keyed subtasks; {commit}")
+    ), f"{sink.id!r} ({written}), written by the keyed subtasks; {commit}", dead)

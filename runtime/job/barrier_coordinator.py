@@ -116,7 +116,7 @@ class BarrierCoordinator:
         self.run_id = run_id
         self.mode = mode
         self.retain = retain
-        self.server = CoordinationServer(host, self._ack)
+        self.server = CoordinationServer(host, self._ack, on_fail=self._fail)
         self._cond = threading.Condition()
         self._pending: dict[int, _Pending] = {}
         self._done: dict[int, CheckpointMetadata | str] = {}
@@ -124,6 +124,13 @@ class BarrierCoordinator:
         self.completed: list[int] = []
         #: The first completed checkpoint whose every subtask had ended its input.
         self.all_ended: int | None = None
+        #: The first reason a subtask gave for failing (`CoordinationClient.fail`), if any.
+        self.failure: str | None = None
+
+    def _fail(self, task: str, reason: str) -> None:
+        with self._cond:
+            if self.failure is None:
+                self.failure = reason
 
     @property
     def location(self) -> str:

@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from streamer.connectors.base import DECODE_ERROR_MARKER
+from streamer.connectors.exceptions import DecodeError
 from streamer.connectors.files.files_sink import epoch_staging
 from streamer.exceptions import ConfigError
 from streamer.runtime.watermarks import MIN_WATERMARK
@@ -57,6 +59,18 @@ class GangPlan:
     #: An at_least_once Kafka sink's producer (`KafkaSink.direct`), or None: the subtasks
     #: stage the sink's files for each checkpoint's commit.
     direct: Any = None
+    #: The source's `on_error` sink (id and sink), whose dead letters the source subtasks
+    #: stage for each checkpoint's commit; None without `on_error`.
+    dead_id: str | None = None
+    dead_sink: Any = None
+
+    @property
+    def staged_sinks(self) -> dict[str, Any]:
+        """The sinks whose staging each checkpoint commits, by id."""
+        found = {} if self.direct is not None else {self.sink_id: self.sink}
+        if self.dead_id is not None:
+            found[self.dead_id] = self.dead_sink
+        return found
 
     @property
     def tasks(self) -> int:
@@ -99,13 +113,20 @@ def gang_plan(job: Any, spark: Any) -> GangPlan | str:
     from streamer.runtime.stages.keyed_stage import KeyedOperatorStage
 
     keyed = [s for s in job.plan.stages if isinstance(s, KeyedOperatorStage)]
-    if len(job.sources) != 1 or len(keyed) > 1 or len(job.sinks) != 1:
-        return "the continuous mode runs one source, at most one keyed operator and one sink"
     source_id, source = next(iter(job.sources.items()))
+    dead_id = source.spec.on_error
+    sinks = {k: v for k, v in job.sinks.items() if k != dead_id}
+    if len(job.sources) != 1 or len(keyed) > 1 or len(sinks) != 1:
+        return ("the continuous mode runs one source, at most one keyed operator and one "
+                "sink (and the source's on_error sink)")
     if source.task_reads not in ("files", "csv", "parquet", "kafka"):
         return (f"source {source_id!r} is not local JSON-lines, CSV or parquet files, nor "
                 "Kafka JSON values read by confluent-kafka")
-    sink_id, sink = next(iter(job.sinks.items()))
+    sink_id, sink = next(iter(sinks.items()))
+    dead_sink = job.sinks.get(dead_id) if dead_id else None
+    why = _dead_refusal(dead_id, dead_sink)
+    if why is not None:
+        return why
     found = (_keyed_route(job, spark, keyed[0], sink) if keyed
              else _sink_route(job, spark, sink_id, sink))
     if isinstance(found, str):
@@ -116,9 +137,33 @@ def gang_plan(job: Any, spark: Any) -> GangPlan | str:
     sources = parallelism
     if source.task_reads == "kafka":  # (a subtask without partitions would hold the watermark)
         sources = max(1, min(parallelism, len(source.partitions())))
-    return GangPlan(source_id, source, stage, SourcePlan(source.spec, found.arrow, found.route),
-                    sink_id, sink, found.sink_schema, sources=sources,
-                    parallelism=parallelism if stage is not None else 0, direct=found.direct)
+    plan = SourcePlan(source.spec, found.arrow, found.route, _bad_records(spark, found.arrow,
+                                                                          source.spec))
+    return GangPlan(source_id, source, stage, plan, sink_id, sink, found.sink_schema,
+                    sources=sources, parallelism=parallelism if stage is not None else 0,
+                    direct=found.direct, dead_id=dead_id, dead_sink=dead_sink)
+
+
+def _dead_refusal(dead_id: str | None, dead_sink: Any) -> str | None:
+    """Why the source subtasks cannot stage the dead letters of sink `dead_id`, or None."""
+    from streamer.connectors.base import WritesTaskFiles
+    from streamer.runtime.continuous_records import dead_spark_schema
+
+    if dead_id is None:
+        return None
+    if not isinstance(dead_sink, WritesTaskFiles):
+        return f"on_error sink {dead_id!r} is not one the source subtasks can write"
+    why = dead_sink.task_files_refused(dead_spark_schema())
+    return None if why is None else f"on_error sink {dead_id!r}: {why}"
+
+
+def _bad_records(spark: Any, arrow: Any, spec: Any) -> Any:
+    """How the source subtasks treat bad records (`runtime.continuous_records`)."""
+    from streamer.connectors.arrow.arrow_json_writer import jvm_prints_shortest
+    from streamer.runtime.continuous_records import BadRecords
+
+    return BadRecords(spec.id, spec.on_error, spec.event_time, tuple(arrow.columns),
+                      shortest=jvm_prints_shortest(spark))
 
 
 def _direct(job: Any, sink: Any, reads: str, schema: Any) -> Any:
@@ -225,7 +270,11 @@ class GangRun:
             if runner is not None:
                 runner.join()
         if self.error is not None and status is None and not ended:
-            msg = f"the continuous gang failed: {task_error(self.error)}"
+            detail = coord.failure or task_error(self.error)
+            if DECODE_ERROR_MARKER in detail:  # a bad record without on_error: no restart
+                msg = detail[detail.index(DECODE_ERROR_MARKER) + len(DECODE_ERROR_MARKER):]
+                raise DecodeError(msg) from self.error
+            msg = f"the continuous gang failed: {detail}"
             raise JobFailedError(msg) from self.error
         return status or ("finished", "every source is exhausted (continuous mode)")
 
@@ -285,10 +334,16 @@ class GangRun:
         first = coord.next_id()
         self.base = job.epoch + 1 - first
         gang.sink.recover(job.epoch)  # (no staging of a dead attempt stays)
-        target = None
+        target = dead = None
         if gang.direct is None:
             target = gang.sink.task_target(self.base + first, gang.sink_schema)
             target = replace(target, directory=gang.sink.staging_root)
+        if gang.dead_id is not None:
+            from streamer.runtime.continuous_records import dead_spark_schema
+
+            gang.dead_sink.recover(job.epoch)
+            dead = gang.dead_sink.task_target(self.base + first, dead_spark_schema())
+            dead = replace(dead, directory=gang.dead_sink.staging_root)
         return GangTasks(
             sources=gang.sources, keyed=gang.parallelism, plan=plan, reads=self._reads(meta),
             slice_rows=settings.continuous_batch_rows, coordinator=coord.location,
@@ -299,7 +354,7 @@ class GangRun:
             watermark=int(meta.watermark.get("current", MIN_WATERMARK)) if meta
             else MIN_WATERMARK,
             channel_bytes=CHANNEL_BYTES, batch_rows=settings.continuous_batch_rows,
-            host="127.0.0.1" if not job.on_cluster else None)
+            host="127.0.0.1" if not job.on_cluster else None, dead_letters=dead)
 
     def _settings(self) -> Any:
         """The run's `job.execution` settings (the environment's overrides applied)."""
@@ -458,24 +513,26 @@ class GangRun:
             "path": chk.store.storage.path(chk.store.dir_of(meta.checkpoint_id))})
 
     def _stage(self, meta: CheckpointMetadata) -> None:
-        """Before `_metadata` of n is written: the sink's staged files of n as its pending
-        commit, and the epoch above the sink's (an epoch-mode restore goes on after it)."""
+        """Before `_metadata` of n is written: the staged files of n of the sink and of the
+        `on_error` sink as their pending commits (a direct sink produced its rows already,
+        and flushed them before the acknowledgements), and the epoch above the sinks' (an
+        epoch-mode restore goes on after it)."""
         epoch = self.base + meta.checkpoint_id
         meta.epoch = max(meta.epoch, epoch)
-        if self.gang.direct is not None:
-            return  # (produced already, and flushed before the acknowledgements)
-        # (a checkpoint none of whose subtasks emitted a row has no directory yet)
-        os.makedirs(epoch_staging(self.gang.sink.staging_root, epoch), exist_ok=True)
-        handle = self.gang.sink.tasks_wrote(epoch, lambda: None)
-        meta.sinks = {self.gang.sink_id: [[epoch, handle]]}
+        meta.sinks = {}
+        for sink_id, sink in self.gang.staged_sinks.items():
+            # (a checkpoint none of whose subtasks wrote a row has no directory yet)
+            os.makedirs(epoch_staging(sink.staging_root, epoch), exist_ok=True)
+            meta.sinks[sink_id] = [[epoch, sink.tasks_wrote(epoch, lambda: None)]]
 
     def _commit(self, meta: CheckpointMetadata) -> None:
-        """After `_metadata` of n: commit the sink's files of n."""
+        """After `_metadata` of n: commit the staged files of n."""
         from streamer import failpoints
 
         failpoints.reached("after-metadata", meta.checkpoint_id)
-        for epoch, handle in meta.sinks.get(self.gang.sink_id, []):
-            self.gang.sink.commit(epoch, handle)
+        for sink_id, sink in self.gang.staged_sinks.items():
+            for epoch, handle in meta.sinks.get(sink_id, []):
+                sink.commit(epoch, handle)
 
 
 def task_error(exc: BaseException) -> str:

@@ -32,6 +32,7 @@ from typing import Any
 
 from streamer import failpoints
 from streamer.columns import OUT, ROW_KIND
+from streamer.connectors.exceptions import DecodeError
 from streamer.connectors.files.files_sink import TaskFile, TaskTarget, epoch_staging
 from streamer.exchange.alignment import BarrierAligner
 from streamer.exchange.coordination import CoordinationClient
@@ -52,9 +53,9 @@ class FileReads:
 
     files: tuple[str, ...]
 
-    def open(self, plan: Any, slice_rows: int) -> FileSplits:
+    def open(self, plan: SourcePlan, slice_rows: int) -> FileSplits:
         """The splits of a source subtask over these files."""
-        return FileSplits(plan, self.files, slice_rows)
+        return FileSplits(plan.input, self.files, slice_rows, plan.bad)
 
 
 @dataclass(frozen=True)
@@ -67,10 +68,10 @@ class KafkaReads:
     #: How long one poll waits for records (s): the longest a record waits to be sent on.
     poll_s: float
 
-    def open(self, plan: Any, slice_rows: int) -> KafkaSplits:
+    def open(self, plan: SourcePlan, slice_rows: int) -> KafkaSplits:
         """The splits of a source subtask over these partitions."""
-        return KafkaSplits(plan, self.offsets, slice_rows, stop_at=self.stop_at,
-                           poll_s=self.poll_s)
+        return KafkaSplits(plan.input, self.offsets, slice_rows, stop_at=self.stop_at,
+                           poll_s=self.poll_s, bad=plan.bad)
 
 
 @dataclass(frozen=True)
@@ -111,12 +112,26 @@ class GangTasks:
     #: An at_least_once Kafka sink's producer (`KafkaSink.direct`): the keyed subtasks
     #: produce as they emit, and flush at each barrier; None: they stage for the commit.
     direct: Any = None
+    #: The `on_error` sink's `TaskTarget` with `directory` its staging root: the source
+    #: subtasks stage their dead letters there per checkpoint (None: no `on_error`).
+    dead_letters: TaskTarget | None = None
 
-    def staging(self, checkpoint: int) -> TaskTarget:
-        """The sink's target for what checkpoint `checkpoint` commits."""
+    def staging(self, root: TaskTarget, checkpoint: int) -> TaskTarget:
+        """A sink's target (`root`: the sink's, or the dead letters') for what checkpoint
+        `checkpoint` commits."""
+        return replace(root, directory=epoch_staging(
+            root.directory, self.sink_epoch_base + checkpoint))
+
+    def staged(self, subtask: int) -> _StagedOutput:
+        """Subtask `subtask`'s output into the sink's staging of each checkpoint."""
         assert self.sink is not None
-        return replace(self.sink, directory=epoch_staging(
-            self.sink.directory, self.sink_epoch_base + checkpoint))
+        return _StagedOutput(self, self.sink, subtask)
+
+    def dead_output(self, subtask: int) -> _StagedOutput | None:
+        """Source subtask `subtask`'s dead letters into the `on_error` sink's staging."""
+        if self.dead_letters is None:
+            return None
+        return _StagedOutput(self, self.dead_letters, subtask)
 
     def __call__(self, _: Any) -> Any:
         """The body of one task of the barrier stage (`mapPartitions`)."""
@@ -151,11 +166,25 @@ def run_source(tasks: GangTasks, subtask: int, keyed: list[str]) -> str:
     client = CoordinationClient(tasks.coordinator, source_task(plan.spec.id, subtask))
     schema = plan.out_schema()
     senders = [ExchangeSender(where, subtask, schema) for where in keyed]
+    dead = tasks.dead_output(subtask)
+
+    def ack(checkpoint: int, position: dict[str, Any]) -> None:
+        if dead is not None:
+            dead.publish(checkpoint)
+        client.ack(checkpoint, position)
+
     try:
-        src = SourceSubtask(plan, tasks.reads[subtask].open(plan.input, tasks.slice_rows),
-                            senders, ack=client.ack, position=tasks.positions.get(subtask))
+        src = SourceSubtask(plan, tasks.reads[subtask].open(plan, tasks.slice_rows),
+                            senders, ack=ack, position=tasks.positions.get(subtask),
+                            dead=None if dead is None else dead.write_table)
         drive(src, client)
-        return f"source {subtask}: {src.records} records"
+        return f"source {subtask}: {src.records} records, {src.dead_letters} dead letters"
+    except BaseException as exc:
+        if isinstance(exc, DecodeError):  # (the keyed subtasks fail too, losing a channel)
+            client.fail(str(exc))
+        if dead is not None:
+            dead.discard()
+        raise
     finally:
         for sender in senders:
             sender.close()
@@ -183,22 +212,30 @@ def run_stateless(tasks: GangTasks, subtask: int) -> str:
     barrier n it publishes (or flushes) what came before, then acknowledges n."""
     plan = tasks.plan
     client = CoordinationClient(tasks.coordinator, source_task(plan.spec.id, subtask))
-    output: Any = (_KeyedOutput(tasks, subtask) if tasks.direct is None
+    output: Any = (tasks.staged(subtask) if tasks.direct is None
                    else _DirectOutput(tasks.direct, tasks.first_checkpoint))
+    dead = tasks.dead_output(subtask)
 
     def ack(checkpoint: int, position: dict[str, Any]) -> None:
         failpoints.reached("in-task", checkpoint)
         output.publish(checkpoint)
+        if dead is not None:
+            dead.publish(checkpoint)
         client.ack(checkpoint, position)
 
     try:
-        src = SourceSubtask(plan, tasks.reads[subtask].open(plan.input, tasks.slice_rows),
+        src = SourceSubtask(plan, tasks.reads[subtask].open(plan, tasks.slice_rows),
                             [_SinkChannel(output)], ack=ack,
-                            position=tasks.positions.get(subtask))
+                            position=tasks.positions.get(subtask),
+                            dead=None if dead is None else dead.write_table)
         drive(src, client)
         return f"source {subtask}: {src.records} records, {output.rows} rows out"
-    except BaseException:
+    except BaseException as exc:
+        if isinstance(exc, DecodeError):
+            client.fail(str(exc))
         output.discard()
+        if dead is not None:
+            dead.discard()
         raise
     finally:
         client.close()
@@ -227,11 +264,13 @@ class _SinkChannel:
         """Nothing: the last checkpoint publishes the rest."""
 
 
-class _KeyedOutput:
-    """A keyed subtask's output into the sink's staging directory of the next checkpoint."""
+class _StagedOutput:
+    """A subtask's output into a sink's staging directory of the next checkpoint (`root`:
+    the sink's target, or the `on_error` sink's for a source subtask's dead letters)."""
 
-    def __init__(self, tasks: GangTasks, subtask: int) -> None:
+    def __init__(self, tasks: GangTasks, root: TaskTarget, subtask: int) -> None:
         self.tasks = tasks
+        self.root = root
         self.subtask = subtask
         self.rows = 0
         self._file: TaskFile | None = None
@@ -247,9 +286,13 @@ class _KeyedOutput:
 
         self._open().write_rows(pa.Table.from_batches([batch]))
 
+    def write_table(self, table: Any) -> None:
+        """Write every row of `table` (the sink's columns: dead letters)."""
+        self._open().write_rows(table)
+
     def _open(self) -> TaskFile:
         if self._file is None:
-            target = self.tasks.staging(self._next)
+            target = self.tasks.staging(self.root, self._next)
             os.makedirs(target.directory, exist_ok=True)
             self._file = TaskFile(target, self.subtask, ROW_KIND, OUT)
         return self._file
@@ -326,7 +369,7 @@ def run_keyed(tasks: GangTasks, subtask: int, server: ExchangeServer) -> str:
 
     cfg, backend = open_keyed(tasks, subtask)
     client = CoordinationClient(tasks.coordinator, keyed_task(cfg.op.id, subtask))
-    output: Any = (_KeyedOutput(tasks, subtask) if tasks.direct is None
+    output: Any = (tasks.staged(subtask) if tasks.direct is None
                    else _DirectOutput(tasks.direct, tasks.first_checkpoint))
     checkpointing = cfg.checkpointing
     base = checkpointing.last.get(subtask) if checkpointing is not None else None

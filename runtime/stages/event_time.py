@@ -37,6 +37,25 @@ ANSI = "spark.sql.ansi.enabled"
 _NAME = re.compile(r"\s*`?([A-Za-z_][A-Za-z0-9_]*)`?\s*")
 
 
+def plain_column(event_time: str) -> str | None:
+    """The column an `event_time` that is a bare column name names, else None."""
+    found = _NAME.fullmatch(event_time)
+    return found.group(1) if found else None
+
+
+def named_columns(event_time: str, columns: list[str]) -> list[str]:
+    """Those of `columns` an `event_time` expression names (a null reason shows them)."""
+    return [c for c in columns if re.search(rf"(?<![\w.]){re.escape(c)}(?!\w)", event_time)]
+
+
+def null_text(event_time: str, values: list[tuple[str, str]]) -> str:
+    """A null event time's `error` when `event_time` is an expression: which, and the
+    (column, value as JSON) it names."""
+    shown = ", ".join(f"field {c!r}: {v}" for c, v in values)
+    return (f"event time `{event_time}` is null or cannot be computed"
+            + (f" ({shown})" if values else ""))
+
+
 def null_reason(spec: SourceSpec, columns: list[str]) -> Column:
     """The `error` of a dead letter whose event time is null (a column: `field 'ts': null
     event time`) or null or not computable (an expression: which, and the values of the
@@ -44,11 +63,10 @@ def null_reason(spec: SourceSpec, columns: list[str]) -> Column:
     from pyspark.sql import functions as F
 
     assert spec.event_time
-    plain = _NAME.fullmatch(spec.event_time)
+    plain = plain_column(spec.event_time)
     if plain:
-        return F.lit(f"field {plain.group(1)!r}: null event time")
-    named = [c for c in columns if re.search(rf"(?<![\w.]){re.escape(c)}(?!\w)",
-                                             spec.event_time)]
+        return F.lit(f"field {plain!r}: null event time")
+    named = named_columns(spec.event_time, columns)
     values = [F.concat(F.lit(f"field {c!r}: "), F.regexp_extract(F.to_json(
         F.struct(F.col(f"`{c}`")), {"ignoreNullFields": "false"}), r'^\{"[^"]*":(.*)\}$', 1))
         for c in named]

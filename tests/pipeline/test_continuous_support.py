@@ -141,6 +141,30 @@ def test_refusals_name_the_node_and_why(change: tuple[str, str], words: str) -> 
     assert "\n" not in line
 
 
+ON_ERROR = ("    event_time: ts\n", "    event_time: ts\n    on_error: dead\n")
+DEAD_SINK = "  - {id: dead, type: files, path: ./dead, format: jsonl}\n"
+
+
+def test_on_error_of_a_jsonl_source_validates_and_its_sink_is_no_second_sink() -> None:
+    """The source subtasks stage its dead letters (tests/runtime/
+    test_continuous_dead_letters.py), so its dead-letter sink beside the keyed operator's
+    is accepted; a third sink is still refused."""
+    text = pipeline().replace(*ON_ERROR) + DEAD_SINK
+    spec = load(text)
+    assert continuous_refusal(spec) is None
+    line = refused(text + "  - {id: more, type: files, input: counts, path: ./m, format: jsonl}\n")
+    assert "sink 'more' (a second sink) cannot run" in line
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_on_error_of_csv_or_parquet_files_is_still_refused(fmt: str) -> None:
+    """Their bad records are not found record by record in the continuous mode yet."""
+    line = refused(pipeline(fmt=fmt).replace(*ON_ERROR) + DEAD_SINK)
+    assert line.startswith(f"p.yaml:7:5: source 'events' (on_error with files of format {fmt} "
+                           "(its source subtasks find bad records in JSON lines and Kafka "
+                           "values)) cannot run with job.execution.mode: continuous yet")
+
+
 def test_a_text_files_source_is_refused() -> None:
     text = pipeline().replace("    format: jsonl\n    schema: {user: string, amount: long, "
                               "ts: timestamp}\n    event_time: ts\n", "    format: text\n")
