@@ -19,8 +19,9 @@ choices (the moment of a random kill still depends on how fast epochs run). The 
 run are printed, and repeated in every failure message.
 
 A new JVM costs a run about 6.5 s to its SparkSession and more to its first job (cold JIT), so
-a campaign whose job needs nothing at JVM start (`LapJob.warm`) runs on one warm JVM
-(`warm_jvm.py`): a kill there kills the run's driver and the JVM's Python workers, and the
+a campaign (`LapJob.warm`) runs on one warm JVM (`warm_jvm.py`, started with what the lap's
+pipeline needs at JVM start: the quick driver options, its connectors' packages such as
+S3A's): a kill there kills the run's driver and the JVM's Python workers, and the
 next driver stops what the dead one left in the JVM before it starts. The campaign's first
 kill and its random kills kill the JVM too, as a machine crash does (`Campaign.machine_crash`).
 The reference run (one, writing both formats, shared with test_s3_jobs.py) and the two
@@ -345,8 +346,8 @@ class LapJob:
     epochs: int = EPOCHS
     kinds: tuple[str, ...] = KINDS
     #: Whether the campaign's runs share a warm JVM (`warm_jvm.py`) between the kills that
-    #: model a machine crash: for jobs that need nothing at JVM start but the quick driver
-    #: options (no extra jars or packages).
+    #: model a machine crash, started with what the job needs at JVM start (the quick
+    #: driver options, the packages of its connectors: `WarmJvm.configure`).
     warm: bool = False
 
 
@@ -393,6 +394,8 @@ def run_lap(campaign: Campaign, root: Path, kills_wanted: int, planner: Planner,
     lap = Lap(root)
     campaign.laps.append(lap)
     pipeline = job.write(root)
+    if campaign.jvm is not None:
+        campaign.jvm.configure(pipeline)
     store = CheckpointStore(job.storage(root), job.name)
     while True:
         latest = store.latest()

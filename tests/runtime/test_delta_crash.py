@@ -65,7 +65,7 @@ def delta_job() -> LapJob:
         lap.leftovers = sorted(str(p.relative_to(staged)) for p in staged.rglob("*")
                                if p.is_file())
 
-    return LapJob(JOB, write_job, collect, kinds=SINK_KINDS)
+    return LapJob(JOB, write_job, collect, kinds=SINK_KINDS, warm=True)
 
 
 def test_sigkill_into_delta_tables_then_they_hold_the_uninterrupted_runs_rows(

@@ -87,7 +87,7 @@ def kafka_job(kafka: Any, source: str) -> LapJob:
         staged = root / "storage" / JOB / "sinks" / "out"
         lap.leftovers = sorted(p.name for p in staged.iterdir()) if staged.exists() else []
 
-    return LapJob(JOB, write, collect)
+    return LapJob(JOB, write, collect, warm=True)
 
 
 def test_sigkill_kafka_to_windows_to_kafka_then_read_committed_sees_each_record_once(

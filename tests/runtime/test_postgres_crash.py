@@ -96,7 +96,7 @@ def postgres_job(postgres: Any) -> LapJob:
             staged = root / "storage" / JOB / "sinks" / sink
             lap.leftovers += sorted(p.name for p in staged.iterdir()) if staged.exists() else []
 
-    return LapJob(JOB, write, collect, kinds=SINK_KINDS)
+    return LapJob(JOB, write, collect, kinds=SINK_KINDS, warm=True)
 
 
 def test_sigkill_into_postgres_then_the_tables_hold_exactly_the_reference_rows(

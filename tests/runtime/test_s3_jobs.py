@@ -12,7 +12,10 @@ fixture), end to end through the CLI.
   another parallelism, writing on to the same S3 output: exactly the reference output.
 
 The reference run (test_crash.py's, shared when that module ran first in the session), the
-campaign and the controlled job run side by side (each run pays seconds of JVM start).
+campaign and the controlled job run side by side (each run pays seconds of JVM start). They
+are the module's fixture, so a test's "setup" time is theirs. The campaign's runs share a warm
+JVM started with S3A's packages (`LapJob.warm`, `warm_jvm.WarmJvm.configure`), killed with
+the run at the kills that model a machine crash.
 """
 
 from __future__ import annotations
@@ -132,7 +135,8 @@ def s3_job(s3: Any, base: str) -> LapJob:
                              Prefix=prefix(root)).get("Uploads", [])
         lap.leftovers += [f"unfinished upload {u['Key']}" for u in uploads]
 
-    return LapJob(JOB, write, collect, storage=lambda root: f"s3://streamer/{prefix(root)}/storage")
+    return LapJob(JOB, write, collect, storage=lambda root: f"s3://streamer/{prefix(root)}/storage",
+                  warm=True)
 
 
 def cli(s3: Any, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

@@ -13,6 +13,13 @@ with its session as before (`streamer_process.crash`); the JVM's Python workers 
 with it at once (`kill_workers`); the next driver cancels and stops what is left and waits
 until no task, no connection of the dead driver and no Python worker is left before the run
 goes on (`warm_driver.settle`). `crash` kills the JVM too: a kill that models a machine crash.
+
+A job whose connectors need jars at JVM start (S3A's `hadoop-aws` and the AWS SDK on
+`spark.jars.packages`, as `runtime/cluster/submit.submit_conf` says for spark-submit) gets a
+JVM started with them: `configure` reads the settings of the lap's pipeline file that only
+apply at JVM start (`start_conf`) and passes them to spark-submit, which resolves the
+packages (from Spark's Ivy cache) and puts the jars on the driver's class path, as a run's
+own JVM start does; a lap whose settings differ starts a new JVM.
 """
 
 from __future__ import annotations
@@ -41,6 +48,22 @@ DRIVER = Path(__file__).with_name("warm_driver.py")
 JAVA_OPTIONS = (f"{DEFAULT_CONF['spark.driver.extraJavaOptions']} "
                 "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 START_TIMEOUT_S = 120.0
+#: The settings that only apply when the driver's JVM starts: spark-submit's, not a
+#: SparkContext's (a run on a warm JVM sets them too, with no effect).
+START_KEYS = ("spark.jars", "spark.jars.packages", "spark.jars.excludes", "spark.jars.ivy",
+              "spark.jars.ivySettings", "spark.jars.repositories",
+              "spark.driver.extraJavaOptions", "spark.driver.extraClassPath",
+              "spark.driver.extraLibraryPath", "spark.driver.memory")
+
+
+def start_conf(pipeline: Path) -> dict[str, str]:
+    """The settings of the pipeline file `pipeline` (its `spark:` block and what its
+    connectors add at the session's start) that only apply at JVM start (`START_KEYS`)."""
+    from streamer.pipeline.validate import load_pipeline
+    from streamer.runtime.cluster.submit import submit_conf
+
+    conf = submit_conf(load_pipeline(str(pipeline)))
+    return {key: value for key, value in conf.items() if key in START_KEYS}
 
 
 class WarmJvm:
@@ -58,6 +81,16 @@ class WarmJvm:
         self.workers_killed = 0
         self._log: IO[bytes] | None = None
         self._scratch: Path | None = None
+        #: The JVM-start settings of the runs it serves (`configure`).
+        self.conf: dict[str, str] = {}
+
+    def configure(self, pipeline: Path) -> None:
+        """Serve runs of the pipeline file `pipeline`: a JVM started with other JVM-start
+        settings than its (`start_conf`) is closed, and the next `env` starts one with them."""
+        conf = start_conf(pipeline)
+        if conf != self.conf:
+            self.close()
+            self.conf = conf
 
     def start(self) -> None:
         """Launch the JVM (if it is not running) and read its gateway's port and secret."""
@@ -77,8 +110,10 @@ class WarmJvm:
         local_ip = ui_bind_address(DEFAULT_CONF)
         if local_ip:
             env["SPARK_LOCAL_IP"] = local_ip
+        conf = {"spark.driver.extraJavaOptions": JAVA_OPTIONS, **self.conf}
         command = [str(spark_home() / "bin" / "spark-submit"),
-                   "--conf", f"spark.driver.extraJavaOptions={JAVA_OPTIONS}", "pyspark-shell"]
+                   *(arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")),
+                   "pyspark-shell"]
         self._log = open(self.root / f"warm-jvm-{self.starts}.log", "ab")  # noqa: SIM115
         # stdin stays a pipe from the test process: the JVM ends when the tests do.
         self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=self._log,
