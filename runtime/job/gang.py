@@ -82,20 +82,29 @@ class GangPlan:
         """The keyed operator's node id (None: stateless)."""
         return None if self.stage is None else str(self.stage.node_id)
 
-    def check_slots(self, spark: Any, file: Any, wait_s: float) -> None:
+    def check_slots(self, spark: Any, file: Any, wait_s: float, say: Any) -> None:
         """Refuse, with the fix, a gang the session has too few task slots for (Spark
-        schedules a barrier stage only whole, and would retry it for minutes); on a cluster,
-        executors that are still registering get `wait_s` to come."""
+        schedules a barrier stage only whole, and would retry it for minutes). On a cluster,
+        executors come over time: while none has come (a busy cluster) it waits, and says so
+        after `wait_s`; it refuses once the slots have stayed short for `wait_s`."""
         from streamer.runtime.cluster.spark import task_slots
 
-        deadline = time.monotonic() + wait_s
+        seen, since, said = -1, time.monotonic(), False
         while (slots := task_slots(spark)) < self.tasks:
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if slots != seen:
+                seen, since = slots, now
+            waited = now - since >= wait_s
+            if (waited and slots > 0) or wait_s == 0:
                 msg = (f"{file}: job.execution.mode is continuous, and its gang needs a task "
                        f"slot for each of its {self.sources} source and {self.parallelism} "
                        f"keyed subtasks ({self.tasks}), but the executors offer {slots}; set "
                        "job.parallelism lower, or give the job more executor cores")
                 raise ConfigError(msg)
+            if waited and not said:
+                say(f"waiting for executors: the continuous gang needs {self.tasks} task "
+                    "slots, and the cluster has given this job none yet")
+                said = True
             time.sleep(0.5)
 
 
