@@ -19,12 +19,14 @@ master from spark-submit. The exit code of spark-submit is the driver's.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlparse
@@ -174,18 +176,80 @@ def submit(pipeline: Path, run_args: Sequence[str], options: SubmitOptions,
         if is_loopback(options.master):
             env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         proc = subprocess.Popen(cmd, env=env)
-        interrupted = False
-        while True:
+        with forwarded_sigterm(proc, str(Path(tmp) / "streamer_driver.py")):
+            return wait_for_driver(proc)
+
+
+def wait_for_driver(proc: subprocess.Popen[bytes]) -> int:
+    """spark-submit's exit code (the driver's); the first Ctrl-C (which the terminal sends
+    the driver too) lets the driver stop at its next boundary, a second ends spark-submit."""
+    interrupted = False
+    while True:
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            if interrupted:
+                proc.terminate()
+                proc.wait()
+                return 130
+            interrupted = True
+
+
+def descendants(root: int) -> list[int]:
+    """The live processes below `root`, from /proc (parents before children)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
             try:
-                return proc.wait()
-            except KeyboardInterrupt:
-                # The terminal sent Ctrl-C to the driver too: it stops at the next epoch
-                # boundary; a second Ctrl-C ends spark-submit at once.
-                if interrupted:
-                    proc.terminate()
-                    proc.wait()
-                    return 130
-                interrupted = True
+                with open(f"/proc/{entry}/stat", "rb") as fh:
+                    stat = fh.read()
+            except OSError:
+                continue
+            children.setdefault(int(stat[stat.rfind(b")") + 2:].split()[1]), []).append(
+                int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def driver_pids(root: int, entry: str) -> list[int]:
+    """The processes below spark-submit (`root`) that run `entry`: the Python driver."""
+    found = []
+    for pid in descendants(root):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if entry.encode() in fh.read().split(b"\0"):
+                    found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+@contextlib.contextmanager
+def forwarded_sigterm(proc: subprocess.Popen[bytes], entry: str) -> Iterator[None]:
+    """A SIGTERM to `streamer run --submit` (a service manager's stop) reaches the driver,
+    which stops gracefully as a local run does (a last checkpoint, then exit), and the
+    application then ends and frees its cores; without this, the driver ran on with nobody
+    to stop it. A second SIGTERM, or one before the driver started, ends spark-submit."""
+    asked: list[bool] = []
+
+    def forward(signum: int, frame: object) -> None:
+        drivers = [] if asked else driver_pids(proc.pid, entry)
+        asked.append(True)
+        for pid in drivers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        if not drivers:
+            proc.terminate()
+
+    previous = signal.signal(signal.SIGTERM, forward)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def submit_job(spec: PipelineSpec, pipeline: Path, run_args: Sequence[str], options: SubmitOptions,

@@ -69,3 +69,44 @@ def test_list_checkpoints_savepoint_stop_and_cancel_a_submitted_job(
     assert second.finished and second.finished["status"] == "cancelled", second.describe()
     assert second.finished["restored_from"] is not None  # resumed from the first run's
     assert json.loads(cli("list", "--json").output)[0]["state"] == "cancelled"
+
+
+def test_a_sigterm_to_a_submitting_streamer_stops_the_driver_and_frees_the_cluster(
+        standalone: StandaloneCluster, tmp_path: Path) -> None:
+    """A service manager stops `streamer run --submit` with SIGTERM to its own pid: the
+    driver below spark-submit gets it and stops gracefully, as a local run does, and the
+    application ends (before, the driver ran on and held the cluster's cores)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from streamer_process import STREAMER, crash
+
+    path = tmp_path / "live.yaml"
+    path.write_text(live_job("sigterm-cluster-job", tmp_path, epoch="500ms", rate=200))
+    proc = subprocess.Popen(
+        [str(STREAMER), "run", str(path), "--json", "--no-ui", *submit_args(standalone),
+         "--storage", str(tmp_path / "storage")],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=tmp_path,
+        start_new_session=True)
+    events = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            event = json.loads(line) if line.startswith("{") else {}
+            events.append(event)
+            if event.get("event") == "epoch" and event["epoch"] >= 2 and proc.poll() is None:
+                os.kill(proc.pid, signal.SIGTERM)  # this process alone, not its group
+                break
+        rest = proc.communicate(timeout=120)[0]
+        events += [json.loads(x) for x in rest.splitlines() if x.startswith("{")]
+    finally:
+        crash(proc.pid)
+    finished = next((e for e in events if e.get("event") == "finished"), None)
+    assert proc.returncode == 0 and finished and finished["status"] == "stopped", events[-3:]
+    deadline = time.monotonic() + 30
+    while (state := standalone.state()) and [
+            a for a in state.get("activeapps", []) if a["name"] == "streamer:sigterm-cluster-job"]:
+        assert time.monotonic() < deadline, state["activeapps"]
+        time.sleep(0.5)
