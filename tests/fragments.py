@@ -230,3 +230,39 @@ def crash_job(name: str, root: Path | str, *, backend: str = "rocksdb", limit: i
             + section("sources", clicks(limit=limit, per_epoch=per_epoch, rate=rate))
             + section("operators", window("per_window", "clicks", "5s", CRASH_AGGREGATE),
                       extra_operators))
+
+
+def parquet_kvts_job(name: str, storage: Path | str, data: Path | str, sink: Path | str, *,
+                     mode: str, backend: str = "rocksdb", parallelism: int = 2,
+                     execution: str = "", restart: str = "") -> str:
+    """The continuous mode's files job (test_continuous_run.py, the cluster's): parquet
+    (k, v, ts) files, a filter `v >= 0`, a 1 s tumbling window of count and sum(v) per k,
+    checkpoints every 300 ms, a jsonl files sink; `execution` more keys of
+    `job.execution`, `restart` a `job.restart` flow mapping."""
+    restart_line = f"  restart: {restart}\n" if restart else ""
+    return f"""\
+name: {name}
+storage: {storage}
+job:
+  parallelism: {parallelism}
+  checkpoint: {{interval: 300ms}}
+  state: {{backend: {backend}}}
+{restart_line}  execution: {{mode: {mode}{', ' + execution if execution else ''}}}
+sources:
+  - id: events
+    type: files
+    path: {data}
+    format: parquet
+    schema: {{k: string, v: bigint, ts: timestamp}}
+    event_time: ts
+    watermark: {{max_out_of_orderness: 40ms}}
+operators:
+  - {{id: keep, input: events, filter: "v >= 0"}}
+  - id: per_key
+    input: keep
+    key_by: [k]
+    window: {{tumbling: 1s}}
+    aggregate: {{n: count(), total: sum(v)}}
+sinks:
+  - {{id: out, type: files, input: per_key, path: {sink}, format: jsonl}}
+"""

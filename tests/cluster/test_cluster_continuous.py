@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from fragments import parquet_kvts_job
 from streamer_process import FilesOutput, diff, quick_jvm, run_streamer
 from test_cluster_jobs import submit_args
 
@@ -52,32 +53,10 @@ def pipeline(root: Path, mode: str, data: Path) -> Path:
     parallelism 1: one source and one keyed subtask, a slot each of the two workers."""
     root.mkdir(parents=True, exist_ok=True)
     path = root / "job.yaml"
-    path.write_text(f"""\
-name: cluster-gang
-storage: {root / 'storage'}
-job:
-  parallelism: 1
-  checkpoint: {{interval: 300ms}}
-  restart: {{attempts: 3, delay: 1s}}
-  execution: {{mode: {mode}, continuous_batch_rows: 500}}
-sources:
-  - id: events
-    type: files
-    path: {data}
-    format: parquet
-    schema: {{k: string, v: bigint, ts: timestamp}}
-    event_time: ts
-    watermark: {{max_out_of_orderness: 40ms}}
-operators:
-  - {{id: keep, input: events, filter: "v >= 0"}}
-  - id: per_key
-    input: keep
-    key_by: [k]
-    window: {{tumbling: 1s}}
-    aggregate: {{n: count(), total: sum(v)}}
-sinks:
-  - {{id: out, type: files, input: per_key, path: {root / 'out'}, format: jsonl}}
-{quick_jvm()}""")
+    path.write_text(parquet_kvts_job(
+        "cluster-gang", root / "storage", data, root / "out", mode=mode, parallelism=1,
+        execution="continuous_batch_rows: 500", restart="{attempts: 3, delay: 1s}")
+        + quick_jvm())
     return path
 
 

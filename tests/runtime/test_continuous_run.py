@@ -21,6 +21,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from fragments import parquet_kvts_job
 from streamer_process import quick_jvm, run_streamer
 
 pytestmark = pytest.mark.slow
@@ -46,34 +47,9 @@ def write_input(root: Path, files: int = 4, rows: int = 3000, seed: int = 5) -> 
 
 def pipeline(root: Path, name: str, mode: str, backend: str, data: Path) -> Path:
     """A filter and a tumbling window of count and sum per key, into a jsonl files sink."""
-    text = f"""\
-name: {name}
-storage: {root / 'storage'}
-job:
-  parallelism: 2
-  checkpoint: {{interval: 300ms}}
-  state: {{backend: {backend}}}
-  execution: {{mode: {mode}}}
-sources:
-  - id: events
-    type: files
-    path: {data}
-    format: parquet
-    schema: {{k: string, v: bigint, ts: timestamp}}
-    event_time: ts
-    watermark: {{max_out_of_orderness: 40ms}}
-operators:
-  - {{id: keep, input: events, filter: "v >= 0"}}
-  - id: per_key
-    input: keep
-    key_by: [k]
-    window: {{tumbling: 1s}}
-    aggregate: {{n: count(), total: sum(v)}}
-sinks:
-  - {{id: out, type: files, input: per_key, path: {root / ('out-' + name)}, format: jsonl}}
-{quick_jvm()}"""
     path = root / f"{name}.yaml"
-    path.write_text(text)
+    path.write_text(parquet_kvts_job(name, root / "storage", data, root / f"out-{name}",
+                                     mode=mode, backend=backend) + quick_jvm())
     return path
 
 
