@@ -120,7 +120,7 @@ class ExecutionModel(YamlModel):
         "$STREAMER_CONTINUOUS_FLUSH_MS overrides it (milliseconds).")
     continuous_batch_rows: Annotated[int, Field(ge=1), Fix(
         "set a number of rows, at least 1")] = Field(
-        default=1_000, description="The continuous mode's batch size: the most rows a source "
+        default=10_000, description="The continuous mode's batch size: the most rows a source "
         "subtask reads and sends as one exchange message, and a keyed subtask applies at "
         "once (it applies fewer whenever its input has nothing more ready). "
         "$STREAMER_CONTINUOUS_BATCH_ROWS overrides it.")

@@ -101,7 +101,7 @@ def test_a_value_written_as_the_default_still_comes_from_the_file() -> None:
                                     "arrow_input": (True, "default"),
                                     "mode": ("epochs", "default"),
                                     "continuous_flush_interval": (5, "default"),
-                                    "continuous_batch_rows": (1000, "default")}
+                                    "continuous_batch_rows": (10000, "default")}
 
 
 def test_value_from_a_pipeline_variable() -> None:
