@@ -62,3 +62,17 @@ class KeyedConfig:
     join_columns: Any = None
     #: The operator's spec (`pipeline.spec.OperatorSpec`), whose settings a kind reads.
     op: Any = None
+
+
+def window_settings(window: Any) -> dict[str, Any]:
+    """The `KeyedConfig` fields an operator's `window:` (a `WindowSpec`, or None for a kind
+    without one) sets: the planner's and the test harness's configs take them from here."""
+    return {
+        "window_kind": window.kind if window else None,
+        "size_ms": window.size_ms if window else None,
+        "slide_ms": (window.slide_ms or window.size_ms) if window else None,
+        "gap_ms": window.gap_ms if window else None,
+        "count": window.count if window else None,
+        "lateness_ms": window.allowed_lateness_ms if window else 0,
+        "emit": window.emit if window else "updates",
+    }

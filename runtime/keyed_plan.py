@@ -25,7 +25,7 @@ from streamer.columns import OUT
 from streamer.operators.contract import COMBINES, Planning
 from streamer.operators.direct import DirectRead, JoinSide, ipc_bytes
 from streamer.operators.keyed import output_schema, run_task
-from streamer.operators.keyed_config import KeyedConfig
+from streamer.operators.keyed_config import KeyedConfig, window_settings
 from streamer.operators.kinds import kind_of
 from streamer.pipeline.spec import JobSpec, OperatorSpec, SourceSpec
 from streamer.runtime.subtasks import (
@@ -203,13 +203,7 @@ class KeyedStage(Planning):
 
         self.base_config = KeyedConfig(
             uid=op.uid, kind=self.kind.name, keys=op.key_by, aggregates=op.aggregates,
-            window_kind=window.kind if window else None,
-            size_ms=window.size_ms if window else None,
-            slide_ms=(window.slide_ms or window.size_ms) if window else None,
-            gap_ms=window.gap_ms if window else None,
-            count=window.count if window else None,
-            lateness_ms=window.allowed_lateness_ms if window else 0,
-            emit=window.emit if window else "updates",
+            **window_settings(window),
             domain=self.domain, dedupe_ms=op.dedupe_within_ms,
             record_columns=tuple(f.name for f in input_schema.fields),
             out_schema=to_arrow_schema(self.out_schema, timezone="UTC"), backend=job.state_backend,

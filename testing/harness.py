@@ -60,7 +60,7 @@ from streamer.exchange.alignment import MAX_WATERMARK, MIN_WATERMARK
 from streamer.operators.contract import LOCAL_EPOCHS, WHOLE_RECORDS
 from streamer.operators.direct import DIRECT_AGGREGATES, DirectRead, JoinSide, ipc_bytes
 from streamer.operators.keyed import open_state_of, output_schema, run_task
-from streamer.operators.keyed_config import KeyedConfig
+from streamer.operators.keyed_config import KeyedConfig, window_settings
 from streamer.operators.kinds import kind_of
 from streamer.pipeline.spec import OperatorSpec, PipelineSpec
 from streamer.pipeline.validate import load_pipeline_text
@@ -121,13 +121,7 @@ class OperatorHarness:
         event = timed and not (window and window.time == "processing")
         self.cfg = KeyedConfig(
             uid=op.uid, kind=kind.name, keys=op.key_by, aggregates=op.aggregates,
-            window_kind=window.kind if window else None,
-            size_ms=window.size_ms if window else None,
-            slide_ms=(window.slide_ms or window.size_ms) if window else None,
-            gap_ms=window.gap_ms if window else None,
-            count=window.count if window else None,
-            lateness_ms=window.allowed_lateness_ms if window else 0,
-            emit=window.emit if window else "updates",
+            **window_settings(window),
             domain="event" if event else "processing", dedupe_ms=op.dedupe_within_ms,
             record_columns=tuple(input_schema.fieldNames()),
             out_schema=to_arrow_schema(out_schema, timezone="UTC"), backend=backend,
