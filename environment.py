@@ -51,7 +51,7 @@ GENERAL: tuple[Variable, ...] = (
 
 def execution_variables() -> tuple[Variable, ...]:
     """The variables that override one `job.execution` setting each, for one run."""
-    from streamer.pipeline.spec import ExecutionSpec
+    from streamer.pipeline.job_spec import ExecutionSpec
 
     defaults = ExecutionSpec()
     return tuple(

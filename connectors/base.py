@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from streamer.pipeline.spec import ExecutionSpec
+from streamer.pipeline.job_spec import ExecutionSpec
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -15,8 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from streamer.pipeline.exceptions import Location, PipelineError, Problem
+from streamer.pipeline.job_spec import ExecutionSpec
 from streamer.pipeline.source_spec import SourceSpec
-from streamer.pipeline.spec import ExecutionSpec, OperatorSpec, PipelineSpec, SinkSpec
+from streamer.pipeline.spec import OperatorSpec, PipelineSpec, SinkSpec
 from streamer.pipeline.yaml_loader import Path
 
 #: What the continuous mode runs today, for messages.

@@ -3,7 +3,7 @@
 One description of each key: its type, bounds, default (written once, as a pipeline file
 writes it: `epoch: 1s`) and description. From it come validation (`extra="forbid"`, strict
 types: YAML's `"2"` is not 2, nor `off` false), the JSON Schema of `streamer schema` and the
-docs reference, and the defaults of `spec.JobSpec`. Durations are validated into
+docs reference, and the defaults of `job_spec.JobSpec`. Durations are validated into
 milliseconds. Messages are not pydantic's: `pipeline/pydantic_bridge.py` turns each error into
 the same `file:line:col: ... ; fix` line the rest of the file gets (docs/decisions/pydantic.md).
 """
@@ -158,6 +158,24 @@ class JobModel(YamlModel):
         default="30s", validate_default=True,
         description="After SIGTERM, how long the job may take to stop at its next epoch "
         "boundary with a final checkpoint before it is cancelled.")
+    cancel_timeout: Duration = Field(
+        default="15s", validate_default=True,
+        description="How long a cancel (a second SIGTERM, or a stop past shutdown_timeout) "
+        "may take before the process exits at once with 143, recording what it can: a "
+        "cancel stuck in a call that does not return ends anyway.")
+    heartbeat_timeout: Duration = Field(
+        default="30s", validate_default=True,
+        description="How old a running job's heartbeat (written to job.json on its storage, "
+        "every 5 s or every third of this, whichever is sooner) may get before the run "
+        "counts as dead: `streamer list` shows it dead, and a new run takes the job over "
+        "(the old run, if it was only paused or cut off, then stops without committing). A "
+        "run on this machine whose process is gone is dead at once. At least 1s.")
+    slot_timeout: Duration = Field(
+        default="15s", validate_default=True,
+        description="The continuous mode on a cluster: how long the executors may offer "
+        "fewer task slots than the gang needs before the run is refused with the fix (a "
+        "cluster that gave the job no executor yet is waited for, and said so after this "
+        "long). On local[N] a gang too large is refused at once.")
     execution: ExecutionModel = Field(default_factory=ExecutionModel)
     metrics: MetricsModel = Field(default_factory=MetricsModel)
 
@@ -168,4 +186,13 @@ class JobModel(YamlModel):
                 RULE, "parallelism ({p}) cannot exceed max_parallelism ({mp}); raise "
                 "max_parallelism or lower parallelism",
                 {"at": "parallelism", "p": self.parallelism, "mp": self.max_parallelism})
+        return self
+
+    @model_validator(mode="after")
+    def _heartbeat_timeout_fits(self) -> JobModel:
+        if self.heartbeat_timeout < 1000:
+            raise PydanticCustomError(
+                RULE, "heartbeat_timeout ({ms} ms) must be at least 1s: the run would be "
+                "taken over between its own heartbeats",
+                {"at": "heartbeat_timeout", "ms": self.heartbeat_timeout})
         return self

@@ -27,7 +27,8 @@ from streamer.operators.direct import DirectRead, JoinSide, ipc_bytes
 from streamer.operators.keyed import output_schema, run_task
 from streamer.operators.keyed_config import KeyedConfig, window_settings
 from streamer.operators.kinds import kind_of
-from streamer.pipeline.spec import JobSpec, OperatorSpec, SourceSpec
+from streamer.pipeline.job_spec import JobSpec
+from streamer.pipeline.spec import OperatorSpec, SourceSpec
 from streamer.runtime.subtasks import (
     claim_subtask,
     output_rows,

@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from streamer.pipeline.continuous_support import check_mode
-from streamer.pipeline.spec import ExecutionSpec, PipelineSpec
+from streamer.pipeline.job_spec import ExecutionSpec
+from streamer.pipeline.spec import PipelineSpec
 
 if TYPE_CHECKING:
     from streamer.runtime.keyed_plan import KeyedStage

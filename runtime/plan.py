@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamer.columns import CHANGE, EVENT_TIME, HIDDEN_PREFIX
 from streamer.connectors.base import WritesTaskFiles
-from streamer.pipeline.spec import ExecutionSpec
+from streamer.pipeline.job_spec import ExecutionSpec
 from streamer.runtime.arrow_input import ArrowInput, plan_arrow_input
 from streamer.runtime.bad_records import origin_of
 from streamer.runtime.keyed_plan import DirectShape, KeyedStage

@@ -12,15 +12,16 @@ shared.
     <storage>/<job>/control/responses/<id>.json   the job's answer (path of a savepoint, ...)
 
 The running job writes `job.json` at every epoch boundary and from a heartbeat thread; a
-heartbeat older than `STALE_AFTER_S` means the job is dead (killed, machine lost), and a new run
-takes it over. A run on this machine is dead as soon as its process is gone, so a killed run
-can be restarted at once. The job polls `control/requests/` at every epoch boundary, from its
-first one on, and answers every request it takes (`runtime.job.jobcontrol`); a client waiting for
-an answer (`ControlChannel.wait`) watches `job.json`, so a run that ends or dies first is
-reported at once.
+heartbeat older than the run's `job.heartbeat_timeout` (recorded in `job.json` as
+`heartbeat_timeout_s`, so a reader without the pipeline file knows it) means the job is dead
+(killed, machine lost), and a new run takes it over. A run on this machine is dead as soon as
+its process is gone, so a killed run can be restarted at once. The job polls `control/requests/`
+at every epoch boundary, from its first one on, and answers every request it takes
+(`runtime.job.jobcontrol`); a client waiting for an answer (`ControlChannel.wait`) watches
+`job.json`, so a run that ends or dies first is reported at once.
 
 A run taken over while it was not dead after all (paused, or cut off from the storage for
-longer than `STALE_AFTER_S`) finds the newer claim (`claims/<its generation + 1>.json`) at its
+longer than its heartbeat timeout) finds the newer claim (`claims/<its generation + 1>.json`) at its
 next heartbeat, boundary or commit: from then on it writes nothing to `job.json`, commits no
 checkpoint and ends with `ClaimLostError`.
 """
@@ -40,7 +41,10 @@ from typing import Any
 from streamer.exceptions import StreamerError
 from streamer.storage import Storage, StorageError
 
+#: The longest time between two heartbeats (a third of the heartbeat timeout, when sooner).
 HEARTBEAT_S = 5.0
+#: The heartbeat timeout of a record that does not carry one (`job.heartbeat_timeout`'s
+#: default; runs before the setting did not record theirs).
 STALE_AFTER_S = 30.0
 KINDS = ("savepoint", "stop", "cancel")
 #: Where runs claim a job, one exclusively created file per generation.
@@ -117,13 +121,21 @@ def _process_gone(record: dict[str, Any]) -> bool:
     return False
 
 
+def heartbeat_timeout(record: dict[str, Any]) -> float:
+    """Seconds the heartbeat of `record`'s run may be old before the run is dead."""
+    try:
+        return float(record.get("heartbeat_timeout_s", STALE_AFTER_S))
+    except (TypeError, ValueError):
+        return STALE_AFTER_S
+
+
 def state_of(record: dict[str, Any], now: float | None = None) -> str:
     """Running | finished | stopped | failed | cancelled | dead (running, but its heartbeat is
     stale or its process on this machine is gone)."""
     status = str(record.get("status", "unknown"))
     if status == "running":
         age = (now or time.time()) - float(record.get("heartbeat_at", 0))
-        if age > STALE_AFTER_S or _process_gone(record):
+        if age > heartbeat_timeout(record) or _process_gone(record):
             return "dead"
     return status
 
@@ -131,8 +143,11 @@ def state_of(record: dict[str, Any], now: float | None = None) -> str:
 class JobRegistry:
     """`job.json` of one job: claimed by a run, kept fresh by heartbeats, closed at the end."""
 
-    def __init__(self, storage_url: str, job: str) -> None:
+    def __init__(self, storage_url: str, job: str,
+                 heartbeat_timeout_s: float = STALE_AFTER_S) -> None:
         self.job = job
+        #: Recorded in the claim: how old this run's heartbeat may get before it is dead.
+        self.heartbeat_timeout_s = heartbeat_timeout_s
         self.storage = job_storage(storage_url, job)
         self.record: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -159,7 +174,8 @@ class JobRegistry:
             record = {"job": self.job, "run_id": run_id, "status": "running",
                       "host": socket.gethostname(), "pid": os.getpid(),
                       "pid_namespace": _pid_namespace(), "started_at": now,
-                      "heartbeat_at": now, "generation": generation + 1,
+                      "heartbeat_at": now, "heartbeat_timeout_s": self.heartbeat_timeout_s,
+                      "generation": generation + 1,
                       "claim_token": uuid.uuid4().hex, **info}
             body = json.dumps(record, default=str).encode()
             if self.storage.create_exclusive(_claim_name(generation + 1), body):
@@ -196,7 +212,7 @@ class JobRegistry:
             msg = (f"job {self.job!r} is already running (run {holder.get('run_id')} on "
                    f"{holder.get('host')}, pid {holder.get('pid')}, heartbeat "
                    f"{age:.0f} s ago); stop it first (`streamer stop {self.job}`), or wait "
-                   f"{STALE_AFTER_S:.0f} s after it died")
+                   f"{heartbeat_timeout(holder):g} s after it died (its job.heartbeat_timeout)")
             raise JobAlreadyRunningError(msg)
         return (f"taking over job {self.job!r} from run {holder.get('run_id')}, which "
                 "died without cleaning up")
@@ -233,7 +249,7 @@ class JobRegistry:
         msg = (f"run {self.record.get('run_id')} of job {self.job!r} lost its claim: run "
                f"{other.get('run_id')} (on {other.get('host', '?')}, pid "
                f"{other.get('pid', '?')}) took the job over, as this run's heartbeat was "
-               f"over {STALE_AFTER_S:.0f} s old (the process paused, or cut off from the "
+               f"over {self.heartbeat_timeout_s:g} s old (the process paused, or cut off from the "
                "storage); this run stops without committing, and the other carries on from "
                "the last checkpoint")
         raise ClaimLostError(msg)
@@ -247,10 +263,13 @@ class JobRegistry:
                 self._write()
 
     def start_heartbeat(self) -> None:
-        """Beat every HEARTBEAT_S seconds from a daemon thread until `close` (or until
-        another run took the job over)."""
+        """Beat every HEARTBEAT_S seconds, or every third of the heartbeat timeout when that
+        is sooner, from a daemon thread until `close` (or until another run took the job
+        over)."""
+        every = min(HEARTBEAT_S, self.heartbeat_timeout_s / 3)
+
         def beat() -> None:
-            while not self._stop.wait(HEARTBEAT_S):
+            while not self._stop.wait(every):
                 self.update()
         self._thread = threading.Thread(target=beat, name="streamer-heartbeat", daemon=True)
         self._thread.start()

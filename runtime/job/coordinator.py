@@ -361,8 +361,8 @@ class JobRunner:
         if isinstance(gang, str):
             raise refused(self.spec.file, gang)
         if first:
-            gang.check_slots(self.spark, self.spec.file, 15.0 if self.job.on_cluster else 0.0,
-                             self.job.reporter.message)
+            wait_s = self.spec.job.slot_timeout_ms / 1000 if self.job.on_cluster else 0.0
+            gang.check_slots(self.spark, self.spec.file, wait_s, self.job.reporter.message)
         status, reason = GangRun(self, gang).run()
         return self._result(status, reason)
 

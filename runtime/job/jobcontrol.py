@@ -22,11 +22,6 @@ from typing import Any
 from streamer.runtime.exceptions import JobTerminatedError
 from streamer.runtime.job.job_state import JobState
 
-#: How long the cancel after SIGTERM (a second SIGTERM, or `job.shutdown_timeout` passed) may
-#: take before the process exits at once with 143 (`os._exit`): a cancel stuck in a call
-#: that does not return must not keep a terminated job alive.
-CANCEL_GRACE_S = 15.0
-
 
 class JobControl:
     """Stop, cancel and savepoint requests of one job, and its registry record."""
@@ -63,7 +58,8 @@ class JobControl:
         from streamer.runtime.job.control import ControlChannel, JobRegistry
 
         job = self.job
-        registry = JobRegistry(job.storage_url, job.spec.name)
+        registry = JobRegistry(job.storage_url, job.spec.name,
+                               job.spec.job.heartbeat_timeout_ms / 1000)
         note = registry.claim(job.run_id, {"file": job.spec.file, "phase": "starting"})
         self.registry = registry  # only now: a refused run must not touch the other's record
         if note:
@@ -93,7 +89,7 @@ class JobControl:
         """SIGTERM, from before Spark starts: the first stops at the next epoch boundary
         after a final checkpoint (during start-up: as soon as the job has started, before
         any epoch), a second cancels now, and so does a stop that takes longer than
-        `job.shutdown_timeout`; a cancel that itself takes over `CANCEL_GRACE_S` ends the
+        `job.shutdown_timeout`; a cancel that itself takes over `job.cancel_timeout` ends the
         process at once (exit 143). Ctrl-C is `install_sigint`'s. Returns what restores the
         previous handlers and disarms the timers."""
         if threading.current_thread() is not threading.main_thread():
@@ -131,7 +127,7 @@ class JobControl:
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         if self.deadline is not None:  # a second SIGTERM, or the first one's deadline passed
-            self._arm(CANCEL_GRACE_S, self._hard_exit)
+            self._arm(self._cancel_timeout_s, self._hard_exit)
             self._restore_handlers()
             raise JobTerminatedError(self.terminating or "a second termination signal")
         timeout_s = self.job.spec.job.shutdown_timeout_ms / 1000
@@ -144,6 +140,11 @@ class JobControl:
         self.deadline = time.monotonic() + timeout_s
         self._arm(timeout_s, self._shutdown_expired, timeout_s)
 
+    @property
+    def _cancel_timeout_s(self) -> float:
+        """How long a cancel may take before the process exits at once (143)."""
+        return self.job.spec.job.cancel_timeout_ms / 1000
+
     def _arm(self, seconds: float, action: Callable[..., None], *args: Any) -> None:
         timer = threading.Timer(seconds, action, args=args)
         timer.daemon = True
@@ -151,11 +152,12 @@ class JobControl:
         timer.start()
 
     def _hard_exit(self) -> None:
-        """The cancel after SIGTERM did not end within `CANCEL_GRACE_S` (stuck in a call
+        """The cancel after SIGTERM did not end within `job.cancel_timeout` (stuck in a call
         that does not return): record it if the storage answers at once, then exit 143 at
-        once. The JVM ends too: its stdin, a pipe from this process, closes."""
+        once (`os._exit`). The JVM ends too: its stdin, a pipe from this process, closes."""
         reason = (f"cancelled: {self.terminating or 'terminated'}; the cancel did not end "
-                  f"within {CANCEL_GRACE_S:g} s, so the process exited at once")
+                  f"within {self._cancel_timeout_s:g} s (job.cancel_timeout), so the process "
+                  "exited at once")
         recorder = threading.Thread(target=self.close, args=("cancelled", reason), daemon=True)
         recorder.start()
         recorder.join(timeout=2)
@@ -176,7 +178,7 @@ class JobControl:
         handler cancels the run (a signal interrupts what the main thread waits on)."""
         self.terminating = (f"the stop after SIGTERM took over {timeout_s:g} s "
                             "(job.shutdown_timeout)")
-        self._arm(CANCEL_GRACE_S, self._hard_exit)  # (also if the handler never gets to run)
+        self._arm(self._cancel_timeout_s, self._hard_exit)  # (also if no handler gets to run)
         os.kill(os.getpid(), signal.SIGTERM)
 
     def poll(self) -> str | None:

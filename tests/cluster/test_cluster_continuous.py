@@ -128,10 +128,12 @@ def test_a_worker_killed_mid_stream_restarts_the_gang_with_the_same_output(
 def test_a_gang_larger_than_the_cluster_is_refused_with_the_fix(
         standalone: StandaloneCluster, reference: tuple[Path, Counter[str]],
         tmp_path: Path) -> None:
-    """Parallelism 2 is 2 source and 2 keyed subtasks: 4 slots, of the cluster's 2."""
+    """Parallelism 2 is 2 source and 2 keyed subtasks: 4 slots, of the cluster's 2; refused
+    once they stayed short for `job.slot_timeout`."""
     data, _ = reference
     path = pipeline(tmp_path, "continuous", data)
-    path.write_text(path.read_text().replace("parallelism: 1", "parallelism: 2"))
+    path.write_text(path.read_text().replace("  parallelism: 1",
+                                             "  parallelism: 2\n  slot_timeout: 3s"))
     run = run_streamer(path, *submit_args(standalone),
                        env={"STREAMER_STATE_DIR": str(tmp_path / "local")})
     assert run.returncode == 2 and run.finished and run.finished["status"] == "failed", \

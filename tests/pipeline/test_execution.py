@@ -10,8 +10,9 @@ import textwrap
 import pytest
 
 from streamer.exceptions import ConfigError, StreamerError
+from streamer.pipeline.job_spec import ExecutionSpec, JobSpec
 from streamer.pipeline.schema import json_schema
-from streamer.pipeline.spec import ExecutionSpec, JobSpec, PipelineSpec
+from streamer.pipeline.spec import PipelineSpec
 from streamer.pipeline.validate import load_pipeline_text
 
 KEYS = ("small_epoch_rows", "local_rows", "direct_read", "driver_subtasks", "task_sink",

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from streamer.pipeline.job_spec import CheckpointSpec, JobSpec
 from streamer.pipeline.spec import (
     AggregateSpec,
-    CheckpointSpec,
-    JobSpec,
     OperatorSpec,
     PipelineSpec,
     SinkSpec,

@@ -61,6 +61,28 @@ def test_a_fresh_run_whose_process_cannot_be_checked_here_is_alive(
         JobRegistry(str(tmp_path), "job").claim("run-b", {})
 
 
+def test_the_run_s_heartbeat_timeout_decides_when_it_is_dead(tmp_path: Path) -> None:
+    """`job.heartbeat_timeout` travels in the record: a reader without the pipeline file (the
+    CLI, a new run) judges each run by its own bound; the heartbeat beats within it."""
+    registry = JobRegistry(str(tmp_path), "job", heartbeat_timeout_s=1.5)
+    registry.claim("run-a", {})
+    record = registry.read()
+    assert record is not None and record["heartbeat_timeout_s"] == 1.5
+    registry.start_heartbeat()
+    try:
+        time.sleep(2.5)  # past the bound: only the heartbeat (every 0.5 s) keeps it alive
+        record = registry.read()
+        assert record is not None and state_of(record) == "running"
+    finally:
+        registry.close("stopped")
+    record.update(host="elsewhere")  # (its process cannot be checked from here)
+    assert state_of(record, now=record["heartbeat_at"] + 1.4) == "running"
+    assert state_of(record, now=record["heartbeat_at"] + 1.6) == "dead"
+    del record["heartbeat_timeout_s"]  # a record from before the setting: the default, 30 s
+    assert state_of(record, now=record["heartbeat_at"] + 29) == "running"
+    assert state_of(record, now=record["heartbeat_at"] + 31) == "dead"
+
+
 def _race(storage: str, contenders: int, round_: int) -> tuple[list[str], list[str]]:
     """`contenders` threads claim the job at once; the run ids that won and the refusals."""
     barrier = threading.Barrier(contenders)

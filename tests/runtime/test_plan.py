@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from streamer.cli.main import app
 from streamer.connectors.base import SourceSlice
-from streamer.pipeline.spec import ExecutionSpec
+from streamer.pipeline.job_spec import ExecutionSpec
 from streamer.pipeline.validate import load_pipeline_text
 from streamer.runtime.job.checks import physical_plan
 from streamer.runtime.plan import PhysicalPlan, _small, render
