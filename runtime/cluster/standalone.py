@@ -26,6 +26,7 @@ from types import TracebackType
 from typing import Any
 
 from streamer.exceptions import StreamerError
+from streamer.runtime.cluster.proc_table import process_table
 
 
 class ClusterStartError(StreamerError):
@@ -49,19 +50,8 @@ def free_port() -> int:
 def session_members(sid: int) -> list[int]:
     """The live (not zombie) processes of session `sid` (a worker, its executor JVM, the
     PySpark daemon and its Python workers)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2:].split()
-        if len(fields) > 3 and int(fields[3]) == sid and fields[0] != b"Z":
-            found.append(int(entry))
-    return found
+    return [pid for pid, fields in process_table().items()
+            if len(fields) > 3 and int(fields[3]) == sid and fields[0] != b"Z"]
 
 
 def kill_session(sid: int, sig: int = signal.SIGKILL, timeout: float = 30.0) -> None:

@@ -33,6 +33,7 @@ from urllib.parse import urlparse
 
 from streamer.exceptions import ConfigError
 from streamer.pipeline.spec import PipelineSpec
+from streamer.runtime.cluster.proc_table import process_table
 
 #: Folders of the repository root (= the package) that are not part of the runtime.
 _NOT_SHIPPED = {"tests", "bench", "pipelines", "build", "dist", ".venv", "out"}
@@ -198,15 +199,8 @@ def wait_for_driver(proc: subprocess.Popen[bytes]) -> int:
 def descendants(root: int) -> list[int]:
     """The live processes below `root`, from /proc (parents before children)."""
     children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as fh:
-                    stat = fh.read()
-            except OSError:
-                continue
-            children.setdefault(int(stat[stat.rfind(b")") + 2:].split()[1]), []).append(
-                int(entry))
+    for pid, fields in process_table().items():
+        children.setdefault(int(fields[1]), []).append(pid)
     found, todo = [], [root]
     while todo:
         for child in children.get(todo.pop(), []):
