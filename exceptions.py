@@ -15,8 +15,8 @@ class StreamerError(Exception):
 
 class ArrowRefused(Exception):
     """Arrow's answer for these rows is not certainly Spark's, so Spark computes them instead
-    (`connectors.arrow.arrow_json`, `connectors.arrow.arrow_json_writer`, `operators.arrow_sql`,
-    `runtime.arrow_input`). Never reaches a user: the caller leaves the file, range or rows to
+    (`connectors.arrow.arrow_json`, `connectors.arrow.arrow_json_writer`, `runtime.arrow.arrow_sql`,
+    `runtime.arrow.arrow_input`). Never reaches a user: the caller leaves the file, range or rows to
     Spark's path."""
 
 

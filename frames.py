@@ -1,12 +1,18 @@
-"""Empty DataFrames for analysis, made without an RDD."""
+"""Spark helpers for analysis: empty DataFrames made without an RDD, and expressions analyzed
+in Spark's non-ANSI mode."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
+
+#: Spark's ANSI mode: a value that cannot be cast or parsed is an error, not null.
+ANSI = "spark.sql.ansi.enabled"
 
 
 def empty_frame(spark: SparkSession, schema: StructType) -> DataFrame:
@@ -22,3 +28,19 @@ def empty_frame(spark: SparkSession, schema: StructType) -> DataFrame:
     jdf = session.createDataFrame(spark._jvm.java.util.ArrayList(),  # type: ignore[union-attr]
                                   session.parseDataType(schema.json()))
     return DataFrame(jdf, spark)
+
+
+@contextmanager
+def lenient(spark: SparkSession) -> Iterator[None]:
+    """Expressions analyzed inside are in Spark's non-ANSI mode (a value that cannot be
+    cast or parsed is null, not an error), whatever the session's mode when they run: the
+    mode is fixed in the expressions when they are analyzed."""
+    before = spark.conf.get(ANSI, "true") or "true"
+    if before.strip().lower() != "true":
+        yield
+        return
+    spark.conf.set(ANSI, "false")
+    try:
+        yield
+    finally:
+        spark.conf.set(ANSI, before)

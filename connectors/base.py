@@ -124,7 +124,7 @@ class Source(ABC):
     @property
     def task_reads(self) -> str | None:
         """Which reads Python tasks can make of this source's slices themselves (the Arrow
-        input path, `runtime.arrow_input`): "files" (local JSON lines), "csv", "parquet"
+        input path, `runtime.arrow.arrow_input`): "files" (local JSON lines), "csv", "parquet"
         (local files) or "kafka" (JSON values of offset ranges); None: only Spark reads it."""
         return None
 

@@ -2,7 +2,7 @@
 
 The continuous mode runs one barrier stage of long-running subtasks (docs/architecture.md,
 "Continuous execution"): source subtasks that read files or Kafka partitions with Arrow and
-run the fused stateless chain (`runtime.arrow_input`), keyed subtasks that run a rolling
+run the fused stateless chain (`runtime.arrow.arrow_input`), keyed subtasks that run a rolling
 aggregate or a tumbling or sliding window of the aggregates the direct read combines
 (`operators.direct.DIRECT_AGGREGATES`), and a files sink (and the source's `on_error`
 sink: the source subtasks stage its dead letters). `continuous_refusal(spec)` returns
@@ -28,7 +28,7 @@ SUPPORTED = ("the continuous mode runs one files or kafka source, filters and de
 #: `operators.direct.DIRECT_AGGREGATES` (a copy: pipeline/ may not import operators/; a test
 #: holds the two equal).
 AGGREGATES = ("count", "sum", "min", "max", "avg")
-#: The files formats the source subtasks decode with Arrow (`runtime.arrow_input`).
+#: The files formats the source subtasks decode with Arrow (`runtime.arrow.arrow_input`).
 SOURCE_FORMATS = ("jsonl", "csv", "parquet")
 #: The files formats of the sink its keyed subtasks write.
 SINK_FORMATS = ("jsonl", "parquet")

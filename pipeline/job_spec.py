@@ -56,7 +56,7 @@ class ExecutionSpec:
     staged_input: bool = _JOB.execution.staged_input
     #: Staged input from local JSON-lines, CSV or parquet files or Kafka JSON values is decoded,
     #: filtered and derived by Arrow in Python tasks where that is certainly Spark's result
-    #: (`runtime.arrow_input`).
+    #: (`runtime.arrow.arrow_input`).
     arrow_input: bool = _JOB.execution.arrow_input
     #: "epochs", or "continuous": one barrier stage of long-running subtasks (issue 36).
     mode: str = _JOB.execution.mode

@@ -4,7 +4,7 @@ execution").
 
 `job.execution.mode` (or $STREAMER_EXECUTION_MODE) chooses it. The epoch mode runs the
 stages of `runtime.plan`; the continuous mode runs one Spark barrier stage whose tasks are
-every source subtask and every keyed subtask at once (`runtime.continuous_source`,
+every source subtask and every keyed subtask at once (`runtime.continuous.source_subtask`,
 `operators.continuous`), which `pipeline.continuous_support` has checked it can run.
 """
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from streamer.columns import CHANGE, EVENT_TIME, HIDDEN_PREFIX
 from streamer.connectors.base import WritesTaskFiles
 from streamer.pipeline.job_spec import ExecutionSpec
-from streamer.runtime.arrow_input import ArrowInput, plan_arrow_input
+from streamer.runtime.arrow.arrow_input import ArrowInput, plan_arrow_input
 from streamer.runtime.bad_records import origin_of
 from streamer.runtime.keyed_plan import DirectShape, KeyedStage
 from streamer.runtime.mode_plan import GangShape, ModeChoice, choose_mode, plan_gang
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ArrowSink:
-    """A sink whose staging files its source's Arrow tasks write (`runtime.arrow_input`):
+    """A sink whose staging files its source's Arrow tasks write (`runtime.arrow.arrow_input`):
     what the tasks compute, and where they write it."""
 
     arrow: ArrowInput
@@ -311,7 +311,7 @@ def _staged_run(stage: KeyedStage, shape: DirectShape | str, subtask_read: Any,
 def _arrow_tasks(spark: SparkSession, flow: Dataflow, node_id: str,
                  sources: Mapping[str, Source], schemas: Mapping[str, Any],
                  settings: ExecutionSpec, staged: StagedRun) -> str:
-    """Give `staged` its Arrow tasks (`runtime.arrow_input`) where they apply; else why
+    """Give `staged` its Arrow tasks (`runtime.arrow.arrow_input`) where they apply; else why
     not."""
     if not settings.arrow_input:
         return f"job.execution.arrow_input is off{_set_by(settings, 'arrow_input')}"
@@ -358,7 +358,7 @@ def _arrow_sink(spec: PipelineSpec, flow: Dataflow, spark: SparkSession, node: N
                 schemas: Mapping[str, Any], settings: ExecutionSpec, *, on_cluster: bool
                 ) -> ArrowSink | str | None:
     """(The Arrow tasks' plan, where they write) when the tasks of sink `node`'s source
-    can write its staging files themselves (`runtime.arrow_input`), else why not, or None
+    can write its staging files themselves (`runtime.arrow.arrow_input`), else why not, or None
     where the question does not arise (the sink does not take task-written files, reads
     more than one input, dead letters, late records or side outputs, or a keyed
     operator's output). They can when its input comes through stateless operators (or
@@ -367,7 +367,7 @@ def _arrow_sink(spec: PipelineSpec, flow: Dataflow, spark: SparkSession, node: N
     job.execution.arrow_input and task_sink on."""
     from pyspark.sql.types import StructType
 
-    from streamer.operators.arrow_sql import arrow_type, supported
+    from streamer.runtime.arrow.arrow_sql import arrow_type, supported
 
     sink = sinks[node.id]
     if not isinstance(sink, WritesTaskFiles) or len(node.inputs) != 1 \

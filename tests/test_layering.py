@@ -57,9 +57,15 @@ ALLOWED: dict[str, set[str]] = {
 #: bottom, one package per connector, the registry of `type:`s on top.
 INNER: dict[str, set[str]] = {
     "runtime.observe": set(),
-    "runtime": set(),
+    #: The Arrow path (expressions compiled to Arrow, the tasks that decode a stage's input):
+    #: below the planner and its stages, which plan it.
+    "runtime.arrow": set(),
+    "runtime": {"runtime.arrow"},
     "runtime.cluster": {"runtime"},
-    "runtime.job": {"runtime", "runtime.cluster", "runtime.observe"},
+    #: The continuous mode's source subtasks, which the job's gang runs.
+    "runtime.continuous": {"runtime", "runtime.arrow"},
+    "runtime.job": {"runtime", "runtime.arrow", "runtime.cluster", "runtime.continuous",
+                    "runtime.observe"},
     "connectors": set(),
     "connectors.arrow": set(),
     "connectors.builtin": {"connectors"},

@@ -1,12 +1,12 @@
 r"""CSV files decoded by Arrow's CSV reader where the result is certainly Spark's.
 
-A `files` source of CSV is read by Spark's CSV reader (`connectors.files.files_source`: PERMISSIVE,
-the declared schema, the source's `header` and `delimiter`, every other option at its default),
-which is what defines a record's values and whether it is a bad record. For a file whose every line
-passes the checks below, Arrow gives the same values, so a keyed stage's input can be decoded in a
-Python task (`runtime.arrow_input`), as JSON lines are (`connectors.arrow.arrow_json`). Where a
-check fails, `Refused` says why and Spark reads the file as before: a bad record still becomes a
-dead letter (or an error) exactly as it would.
+A `files` source of CSV is read by Spark's CSV reader (`connectors.files.files_source`:
+PERMISSIVE, the declared schema, the source's `header` and `delimiter`, every other option at
+its default), which is what defines a record's values and whether it is a bad record. For a file
+whose every line passes the checks below, Arrow gives the same values, so a keyed stage's input
+can be decoded in a Python task (`runtime.arrow.arrow_input`), as JSON lines are
+(`connectors.arrow.arrow_json`). Where a check fails, `Refused` says why and Spark reads the
+file as before: a bad record still becomes a dead letter (or an error) exactly as it would.
 
 What is checked, and why:
 - the bytes are UTF-8 (Spark would read replacement characters), with no byte order mark;

@@ -4,7 +4,7 @@ A `files` source of JSON lines is decoded by Spark's `from_json` (`connectors.fo
 which is what defines a record's values and whether it is a bad record. Arrow's reader is
 several times faster, and for a file whose every line passes the checks below it gives the
 same values, so a keyed stage's input can be decoded in a Python task instead
-(`runtime.arrow_input`). Where a check fails, `Refused` says why and the file is decoded by
+(`runtime.arrow.arrow_input`). Where a check fails, `Refused` says why and the file is decoded by
 Spark as before: a bad record still becomes a dead letter (or an error) exactly as it would.
 A file whose lines are all of one compact shape skips Arrow's JSON reader and the line checks:
 `arrow_json_shaped` gives the table that reader would, in about half its time.

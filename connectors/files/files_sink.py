@@ -449,7 +449,7 @@ class FilesSink(Sink, WritesTaskFiles):
                     ) -> dict[str, Any]:
         """Stage the epoch's task-written files: `run()` runs the Spark job whose tasks write
         them into `task_target(epoch)`, and Spark's writer adds the rows of `beside` (those
-        the tasks did not take: `runtime.arrow_input`) as further files; the handle is
+        the tasks did not take: `runtime.arrow.arrow_input`) as further files; the handle is
         `write`'s."""
         run()
         staging = self.staging_dir(epoch)

@@ -5,7 +5,7 @@ mode reads it.
 
 Subtasks reach it over Arrow Flight (`exchange.coordination`): a source subtask follows its
 barrier stream and acknowledges each barrier with its position
-(`runtime.continuous_source.SourceSubtask.position`); a keyed subtask acknowledges with its
+(`runtime.continuous.source_subtask.SourceSubtask.position`); a keyed subtask acknowledges with its
 snapshot's state handle (`operators.continuous.ContinuousSubtask`'s `ack`, as
 `{"snapshot": handle}`). Checkpoint n completes in numbered steps, as
 `runtime.job.checkpointing.CheckpointCoordinator.complete` does for an epoch:

@@ -10,7 +10,7 @@ it injects a barrier; checkpoint n completes when every subtask acknowledged it,
 and the files sink's staging of n committed after it.
 
 What runs continuously today (`gang_plan` says why a plan does not): one local files
-source whose chain Arrow computes (`runtime.arrow_input`), one keyed operator whose
+source whose chain Arrow computes (`runtime.arrow.arrow_input`), one keyed operator whose
 subtasks take direct-read rows (a rolling aggregate or a tumbling or sliding window), and
 one local jsonl or parquet files sink that its subtasks write.
 """
@@ -47,7 +47,7 @@ class GangPlan:
     #: The keyed operator's stage (`runtime.stages.keyed_stage.KeyedOperatorStage`), or
     #: None: a stateless pipeline, whose source subtasks write the sink.
     stage: Any
-    #: Its source plan (`runtime.continuous_source.SourcePlan`), config without checkpoints.
+    #: Its source plan (`runtime.continuous.source_subtask.SourcePlan`), config without checkpoints.
     plan: Any
     sink_id: str
     sink: Any
@@ -118,7 +118,7 @@ class _Route:
 
 def gang_plan(job: Any, spark: Any) -> GangPlan | str:
     """The gang of `job`'s physical plan, or why it cannot run continuously."""
-    from streamer.runtime.continuous_source import SourcePlan
+    from streamer.runtime.continuous.source_subtask import SourcePlan
     from streamer.runtime.stages.keyed_stage import KeyedOperatorStage
 
     keyed = [s for s in job.plan.stages if isinstance(s, KeyedOperatorStage)]
@@ -156,7 +156,7 @@ def gang_plan(job: Any, spark: Any) -> GangPlan | str:
 def _dead_refusal(dead_id: str | None, dead_sink: Any) -> str | None:
     """Why the source subtasks cannot stage the dead letters of sink `dead_id`, or None."""
     from streamer.connectors.base import WritesTaskFiles
-    from streamer.runtime.continuous_records import dead_spark_schema
+    from streamer.runtime.continuous.source_records import dead_spark_schema
 
     if dead_id is None:
         return None
@@ -167,9 +167,9 @@ def _dead_refusal(dead_id: str | None, dead_sink: Any) -> str | None:
 
 
 def _bad_records(spark: Any, arrow: Any, spec: Any) -> Any:
-    """How the source subtasks treat bad records (`runtime.continuous_records`)."""
+    """How the source subtasks treat bad records (`runtime.continuous.source_records`)."""
     from streamer.connectors.arrow.arrow_json_writer import jvm_prints_shortest
-    from streamer.runtime.continuous_records import BadRecords
+    from streamer.runtime.continuous.source_records import BadRecords
 
     return BadRecords(spec.id, spec.on_error, spec.event_time, tuple(arrow.columns),
                       shortest=jvm_prints_shortest(spark))
@@ -186,8 +186,8 @@ def _direct(job: Any, sink: Any, reads: str, schema: Any) -> Any:
 
 def _keyed_route(job: Any, spark: Any, stage: Any, sink: Any) -> _Route | str:
     """The route of a keyed pipeline: its source's rows to the keyed subtasks."""
-    from streamer.runtime.arrow_input import plan_arrow_input
-    from streamer.runtime.continuous_source import KeyedRoute
+    from streamer.runtime.arrow.arrow_input import plan_arrow_input
+    from streamer.runtime.continuous.source_subtask import KeyedRoute
     from streamer.runtime.stages.keyed_stage import local_plan
 
     schema = stage.stage.visible_schema
@@ -217,9 +217,9 @@ def _sink_route(job: Any, spark: Any, sink_id: str, sink: Any) -> _Route | str:
 
     from streamer.columns import HIDDEN_PREFIX
     from streamer.connectors.base import WritesTaskFiles
-    from streamer.operators.arrow_sql import arrow_type, supported
-    from streamer.runtime.arrow_input import plan_arrow_input
-    from streamer.runtime.continuous_source import SinkRoute
+    from streamer.runtime.arrow.arrow_input import plan_arrow_input
+    from streamer.runtime.arrow.arrow_sql import arrow_type, supported
+    from streamer.runtime.continuous.source_subtask import SinkRoute
 
     node = job.flow.node(sink_id)
     schema = StructType([f for f in job.schemas[node.inputs[0]].fields
@@ -348,7 +348,7 @@ class GangRun:
             target = gang.sink.task_target(self.base + first, gang.sink_schema)
             target = replace(target, directory=gang.sink.staging_root)
         if gang.dead_id is not None:
-            from streamer.runtime.continuous_records import dead_spark_schema
+            from streamer.runtime.continuous.source_records import dead_spark_schema
 
             gang.dead_sink.recover(job.epoch)
             dead = gang.dead_sink.task_target(self.base + first, dead_spark_schema())
@@ -378,7 +378,7 @@ class GangRun:
         checkpoint's positions, else the files not read whole yet, split over the
         subtasks); a Kafka source's partitions from the restored offsets (any parallelism:
         the offsets say all), split over the subtasks."""
-        from streamer.runtime.continuous_source import split_files
+        from streamer.runtime.continuous.source_subtask import split_files
         from streamer.runtime.job.barrier_coordinator import CONTINUOUS
         from streamer.runtime.job.gang_tasks import FileReads, KafkaReads
 

@@ -5,8 +5,8 @@ keyed subtask i - `sources` after them. Every task lives for the whole run.
 - The tasks find each other with `BarrierTaskContext.allGather`: each keyed subtask starts
   its `ExchangeServer` on its executor's host and publishes the location; each source
   subtask opens an `ExchangeSender` to every keyed subtask.
-- A source subtask reads its files in order (`runtime.continuous_splits.FileSplits`), runs
-  the fused chain and routes its rows (`runtime.continuous_source.SourceSubtask`), follows
+- A source subtask reads its files in order (`runtime.continuous.source_splits.FileSplits`), runs
+  the fused chain and routes its rows (`runtime.continuous.source_subtask.SourceSubtask`), follows
   the coordinator's barriers and acknowledges each with its position.
 - A keyed subtask restores its state from the checkpoint it is given (or a savepoint),
   runs `operators.continuous.ContinuousSubtask` over its input gate, and writes what it
@@ -39,8 +39,8 @@ from streamer.exchange.coordination import CoordinationClient
 from streamer.exchange.flight import ExchangeSender, ExchangeServer
 from streamer.exchange.gate import InputGate
 from streamer.operators.continuous import SnapshotTarget
-from streamer.runtime.continuous_source import KeyedRoute, SourcePlan, SourceSubtask
-from streamer.runtime.continuous_splits import FileSplits, KafkaSplits
+from streamer.runtime.continuous.source_splits import FileSplits, KafkaSplits
+from streamer.runtime.continuous.source_subtask import KeyedRoute, SourcePlan, SourceSubtask
 from streamer.runtime.job.barrier_coordinator import keyed_task, source_task
 
 #: How long a keyed subtask waits for its next input before it looks again (s).
@@ -242,7 +242,7 @@ def run_stateless(tasks: GangTasks, subtask: int) -> str:
 
 
 class _SinkChannel:
-    """A stateless source subtask's one channel: the sink (`runtime.continuous_source.
+    """A stateless source subtask's one channel: the sink (`runtime.continuous.source_subtask.
     Channel`); barriers, watermarks and idleness mean nothing to it."""
 
     def __init__(self, output: Any) -> None:

@@ -144,7 +144,7 @@ class Upstream:
     #: A sink: the rows the stages before it routed to it, in the order they were routed.
     routed: tuple[Routed, ...] = ()
     #: A keyed stage: the parquet files of its input Arrow tasks wrote this epoch
-    #: (`runtime.arrow_input`; None: the tasks did not run).
+    #: (`runtime.arrow.arrow_input`; None: the tasks did not run).
     prestaged: tuple[str, ...] | None = None
     #: A chain: per filter of it, (records in, records out) in the Arrow tasks' part.
     prefiltered: Mapping[str, tuple[int, int]] = field(default_factory=dict)

@@ -17,21 +17,19 @@ the one clear failure above) instead of failing the epoch with Spark's error.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from streamer.columns import EVENT_TIME, HIDDEN_PREFIX, TOMBSTONE
 from streamer.connectors.base import DECODE_ERROR_MARKER
+from streamer.frames import lenient
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame
 
     from streamer.connectors.base import SourceRead
     from streamer.pipeline.spec import SourceSpec
 
 
-ANSI = "spark.sql.ansi.enabled"
 
 
 _NAME = re.compile(r"\s*`?([A-Za-z_][A-Za-z0-9_]*)`?\s*")
@@ -78,22 +76,6 @@ def _what(spec: SourceSpec) -> str:
     if _NAME.fullmatch(spec.event_time or ""):
         return "is null"
     return "is null or cannot be computed"
-
-
-@contextmanager
-def lenient(spark: SparkSession) -> Iterator[None]:
-    """Expressions analyzed inside are in Spark's non-ANSI mode (a value that cannot be
-    cast or parsed is null, not an error), whatever the session's mode when they run: the
-    mode is fixed in the expressions when they are analyzed."""
-    before = spark.conf.get(ANSI, "true") or "true"
-    if before.strip().lower() != "true":
-        yield
-        return
-    spark.conf.set(ANSI, "false")
-    try:
-        yield
-    finally:
-        spark.conf.set(ANSI, before)
 
 
 def with_event_time(records: DataFrame, read: SourceRead, spec: SourceSpec

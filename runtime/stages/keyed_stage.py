@@ -13,7 +13,7 @@ written once) and the strategies that run its subtasks for an epoch.
   then read as `SubtaskReadRun` reads a source's: one write instead of a partial
   aggregation, two shuffles and a final aggregation. For JSON-lines files, Kafka JSON values
   or parquet files with operators before the stage, Python tasks may compute most or all of
-  that input with Arrow instead (`runtime.arrow_input`).
+  that input with Arrow instead (`runtime.arrow.arrow_input`).
 
 Which one runs in an epoch follows one rule (`KeyedOperatorStage.choose`): the subtasks read
 their source themselves when the epoch's decision gave them its slice; else the epoch is
@@ -36,7 +36,7 @@ from streamer.connectors.base import WritesTaskFiles
 from streamer.operators.contract import EVERY_RECORD, LOCAL_EPOCHS, WHOLE_RECORDS
 from streamer.operators.direct import DIRECT_AGGREGATES, ipc_bytes
 from streamer.operators.stateless import union
-from streamer.runtime.arrow_input import clear_other_epochs
+from streamer.runtime.arrow.arrow_input import clear_other_epochs
 from streamer.runtime.keyed_plan import DirectShape, KeyedResult, KeyedStage
 from streamer.runtime.local import local_table
 from streamer.runtime.stages.base import (
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
-    from streamer.runtime.arrow_input import ArrowInput
+    from streamer.runtime.arrow.arrow_input import ArrowInput
 
 
 @dataclass(frozen=True)
@@ -196,7 +196,7 @@ class StagedRun(KeyedRun):
         self.shape = shape
         #: The directory of the staged epochs (local: the subtasks share the driver's disk).
         self.root = root
-        #: Arrow tasks compute the input from its source (`runtime.arrow_input`), or None.
+        #: Arrow tasks compute the input from its source (`runtime.arrow.arrow_input`), or None.
         self.arrow: ArrowInput | None = None
 
     def run(self, epoch: EpochInput, given: KeyedInput) -> KeyedResult:

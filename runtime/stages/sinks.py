@@ -7,7 +7,7 @@ commit; the coordinator commits after the checkpoint that covers the epoch).
 - `SubtaskWrittenSink`: the keyed stage feeding it writes the sink's staging files from its
   subtasks (`FilesSink.task_target`); the sink stages what they wrote. A jsonl subtask whose
   rows the JSON encoder refused is named in the epoch's `sink_refused` metrics.
-- `ArrowWrittenSink`: the Arrow tasks of its source (`runtime.arrow_input`, through a
+- `ArrowWrittenSink`: the Arrow tasks of its source (`runtime.arrow.arrow_input`, through a
   stateless chain or none) write its staging files; Spark's writer adds the rows of the
   files or ranges they refused, and writes whole epochs the tasks do not run (small ones).
 """

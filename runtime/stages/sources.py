@@ -8,7 +8,7 @@
   parquet files themselves (`runtime.stages.keyed_stage.SubtaskReadRun`); no Spark plan at all.
   A slice whose files do not allow it is scanned as above.
 - `ArrowDecodeSource`: Python tasks read the slice with Arrow, run the stateless operators
-  after it and write the result for the one stage that reads it (`runtime.arrow_input`):
+  after it and write the result for the one stage that reads it (`runtime.arrow.arrow_input`):
   a keyed stage's input files (`ToKeyedStage`) or a sink's staging files (`ToSink`). Spark
   scans only the files or ranges the tasks refuse.
 """
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
     from streamer.connectors.base import Source, SourceRead, SourceSlice
     from streamer.pipeline.spec import SourceSpec
-    from streamer.runtime.arrow_input import ArrowInput
+    from streamer.runtime.arrow.arrow_input import ArrowInput
 
 
 class ScanSource(Stage):
@@ -123,7 +123,7 @@ class SubtaskReadSource(ScanSource):
 
 class ArrowDecodeSource(ScanSource):
     """A JSON, CSV or parquet slice (or Kafka JSON values) decoded, and the operators after
-    it run, by Arrow in Python tasks (`runtime.arrow_input`) for the one stage that reads
+    it run, by Arrow in Python tasks (`runtime.arrow.arrow_input`) for the one stage that reads
     the result: a keyed stage (the tasks write its input files) or a sink (the tasks write
     its staging files). The files or ranges refused there are read by Spark as `ScanSource`
     reads a slice, and go through the operators and to that stage as any Spark rows do."""
@@ -139,7 +139,7 @@ class ArrowDecodeSource(ScanSource):
     def run(self, epoch: EpochInput, upstream: Upstream) -> StageOutput:
         """Decode the slice's files or ranges in Arrow tasks; Spark reads those they
         refuse."""
-        from streamer.runtime.arrow_input import decode_units
+        from streamer.runtime.arrow.arrow_input import decode_units
 
         piece = epoch.slices.get(self.node_id)
         units = self.plan.units(piece) if piece is not None else []

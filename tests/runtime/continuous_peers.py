@@ -69,8 +69,8 @@ def source(subtask: int, files: list[str], plan: Any, locations: list[str], coor
     `locations`, following its barriers. With `stall_after`, it stops reading once it read
     that many rows (it still takes barriers) and waits to be killed; `pace_s` between
     slices keeps it slow enough for checkpoints to fall in the middle of its files."""
-    from streamer.runtime.continuous_source import SourceSubtask
-    from streamer.runtime.continuous_splits import FileSplits
+    from streamer.runtime.continuous.source_splits import FileSplits
+    from streamer.runtime.continuous.source_subtask import SourceSubtask
 
     try:
         schema = plan.out_schema()

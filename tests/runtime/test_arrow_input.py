@@ -1,4 +1,4 @@
-"""A keyed stage's JSON-lines input computed by Arrow tasks (`runtime.arrow_input`,
+"""A keyed stage's JSON-lines input computed by Arrow tasks (`runtime.arrow.arrow_input`,
 `job.execution.arrow_input`) gives exactly what Spark's staging gives: the same output,
 records, filter counts, late records and watermarks; a file Arrow cannot certainly decode
 as Spark does is read by Spark in the same epoch, its bad records dead letters as before."""
@@ -149,7 +149,7 @@ def test_an_expression_arrow_does_not_take_keeps_sparks_staging(spark, tmp_path:
 
 
 def test_staged_directories_of_ended_epochs_go(tmp_path: Path) -> None:
-    from streamer.runtime.arrow_input import clear_other_epochs
+    from streamer.runtime.arrow.arrow_input import clear_other_epochs
 
     for name in ("epoch-1", "epoch-1-arrow", "epoch-2", "epoch-12-arrow"):
         (tmp_path / name).mkdir()

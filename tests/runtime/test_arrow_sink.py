@@ -1,5 +1,5 @@
 """A stateless pipeline whose sink's staging files the source's Arrow tasks write
-(`runtime.arrow_input` with a `ToSink` target, `ArrowWrittenSink`): the committed files hold
+(`runtime.arrow.arrow_input` with a `ToSink` target, `ArrowWrittenSink`): the committed files hold
 exactly what Spark's reader and writer give (jsonl byte for byte), the epoch's metrics
 agree, a file the tasks refuse is read and written by Spark in the same epoch (its bad
 records dead letters as before), and the plan says which path each stage takes and why."""

@@ -31,14 +31,19 @@ from streamer.checkpoint.checkpoint_metadata import CheckpointStore
 from streamer.columns import EVENT_TIME
 from streamer.exchange.alignment import Barrier, Records, Watermark
 from streamer.exchange.flight import ExchangeSender, ExchangeServer
-from streamer.operators.arrow_sql import Program, compile_ops
 from streamer.operators.keyed_config import KeyedConfig
 from streamer.pipeline.source_spec import SourceSpec, WatermarkSpec
 from streamer.pipeline.spec import AggregateSpec, OperatorSpec
 from streamer.pipeline.yaml_loader import Path as YamlPath
-from streamer.runtime.arrow_input import ArrowInput
-from streamer.runtime.continuous_source import KeyedRoute, SourcePlan, SourceSubtask, split_files
-from streamer.runtime.continuous_splits import FileSplits
+from streamer.runtime.arrow.arrow_input import ArrowInput
+from streamer.runtime.arrow.arrow_sql import Program, compile_ops
+from streamer.runtime.continuous.source_splits import FileSplits
+from streamer.runtime.continuous.source_subtask import (
+    KeyedRoute,
+    SourcePlan,
+    SourceSubtask,
+    split_files,
+)
 from streamer.runtime.job.barrier_coordinator import (
     BarrierCoordinator,
     GangLayout,
@@ -104,7 +109,7 @@ def compiled_chain(spark: Any, columns: tuple[tuple[str, str], ...], ts: str
     `columns`, compiled by Spark's analyzer."""
     from pyspark.sql.types import StructField, StructType, TimestampType
 
-    from streamer.runtime.stages.event_time import lenient
+    from streamer.frames import lenient
 
     where = YamlPath("p.yaml")
     decoded = StructType(list(StructType.fromDDL(

@@ -1,10 +1,9 @@
-"""A continuous source subtask over Kafka partitions (`runtime.continuous_splits.KafkaSplits`)
-on the real broker, without Spark in the subtask (the chain is compiled once with Spark):
-its position at barrier n is each partition's next offset after exactly the records it sent
-before the barrier, in the epoch mode's offsets format; resumed there it sends the rest; its
-watermark is the least of its partitions'; once every partition idled it says so on its
-channels, and records make it active again.
-"""
+"""A continuous source subtask over Kafka partitions
+(`runtime.continuous.source_splits.KafkaSplits`) on the real broker, without Spark in the
+subtask (the chain is compiled once with Spark): its position at barrier n is each partition's
+next offset after exactly the records it sent before the barrier, in the epoch mode's offsets
+format; resumed there it sends the rest; its watermark is the least of its partitions'; once
+every partition idled it says so on its channels, and records make it active again. """
 
 from __future__ import annotations
 
@@ -25,12 +24,12 @@ from test_continuous_gang import (  # (tests/runtime on sys.path)
 from streamer.columns import EVENT_TIME
 from streamer.exchange.alignment import Barrier, Idle, Records, Watermark
 from streamer.exchange.flight import ExchangeSender, ExchangeServer
-from streamer.operators.arrow_sql import Program
 from streamer.pipeline.source_spec import SourceSpec, WatermarkSpec
 from streamer.pipeline.yaml_loader import Path as YamlPath
-from streamer.runtime.arrow_input import ArrowInput
-from streamer.runtime.continuous_source import KeyedRoute, SourcePlan, SourceSubtask
-from streamer.runtime.continuous_splits import KafkaSplits, end_offsets
+from streamer.runtime.arrow.arrow_input import ArrowInput
+from streamer.runtime.arrow.arrow_sql import Program
+from streamer.runtime.continuous.source_splits import KafkaSplits, end_offsets
+from streamer.runtime.continuous.source_subtask import KeyedRoute, SourcePlan, SourceSubtask
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 

@@ -1,4 +1,4 @@
-"""`runtime.continuous_records` without Spark: the records of a JSON-lines file or a Kafka
+"""`runtime.continuous.source_records` without Spark: the records of a JSON-lines file or a Kafka
 poll that Arrow refused whole are taken one by one; the bad ones become dead letters with
 the epoch mode's reasons (`connectors.dead_letters.json_problem`) and positions, the good
 ones are decoded, and a source subtask without `on_error` fails naming the first bad one.
@@ -15,7 +15,7 @@ import pytest
 from streamer.connectors.base import DECODE_ERROR_MARKER
 from streamer.connectors.exceptions import DecodeError
 from streamer.exceptions import ArrowRefused
-from streamer.runtime.continuous_records import (
+from streamer.runtime.continuous.source_records import (
     BadRecords,
     dead_schema,
     file_lines,

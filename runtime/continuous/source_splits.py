@@ -1,8 +1,8 @@
-"""What a continuous source subtask reads (`runtime.continuous_source`): its splits, a slice
+"""What a continuous source subtask reads (`runtime.continuous.source_subtask`): its splits, a slice
 at a time, with a position between two slices that it can resume from. Free of Spark.
 
 - `FileSplits`: files in order (local parquet, JSON lines or CSV, decoded whole by
-  `runtime.arrow_input.decode_unit`, as the epoch mode's Arrow tasks read them), then taken
+  `runtime.arrow.arrow_input.decode_unit`, as the epoch mode's Arrow tasks read them), then taken
   `batch_rows` rows at a time. The position is the files done, the file being read and its
   rows taken. One split, the files source's `files`.
 - `KafkaSplits`: topic partitions, read by one confluent-kafka consumer `assign()`ed at
@@ -22,8 +22,8 @@ from functools import partial
 from typing import Any
 
 from streamer.exceptions import ArrowRefused, StreamerError
-from streamer.runtime.arrow_input import ArrowInput, decode_unit, kafka_text
-from streamer.runtime.continuous_records import (
+from streamer.runtime.arrow.arrow_input import ArrowInput, decode_unit, kafka_text
+from streamer.runtime.continuous.source_records import (
     BadRecords,
     Dead,
     Where,
@@ -210,7 +210,7 @@ class KafkaSplits:
         from confluent_kafka import KafkaError, KafkaException
 
         from streamer.connectors.kafka.kafka_source import split_name
-        from streamer.operators.arrow_sql import arrow_type
+        from streamer.runtime.arrow.arrow_sql import arrow_type
 
         if self.stop_at is not None and not self._open_splits():
             return None

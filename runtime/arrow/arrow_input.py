@@ -5,7 +5,7 @@ The staged-input strategy (`runtime.stages.keyed_stage.StagedRun`) has Spark dec
 text, apply the stateless operators before the keyed stage and write the result as local
 parquet files for the subtasks. For a local JSON-lines `files` source, or a Kafka source of
 JSON values read by confluent-kafka, whose columns, event time and operators Arrow computes
-as Spark does (`connectors.arrow.arrow_json`, `operators.arrow_sql`), one Spark job of Python
+as Spark does (`connectors.arrow.arrow_json`, `runtime.arrow.arrow_sql`), one Spark job of Python
 tasks does that instead, a task per file or per partition range: read, decode, event time,
 operators, and the stage's columns written as a parquet file. A local parquet source with
 operators before the keyed stage (without them its subtasks read the files themselves)
@@ -29,9 +29,9 @@ from streamer.columns import EVENT_TIME
 from streamer.connectors.arrow.arrow_json import TYPES
 from streamer.connectors.formats import not_utc
 from streamer.exceptions import ArrowRefused
-from streamer.operators.arrow_sql import Program, arrow_type, compile_ops
+from streamer.frames import lenient
 from streamer.pipeline.spec import OperatorSpec
-from streamer.runtime.stages.event_time import lenient
+from streamer.runtime.arrow.arrow_sql import Program, arrow_type, compile_ops
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -91,7 +91,7 @@ def plan_arrow_input(spark: SparkSession, flow: Dataflow, node_id: str,
     JSON-lines, CSV (delimiter `,` `;` `|` or tab) or parquet files, or a Kafka topic of
     JSON values read by confluent-kafka (no `key:`, no `record_timestamp:`); the source's
     columns are bigint, int, double, string, boolean or timestamp; Spark's session
-    time zone is UTC; and `operators.arrow_sql` translates the event time and operators."""
+    time zone is UTC; and `runtime.arrow.arrow_sql` translates the event time and operators."""
     node = flow.node(node_id)
     chain: list[Any] = []
     current = node.inputs[0] if len(node.inputs) == 1 else None
@@ -251,7 +251,7 @@ def _decode_one(plan: ArrowInput, target: str | TaskTarget,
 def decode_unit(plan: ArrowInput, unit: Any) -> tuple[Any, str]:
     """(The source's columns of one file or Kafka range, decoded with Arrow as Spark would,
     the name of its split); `ArrowRefused` where that is not certain. The continuous mode's
-    source subtasks (`runtime.continuous_source`) read their files with it too."""
+    source subtasks (`runtime.continuous.source_subtask`) read their files with it too."""
     from streamer.connectors.arrow.arrow_csv import decode as decode_csv
     from streamer.connectors.arrow.arrow_json import decode
     from streamer.connectors.files.files_source import SPLIT

@@ -1,4 +1,4 @@
-"""Stateless operators on Arrow (`operators.arrow_sql`) against Spark, the definition.
+"""Stateless operators on Arrow (`runtime.arrow.arrow_sql`) against Spark, the definition.
 
 Each case compiles a chain of filters and derived columns with Spark's analyzer and runs it
 both ways over generated rows (nulls, NaN, -0.0, the integer limits): the program either
@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from streamer.exceptions import ArrowRefused as Refused
-from streamer.operators.arrow_sql import Program, compile_ops
 from streamer.pipeline.spec import OperatorSpec
+from streamer.runtime.arrow.arrow_sql import Program, compile_ops
 
 pytestmark = pytest.mark.spark
 

@@ -3,14 +3,14 @@ fused stateless chain on Arrow, routes each row by key group to the keyed subtas
 channels, and carries watermarks, barriers and end of input in the data. Free of Spark, so
 a barrier task hosts it as it is; the driver compiles its plan (`SourcePlan`).
 
-- **Splits** (`runtime.continuous_splits`): its files in order (local parquet, JSON lines
+- **Splits** (`runtime.continuous.source_splits`): its files in order (local parquet, JSON lines
   or CSV, decoded whole as the epoch mode's Arrow tasks decode them, then taken
   `batch_rows` rows at a time: the position is (file, row)), or its Kafka partitions (one
   consumer assigned at their offsets: the position is the next offset per partition, the
   epoch mode's offsets). Input Arrow cannot read as Spark would is an error here, as there
   is no Spark to fall back to: the planner will refuse such a pipeline.
 - **A slice**: the event time (`ArrowInput.event_time`) and the chain (`ArrowInput.program`,
-  an `operators.arrow_sql.Program`), then, per keyed subtask, the rows of its key groups
+  an `runtime.arrow.arrow_sql.Program`), then, per keyed subtask, the rows of its key groups
   shaped as the epoch mode's direct read shapes an epoch's input
   (`operators.direct.read_direct`: key groups with Spark's hash from `state.keygroups`,
   partials per key and window): what `operators.continuous.ContinuousSubtask` applies.
@@ -42,9 +42,9 @@ from streamer.exchange.alignment import MIN_WATERMARK
 from streamer.operators.direct import DirectRead, ipc_bytes, read_direct
 from streamer.operators.keyed_config import KeyedConfig
 from streamer.pipeline.source_spec import SourceSpec
-from streamer.runtime.arrow_input import ArrowInput
-from streamer.runtime.continuous_records import BadRecords, Dead
-from streamer.runtime.continuous_splits import ContinuousSourceError, Slice
+from streamer.runtime.arrow.arrow_input import ArrowInput
+from streamer.runtime.continuous.source_records import BadRecords, Dead
+from streamer.runtime.continuous.source_splits import ContinuousSourceError, Slice
 from streamer.runtime.watermarks import WatermarkTracker
 
 
@@ -129,14 +129,14 @@ class SourcePlan:
     spec: SourceSpec
     input: ArrowInput
     route: KeyedRoute | SinkRoute
-    #: How its bad records are treated (`runtime.continuous_records`); None: they fail it.
+    #: How its bad records are treated (`runtime.continuous.source_records`); None: they fail it.
     bad: BadRecords | None = None
 
     def out_schema(self) -> Any:
         """The schema of the rows on every channel."""
         import pyarrow as pa
 
-        from streamer.operators.arrow_sql import arrow_type
+        from streamer.runtime.arrow.arrow_sql import arrow_type
 
         decoded = pa.schema([(n, arrow_type(k)) for n, k in self.input.columns])
         table = decoded.empty_table()
@@ -147,7 +147,8 @@ class SourcePlan:
 
 
 class Splits(Protocol):
-    """What a source subtask reads (`runtime.continuous_splits`: files or Kafka partitions)."""
+    """What a source subtask reads (`runtime.continuous.source_splits`: files or Kafka
+    partitions)."""
 
     def next_slice(self) -> Slice | None:
         """The next rows (advancing the position), or None at the end of the input."""

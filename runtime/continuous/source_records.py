@@ -203,7 +203,7 @@ def salvage_values(bad: BadRecords, values: list[bytes | None], splits: list[str
     """As `salvage_lines`, for Kafka values (`splits` and `offsets`: each one's partition
     and offset, the dead letter's split and offset); the good ones' splits and offsets
     (`lines`)."""
-    from streamer.runtime.arrow_input import kafka_text
+    from streamer.runtime.arrow.arrow_input import kafka_text
 
     records: list[Record] = [
         (value, None if value is None else value.decode("utf-8", errors="replace"), split,
