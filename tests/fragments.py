@@ -122,15 +122,16 @@ def files_source(path: Path | str, fmt: str = "jsonl", *, id: str = "events",
                                     watermark=watermark, on_error=on_error)
 
 
-def kafka_source(bootstrap: str, topic: str, *, per_epoch: int | str, id: str = "clicks",
-                 uid: str | None = None, schema: str = CLICKS_SCHEMA,
+def kafka_source(bootstrap: str, topic: str, *, per_epoch: int | str | None,
+                 id: str = "clicks", uid: str | None = None, schema: str = CLICKS_SCHEMA,
                  out_of_orderness: str | None = "1s", client: str | None = None,
-                 on_error: str | None = None) -> str:
-    """A bounded Kafka source of JSON records whose event time is their `ts` in ms."""
+                 on_error: str | None = None, bounded: bool = True) -> str:
+    """A Kafka source (bounded by default) of JSON records whose event time is their `ts` in
+    ms, `per_epoch` records an epoch at most (None: no bound)."""
     watermark = f"{{max_out_of_orderness: {out_of_orderness}}}" if out_of_orderness else None
     return f"  - id: {id}\n" + keys(
         "    ", uid=uid, client=client, type="kafka", bootstrap_servers=bootstrap, topic=topic,
-        bounded="true", max_records_per_epoch=per_epoch, schema=schema,
+        bounded=str(bounded).lower(), max_records_per_epoch=per_epoch, schema=schema,
         event_time="timestamp_millis(ts)", watermark=watermark, on_error=on_error)
 
 

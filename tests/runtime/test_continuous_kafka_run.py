@@ -21,7 +21,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fragments import CLICKS_SCHEMA, click_records, kafka_sink, section
+from fragments import (
+    CLICKS_SCHEMA,
+    TOTAL,
+    click_records,
+    files_sink,
+    job,
+    kafka_sink,
+    kafka_source,
+    section,
+    window,
+)
 from streamer_process import quick_jvm, run_streamer
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
@@ -93,33 +103,13 @@ def test_kafka_to_a_rolling_count_to_kafka_runs_continuously(
 def windows(root: Path, bootstrap: str, topic: str, *, name: str, mode: str, bounded: bool,
             parallelism: int, backend: str) -> Path:
     """Kafka clicks -> amount >= 2 -> 1 s tumbling count and sum per user -> jsonl files."""
-    text = f"""\
-name: {name}
-storage: {root / 'storage'}
-job:
-  parallelism: {parallelism}
-  checkpoint: {{interval: 300ms}}
-  state: {{backend: {backend}}}
-  execution: {{mode: {mode}}}
-sources:
-  - id: clicks
-    type: kafka
-    bootstrap_servers: {bootstrap}
-    topic: {topic}
-    bounded: {str(bounded).lower()}
-    schema: {CLICKS_SCHEMA}
-    event_time: timestamp_millis(ts)
-    watermark: {{max_out_of_orderness: 1s}}
-operators:
-  - {{id: paid, input: clicks, filter: "amount >= 2"}}
-  - id: per_user
-    input: paid
-    key_by: [user]
-    window: {{tumbling: 1s}}
-    aggregate: {{n: count(), total: sum(amount)}}
-sinks:
-  - {{id: out, type: files, input: per_user, path: {root / ('out-' + name)}, format: jsonl}}
-{quick_jvm()}"""
+    text = (job(name, storage=root / "storage", parallelism=parallelism,
+                checkpoint="{interval: 300ms}", backend=backend, execution=f"{{mode: {mode}}}")
+            + section("sources", kafka_source(bootstrap, topic, per_epoch=None, bounded=bounded))
+            + section("operators", '  - {id: paid, input: clicks, filter: "amount >= 2"}\n',
+                      window("per_user", "paid", "1s", TOTAL))
+            + section("sinks", files_sink("per_user", root / f"out-{name}"))
+            + quick_jvm())
     path = root / f"{name}-{mode}.yaml"
     path.write_text(text)
     return path
