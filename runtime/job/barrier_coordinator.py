@@ -101,6 +101,8 @@ class CommitHooks:
 class _Pending:
     started: float
     acks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Each acknowledging subtask's output rows so far (not part of `_metadata`).
+    rows_out: dict[str, int] = field(default_factory=dict)
 
 
 class BarrierCoordinator:
@@ -126,6 +128,9 @@ class BarrierCoordinator:
         self.all_ended: int | None = None
         #: The first reason a subtask gave for failing (`CoordinationClient.fail`), if any.
         self.failure: str | None = None
+        #: The rows the subtasks wrote to the sink up to the newest completed checkpoint, as
+        #: their acknowledgements count them (`rows_out`; since this coordinator started).
+        self.rows_out = 0
 
     def _fail(self, task: str, reason: str) -> None:
         with self._cond:
@@ -194,7 +199,10 @@ class BarrierCoordinator:
             pending = self._pending.get(checkpoint)
             if pending is None:  # declined, or completed: a late or repeated one
                 return
-            pending.acks.setdefault(task, payload)
+            rows = int(payload.pop("rows_out", 0))
+            if task not in pending.acks:
+                pending.acks[task] = payload
+                pending.rows_out[task] = rows
             if len(pending.acks) < len(self.layout.tasks()):
                 return
             del self._pending[checkpoint]
@@ -214,6 +222,7 @@ class BarrierCoordinator:
         if self.hooks is not None:
             self.hooks.commit(meta)  # 3.
         self.completed.append(checkpoint)
+        self.rows_out = max(self.rows_out, sum(pending.rows_out.values()))
         if self.all_ended is None and all(a.get("ended") for a in pending.acks.values()):
             self.all_ended = checkpoint
         if self.retain is not None:  # 4.

@@ -256,6 +256,8 @@ class GangRun:
         self.gang = gang
         self.error: BaseException | None = None
         self.done = threading.Event()
+        #: The run's output rows before this attempt (its coordinator counts from 0).
+        self.rows_before = self.job.totals["records_out"]
 
     def run(self) -> tuple[str, str]:
         """Start the gang, checkpoint it every interval until its input ended (or a stop),
@@ -460,6 +462,7 @@ class GangRun:
             self._declined(coord, checkpoint, str(exc))
             return None
         if meta is not None:
+            self.job.totals["records_out"] = self.rows_before + coord.rows_out
             self._completed(meta)
         return meta
 

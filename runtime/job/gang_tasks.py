@@ -221,7 +221,7 @@ def run_stateless(tasks: GangTasks, subtask: int) -> str:
         output.publish(checkpoint)
         if dead is not None:
             dead.publish(checkpoint)
-        client.ack(checkpoint, position)
+        client.ack(checkpoint, {**position, "rows_out": output.rows})
 
     try:
         src = SourceSubtask(plan, tasks.reads[subtask].open(plan, tasks.slice_rows),
@@ -377,7 +377,8 @@ def run_keyed(tasks: GangTasks, subtask: int, server: ExchangeServer) -> str:
     def ack(checkpoint: int, snapshot: dict[str, Any]) -> None:
         failpoints.reached("in-task", checkpoint)
         output.publish(checkpoint)
-        client.ack(checkpoint, {"snapshot": snapshot, "ended": loop.finished})
+        client.ack(checkpoint, {"snapshot": snapshot, "ended": loop.finished,
+                                "rows_out": output.rows})
 
     loop = ContinuousSubtask(cfg, backend, out=output.write, ack=ack,
                              snapshots=tasks.snapshots, base=base,

@@ -92,7 +92,9 @@ def test_kafka_to_a_rolling_count_to_kafka_runs_continuously(
     assert run.finished is not None and run.finished["records_in"] == 2 * PER_PARTITION
     assert len(run.checkpoints("completed")) >= 2
     want = expected()
-    got = updates(kafka.read(out, isolation="read_committed"))
+    records = kafka.read(out, isolation="read_committed")
+    assert run.finished["records_out"] == len(records)
+    got = updates(records)
     assert {user: counts[-1] for user, counts in got.items()} == dict(want)
     for user, counts in got.items():  # a user's records are in one partition, in order
         assert counts == sorted(set(counts)), f"{user}: {counts}"
@@ -205,3 +207,4 @@ def test_a_stateless_pipeline_runs_in_its_source_subtasks(
     got = Counter(json.dumps(json.loads(value), sort_keys=True)
                   for _k, value, _p, _o in kafka.read(out, isolation="read_committed"))
     assert got == want
+    assert run.finished["records_out"] == sum(got.values())

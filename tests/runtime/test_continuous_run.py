@@ -87,6 +87,7 @@ def test_a_continuous_run_commits_the_epoch_modes_output(
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.finished is not None and run.finished["records_in"] == 12000
     assert committed(tmp_path, "gang") == want
+    assert run.finished["records_out"] == sum(want.values())
     metas = metadata(tmp_path, "gang")
     assert metas, "no checkpoint was retained"
     last = metas[-1]
