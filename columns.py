@@ -41,7 +41,7 @@ TOMBSTONE = "__tombstone"
 
 # --------------------------------------------------------------------------- broadcast
 #: A process function's broadcast record, as a struct of its input's visible columns (null on
-#: keyed records and dummy rows); one copy per subtask (`runtime.keyed_plan`).
+#: keyed records and dummy rows); one copy per subtask (`runtime.plan.keyed_plan`).
 BROADCAST = "__broadcast"
 
 # --------------------------------------------------------------------------- metrics
@@ -69,7 +69,7 @@ GLOBAL_KEY = "__global"
 #: The change a row of an update stream is (Flink's RowKind): `INSERT` (a key's first
 #: value), `RETRACT` (the value a key had, withdrawn: update-before) or `UPDATE` (its new
 #: value: update-after). A rolling aggregate read by a keyed operator emits them; sinks
-#: never see a `RETRACT` row (`runtime.keyed_plan.visible`).
+#: never see a `RETRACT` row (`runtime.plan.keyed_plan.visible`).
 CHANGE = "__op"
 INSERT, RETRACT, UPDATE = "+I", "-U", "+U"
 

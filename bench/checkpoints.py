@@ -200,7 +200,7 @@ def changelog_tasks(url: str, timing_dir: Path) -> Iterator[None]:
     The wrapper is a closure, so cloudpickle ships it by value; the patch of
     `RocksDBBackend.commit` is undone when the task ends (workers are reused).
     """
-    import streamer.runtime.keyed_plan as driver_side
+    import streamer.runtime.plan.keyed_plan as driver_side
     from streamer.operators.keyed import run_task as original
 
     timings = str(timing_dir)
@@ -260,7 +260,7 @@ def profiled_snapshots(profile_dir: Path) -> Iterator[None]:
     runs under cProfile, one .prof file per subtask snapshot in `profile_dir`, and the wall
     time of every task's `RocksDBBackend.close` (which flushes the memtables, unless a
     snapshot's RocksDB checkpoint just did) goes to a .json file there."""
-    import streamer.runtime.keyed_plan as driver_side
+    import streamer.runtime.plan.keyed_plan as driver_side
     from streamer.operators.keyed import run_task as original
 
     prof_dir = str(profile_dir)

@@ -163,7 +163,7 @@ def wrapped_run_task(*, profile_dir: Path | None = None, copy_dir: Path | None =
     without the keyed work). The wrapper is a closure, so cloudpickle ships it by value; it
     calls the real `streamer.operators.keyed.run_task`, which the workers import.
     """
-    import streamer.runtime.keyed_plan as driver_side
+    import streamer.runtime.plan.keyed_plan as driver_side
     from streamer.operators.keyed import run_task as original
 
     prof_dir = None if profile_dir is None else str(profile_dir)

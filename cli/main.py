@@ -144,7 +144,7 @@ def plan(
                                 f"{format.value}")
             raise typer.Exit(2)
         from streamer.runtime.job.checks import physical_plan
-        from streamer.runtime.plan import render
+        from streamer.runtime.plan.physical import render
 
         found = physical_plan(spec)
         if format is PlanFormat.json:

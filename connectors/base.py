@@ -61,7 +61,7 @@ class ConnectorContext:
     #: checkpoints on), so staged output must survive a crash until then.
     exactly_once: bool = False
     #: Rows up to which a source reads a slice as a local relation, evaluated on the driver
-    #: without a Spark job (`runtime.local`); 0 = never.
+    #: without a Spark job (`runtime.plan.local`); 0 = never.
     local_rows: int = DEFAULT_LOCAL_ROWS
 
 
@@ -89,7 +89,7 @@ class SourceRead:
     #: A column of `records` naming each record's split, for per-split watermarks; the
     #: runtime drops it. None: every record belongs to the slice's only split.
     split_column: str | None = None
-    #: The source read the slice as a local relation (`runtime.local`: Spark evaluates
+    #: The source read the slice as a local relation (`runtime.plan.local`: Spark evaluates
     #: `records` on the driver, without a job).
     local: bool = False
     #: With `local`, the exact number of `records` when the source knows it without
@@ -131,7 +131,7 @@ class Source(ABC):
     @property
     def parquet_files(self) -> bool:
         """Whether its slices are local parquet files, which keyed subtasks may read
-        themselves (a direct read, `runtime.stages.keyed_stage.direct_plan`)."""
+        themselves (a direct read, `runtime.plan.stages.keyed_stage.direct_plan`)."""
         return self.task_reads == "parquet"
 
     @property
@@ -201,7 +201,7 @@ class Sink(ABC):
     @property
     def takes_tables(self) -> bool:
         """Whether `write_table` can stage an epoch's rows collected on the driver: the
-        runtime hands it the rows of a local epoch (`runtime.local`), which needs no Spark
+        runtime hands it the rows of a local epoch (`runtime.plan.local`), which needs no Spark
         job, instead of calling `write`."""
         return False
 

@@ -129,7 +129,7 @@ def decode_json_lines(spark: SparkSession, df: DataFrame, schema: StructType,
                       local: bool = False, blank_is_record: bool = False) -> SourceRead:
     """Decode JSON objects, one per row of `df(value string, split string, offset string)`.
     Columns of `df` named in `extra` are carried through to the decoded records. `local`:
-    `df` is a local relation (`runtime.local`), to be decoded by plain projections, which
+    `df` is a local relation (`runtime.plan.local`), to be decoded by plain projections, which
     Spark folds into a local relation again (it does not fold a `Generate`).
 
     Blank lines are skipped, unless `blank_is_record` (a Kafka value: every value is a

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 class TableSink(Sink):
     """A sink that stages an epoch's rows on the driver, as one Arrow table of
     `table_of(df)` (by default the rows with ISO timestamps): `write` collects it with one
-    Spark action; a local epoch (`runtime.local`) hands it over without one."""
+    Spark action; a local epoch (`runtime.plan.local`) hands it over without one."""
 
     @property
     def takes_tables(self) -> bool:

@@ -39,7 +39,7 @@ COMBINES = "combines"
 #: a list of dicts, one per row.
 COLUMNAR = "columnar"
 #: It can take a local epoch's rows collected on the driver, and read a parquet source
-#: itself (`runtime.stages.keyed_stage.local_plan`, `direct_plan`), unless `local_refusal`
+#: itself (`runtime.plan.stages.keyed_stage.local_plan`, `direct_plan`), unless `local_refusal`
 #: says its settings rule that out.
 LOCAL_EPOCHS = "local-epochs"
 #: Its rows carry every column of its input (dedupe, joins): a direct read casts them all.
@@ -52,7 +52,7 @@ Logic = Callable[["KeyedConfig", Any, Any, Any], None]
 
 
 class Planning(ABC):
-    """What a kind's `prepare` may ask of the stage that plans it (`runtime.keyed_plan`)."""
+    """What a kind's `prepare` may ask of the stage that plans it (`runtime.plan.keyed_plan`)."""
 
     op: OperatorSpec
     domain: str

@@ -1,12 +1,12 @@
-"""A keyed stage that reads its own input: the task side of `runtime.keyed_plan.DirectRead`.
+"""A keyed stage that reads its own input: the task side of `runtime.plan.keyed_plan.DirectRead`.
 
 When a keyed operator reads a parquet `files` source directly (nothing in between, and the
-shapes listed in `runtime/keyed_plan.py`), Spark does not scan, pre-aggregate and shuffle the
+shapes listed in `runtime/plan/keyed_plan.py`), Spark does not scan, pre-aggregate and shuffle the
 records. Each subtask's task reads the epoch's files with pyarrow, computes every row's key
 group with Spark's own hash (`state.keygroups`: integer-like keys a column at a time, others
 once per distinct key, cached), keeps its own key groups, drops late records, assigns windows
 and pre-aggregates by (key, window) in Arrow; for a dedupe it hands on its rows as they are
-(`__kg`, the record's columns, `__ts_ms`). A local epoch's input (`runtime.local`) takes the
+(`__kg`, the record's columns, `__ts_ms`). A local epoch's input (`runtime.plan.local`) takes the
 same path: the driver collects its few rows without a job and hands them to every task in
 place of files. What it hands to the
 keyed operator is exactly what the Spark plan of `KeyedStage._prepare` would have
@@ -59,7 +59,7 @@ class DirectRead:
     #: The watermark at the epoch's start: what decides lateness.
     watermark: int
     #: A local epoch's rows instead of files (an Arrow IPC stream, collected on the driver:
-    #: `runtime.local`), or None.
+    #: `runtime.plan.local`), or None.
     table: bytes | None = None
     #: A join reading both its sources' files: each side's files and column mapping (its
     #: rows are the stage's input columns, `columns`, with `__ts` and `__join_side`).
@@ -70,7 +70,7 @@ class DirectRead:
 class JoinSide:
     """One input of a join whose subtasks read both sources' parquet files themselves: the
     stage's input columns of its records (the keys under the left's names, the left's other
-    columns, the right's with `right_prefix`), as `runtime.join_plan.project_sides` projects
+    columns, the right's with `right_prefix`), as `runtime.plan.join_plan.project_sides` projects
     them in Spark."""
 
     #: Local parquet files of the epoch, in the source's order.

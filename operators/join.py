@@ -1,11 +1,10 @@
 """Joins of two keyed inputs, as one keyed subtask runs them (`operators.keyed.run_task`).
 
-Both sides arrive in one routed batch: the driver (`runtime.join_plan`) projects each side onto the
-join's output columns (the key columns, the left's others, the right's others with
+Both sides arrive in one routed batch: the driver (`runtime.plan.join_plan`) projects each side
+onto the join's output columns (the key columns, the left's others, the right's others with
 `right_prefix`), tags it with `JOIN_SIDE` and unions them, so the keyed stage routes them by key
 group like any keyed operator's rows. An interval join runs a column at a time over chunks of
-records (`operators.join_interval`); window and table joins, per subtask and epoch
-(`run_join`):
+records (`operators.join_interval`); window and table joins, per subtask and epoch (`run_join`):
 
 1. the epoch's records of each key are matched against the other side's buffered records
    and buffered themselves, in the states `join.left` and `join.right`: per (key group, key),
@@ -132,7 +131,7 @@ def window_fields(join: Any) -> list[Any]:
 
 def late_mask(join: Any, ts_ms: Any, watermark: int) -> Any:
     """Which of the event times `ts_ms` (numpy, ms) are late at `watermark`, or None when
-    nothing can be: `runtime.join_plan.late_condition`'s rule, for the subtasks' own reads."""
+    nothing can be: `runtime.plan.join_plan.late_condition`'s rule, for the subtasks' own reads."""
     import numpy as np
 
     if (join.mode == "table" and join.as_of is None) or join.mode == "regular":

@@ -1,6 +1,6 @@
 """The keyed stage of an epoch, as it runs inside a Spark task for one subtask.
 
-The driver (runtime/keyed_plan.py) routes pre-aggregated rows so that Spark partition index ==
+The driver (runtime/plan/keyed_plan.py) routes pre-aggregated rows so that Spark partition index ==
 subtask index, and calls `run_task` through `mapInArrow`. Per task: open the subtask's state
 backend; if this epoch is already committed (a retried task), replay its stored output;
 otherwise fire the timers due at the watermark carried into the epoch (the barrier), merge

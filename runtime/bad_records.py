@@ -4,8 +4,8 @@
 Such a record is accounted where its source's own bad records are: a dead letter of the
 source it comes from through stateless operators (`origin_of`) when that source has
 `on_error`, with the reason and the record as JSON; else the epoch fails with a message
-naming the record, the reason and the fix. Joins (`runtime.join_plan`) and until windows
-(`runtime.stages.keyed_stage`) use it.
+naming the record, the reason and the fix. Joins (`runtime.plan.join_plan`) and until windows
+(`runtime.plan.stages.keyed_stage`) use it.
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ streamer's keyed kinds (issue 38).
 per-subtask code on real state backends, in this process, with no SparkSession:
 
 - its config is the engine's (`operators.keyed_config.KeyedConfig`, from the validated
-  `OperatorSpec` as `runtime.keyed_plan.KeyedStage` builds it), its output columns
+  `OperatorSpec` as `runtime.plan.keyed_plan.KeyedStage` builds it), its output columns
   `operators.keyed.output_schema` (typed without a session: `windows.arrow_typed_aggregate`);
-- each `process(rows)` is one epoch as a *local epoch* runs it (`runtime.local`, the
+- each `process(rows)` is one epoch as a *local epoch* runs it (`runtime.plan.local`, the
   `LocalRun` strategy): the rows go to every subtask as an Arrow IPC table
   (`operators.direct.DirectRead`), each subtask's `operators.keyed.run_task` reads its own key
   groups with `operators.direct.read_direct` (Spark's key-group hash, late records dropped and
@@ -164,7 +164,7 @@ class OperatorHarness:
             return cls(spec, op, join.stage, Path(root), join=join, **settings)
         source = _source_of(spec, op.inputs[0])
         fields = dict(schema) if schema is not None else _source_schema(op, source)
-        if CHANGE in fields:  # (as `runtime.stages.keyed_stage.local_plan` refuses it)
+        if CHANGE in fields:  # (as `runtime.plan.stages.keyed_stage.local_plan` refuses it)
             msg = (f"operator {operator!r} needs Spark: its input is an update stream (its "
                    f"retractions are signed in Spark's partials)")
             raise HarnessError(msg)
@@ -347,7 +347,7 @@ def refusal_of(op: OperatorSpec) -> str | None:
 
 def visible(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """`rows` as a sink gets them: no retractions, no hidden columns
-    (`runtime.keyed_plan.visible`)."""
+    (`runtime.plan.keyed_plan.visible`)."""
     return [{k: v for k, v in r.items() if not k.startswith(HIDDEN_PREFIX)}
             for r in rows if r.get(CHANGE) != RETRACT]
 
@@ -364,7 +364,7 @@ class JoinInput:
     """A join's two inputs as the harness takes them: each side's columns (an Arrow schema
     of its own columns, with `__ts` when timed) and event-time column of its rows, the
     join's columns (`operators.join.join_columns`) and the stage's input (Spark schema:
-    the output columns, `__ts`, `__join_side`, as `runtime.join_plan.plan_join` has it)."""
+    the output columns, `__ts`, `__join_side`, as `runtime.plan.join_plan.plan_join` has it)."""
 
     schemas: tuple[Any, Any]
     event_from: tuple[str | None, str | None]
@@ -451,7 +451,7 @@ def _struct(fields: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
 
 def _direct_columns(op: OperatorSpec, whole: bool, schema: Any
                     ) -> tuple[tuple[str, Any], ...]:
-    """The columns a direct read casts (`runtime.stages.keyed_stage._direct_shape`): every
+    """The columns a direct read casts (`runtime.plan.stages.keyed_stage._direct_shape`): every
     column for a kind of whole records, else the keys, the aggregates' arguments and the
     event time."""
     from pyspark.sql.pandas.types import to_arrow_type

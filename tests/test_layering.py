@@ -60,12 +60,14 @@ INNER: dict[str, set[str]] = {
     #: The Arrow path (expressions compiled to Arrow, the tasks that decode a stage's input):
     #: below the planner and its stages, which plan it.
     "runtime.arrow": set(),
-    "runtime": {"runtime.arrow"},
+    "runtime": set(),
+    #: The physical planner, the stages it builds and the keyed stage's Spark plan.
+    "runtime.plan": {"runtime", "runtime.arrow"},
     "runtime.cluster": {"runtime"},
     #: The continuous mode's source subtasks, which the job's gang runs.
-    "runtime.continuous": {"runtime", "runtime.arrow"},
+    "runtime.continuous": {"runtime", "runtime.arrow", "runtime.plan"},
     "runtime.job": {"runtime", "runtime.arrow", "runtime.cluster", "runtime.continuous",
-                    "runtime.observe"},
+                    "runtime.observe", "runtime.plan"},
     "connectors": set(),
     "connectors.arrow": set(),
     "connectors.builtin": {"connectors"},
@@ -78,10 +80,10 @@ INNER: dict[str, set[str]] = {
     "connectors.registry": {"connectors", "connectors.builtin", "connectors.delta",
                             "connectors.files", "connectors.kafka", "connectors.postgres"},
 }
-#: Units that are one for now: the planner (runtime/plan.py) builds the stages and a keyed
-#: stage calls the keyed plan (runtime/keyed_plan.py, runtime/local.py, runtime/join_plan.py),
-#: so they import each other until the planner and its stages become one package.
-MERGED_UNITS = {"runtime.stages": "runtime"}
+#: Units that are one: the planner (runtime/plan/physical.py) builds the stages and a keyed
+#: stage calls the keyed plan (runtime/plan/keyed_plan.py, local.py, join_plan.py), so the
+#: stages are one unit with the rest of runtime/plan/.
+MERGED_UNITS = {"runtime.plan.stages": "runtime.plan"}
 #: Modules that are a unit of their own at their package's level.
 OWN_UNITS = {"streamer.connectors.registry": "connectors.registry"}
 
@@ -400,8 +402,9 @@ def test_the_walk_sees_the_graph(tmp_path: Path) -> None:
     assert _cycles(cyclic) == [["a", "b", "c"]]
     assert _one_cycle(cyclic, ["a", "b", "c"]) == ["a", "b", "c", "a"]
     assert unit_of("streamer.runtime.job.coordinator") == "runtime.job"
-    assert unit_of("streamer.runtime.stages.keyed_stage") == "runtime"  # MERGED_UNITS
-    assert unit_of("streamer.runtime.plan") == "runtime"
+    assert unit_of("streamer.runtime.plan.stages.keyed_stage") == "runtime.plan"  # MERGED_UNITS
+    assert unit_of("streamer.runtime.plan.physical") == "runtime.plan"
+    assert unit_of("streamer.runtime.watermarks") == "runtime"
     assert unit_of("streamer.connectors.registry") == "connectors.registry"
     assert unit_of("streamer.connectors.files") == "connectors.files"
     assert unit_of("streamer.state.memory_files") == "state"

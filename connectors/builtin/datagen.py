@@ -139,7 +139,7 @@ class DatagenSource(Source):
     def _local_sql(self, start: Sequence[int], counts: Sequence[int],
                    generated_at: str) -> str:
         """`_base_sql`'s rows as an inline table (a local relation, which Spark evaluates on
-        the driver without a job: `runtime.local`); for small slices only, since the
+        the driver without a job: `runtime.plan.local`); for small slices only, since the
         table's text grows with its rows."""
         rows = ", ".join(f"({split}, {int(off)}L)" for split, (first, n) in
                          enumerate(zip(start, counts, strict=True))

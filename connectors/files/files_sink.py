@@ -22,7 +22,7 @@ bytes), and the rows never cross into the JVM; the commit is the same. Where the
 refuses a batch (a double Java 17 may print otherwise, a year outside 1000-9999), that subtask's
 remaining rows are kept as a parquet file and Spark's JSON writer renders it when the sink
 stages the epoch (`tasks_wrote`), so the bytes are always Spark's. A local epoch
-(`runtime.local`: rows Spark evaluated on the driver, without a job) of a parquet sink is
+(`runtime.plan.local`: rows Spark evaluated on the driver, without a job) of a parquet sink is
 written the same way, from the driver (`write_table`). On S3, Spark writes
 the staging directory itself through S3A (`connectors/files/s3a.py`); Spark writes to other file
 systems (`memory://`, ...) go to a local temporary directory first and are then uploaded.

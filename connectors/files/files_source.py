@@ -499,7 +499,7 @@ class FilesSource(Source):
         so Spark reads the slice: a file's event-time column is a timestamp without a time
         zone (whose instant Spark derives from its session time zone), or its footer does
         not say that the column has no nulls (a record without event time is a bad record,
-        which the Spark path sends to `on_error` or reports: `runtime.stages.event_time`), or
+        which the Spark path sends to `on_error` or reports: `runtime.plan.stages.event_time`), or
         does not say that the `not_null` columns (a join's keys) have none."""
         if self.format != "parquet" or not self.local:
             return None

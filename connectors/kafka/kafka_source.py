@@ -13,7 +13,7 @@ Two clients read the ranges (`client:`):
   transactional topic skip control markers and aborted records, so a range ends at the first
   record at or past `end`, or at the partition's end (`enable.partition.eof`).
   A slice of at most `ctx.local_rows` records (1,000 by default) is read on the
-  driver instead, by one consumer kept for the run, into a local relation (`runtime.local`):
+  driver instead, by one consumer kept for the run, into a local relation (`runtime.plan.local`):
   no Spark job, no task start-up, no consumer per range.
 - `spark`: Spark's own Kafka connector (`spark-sql-kafka-0-10`, put on the session's
   `spark.jars.packages`: Spark resolves it from Maven Central into `~/.cache/streamer/ivy`

@@ -1,7 +1,7 @@
 """A keyed stage's JSON input decoded, filtered and derived in Python tasks with Arrow
 (`job.execution.arrow_input`), where that is certainly what Spark would compute.
 
-The staged-input strategy (`runtime.stages.keyed_stage.StagedRun`) has Spark decode a source's
+The staged-input strategy (`runtime.plan.stages.keyed_stage.StagedRun`) has Spark decode a source's
 text, apply the stateless operators before the keyed stage and write the result as local
 parquet files for the subtasks. For a local JSON-lines `files` source, or a Kafka source of
 JSON values read by confluent-kafka, whose columns, event time and operators Arrow computes
@@ -156,7 +156,7 @@ class _EventTime:
 
 def _event_time(spark: SparkSession, spec: Any, schema: Any) -> _EventTime | str:
     """The source's event-time expression as a program adding `EVENT_TIME`, analyzed as
-    `runtime.stages.event_time` analyzes it (ANSI off: a value that cannot be computed is
+    `runtime.plan.stages.event_time` analyzes it (ANSI off: a value that cannot be computed is
     null, a bad record, which the tasks refuse), or why it cannot be one."""
     from pyspark.sql.types import StructField, StructType, TimestampType
 

@@ -309,7 +309,7 @@ SMALL_EPOCH_CONF: dict[str, str] = {
     "spark.sql.adaptive.enabled": "false",
     "spark.sql.shuffle.partitions": "1",
     # A small keyed epoch routes records before aggregating them and relies on a union of
-    # two inputs partitioned alike keeping that partitioning (runtime/keyed_plan.py).
+    # two inputs partitioned alike keeping that partitioning (runtime/plan/keyed_plan.py).
     "spark.sql.unionOutputPartitioning": "true",
 }
 

@@ -25,7 +25,7 @@ from streamer.connectors.base import DEAD_LETTER_COLUMNS, DECODE_ERROR_MARKER
 from streamer.connectors.dead_letters import json_problem
 from streamer.connectors.exceptions import DecodeError
 from streamer.exceptions import ArrowRefused
-from streamer.runtime.stages.event_time import named_columns, null_text, plain_column
+from streamer.runtime.plan.stages.event_time import named_columns, null_text, plain_column
 
 #: (split, offset, record or None, error): one dead letter, without its source.
 Dead = tuple[str | None, str | None, str | None, str]
@@ -92,7 +92,7 @@ class BadRecords:
     def null_times(self, table: Any, rows: list[int], where: Where) -> list[Dead]:
         """The dead letters of `rows` of `table` (decoded columns, as the slice had them),
         whose event time is null: the epoch mode's record and reason
-        (`runtime.stages.event_time`); the error of the first without `on_error`."""
+        (`runtime.plan.stages.event_time`); the error of the first without `on_error`."""
         assert self.event_time is not None
         found = where(rows)
         picked = table.take(rows).select([name for name, _ in self.columns])

@@ -11,7 +11,7 @@ from streamer.pipeline.spec import PipelineSpec
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from streamer.runtime.plan import PhysicalPlan
+    from streamer.runtime.plan.physical import PhysicalPlan
 
 
 def shared_session(spec: PipelineSpec | None = None) -> SparkSession:

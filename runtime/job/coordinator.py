@@ -6,10 +6,10 @@ Per epoch:
       ─> barrier ─> complete the checkpoint ─> commit sinks ─> loop
 
 What it sequences lives elsewhere: the physical plan and the per-epoch decision in
-`runtime.plan`, the stages in `runtime.stages`, one epoch in `runtime.job.epoch`, checkpoint
-completion in `runtime.job.checkpointing`, recovery and restore in `runtime.job.recovery`,
-savepoints in `runtime.job.savepointing`, stop / cancel / savepoint requests in
-`runtime.job.jobcontrol`.
+`runtime.plan.physical`, the stages in `runtime.plan.stages`, one epoch in `runtime.job.epoch`,
+checkpoint completion in `runtime.job.checkpointing`, recovery and restore in
+`runtime.job.recovery`, savepoints in `runtime.job.savepointing`, stop / cancel / savepoint
+requests in `runtime.job.jobcontrol`.
 
 An epoch boundary is an aligned barrier: every record of an epoch's slices is committed
 together, none of the next epoch's. Bounded sources end the loop; unbounded ones run until
@@ -48,9 +48,9 @@ from streamer.text import plural
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from streamer.runtime.keyed_plan import KeyedStage
     from streamer.runtime.observe.prometheus import PrometheusExporter
-    from streamer.runtime.plan import PhysicalPlan
+    from streamer.runtime.plan.keyed_plan import KeyedStage
+    from streamer.runtime.plan.physical import PhysicalPlan
 
 
 @dataclass
@@ -203,7 +203,7 @@ class JobRunner:
         side effects: nothing is opened or written; `streamer plan --physical` stops here)."""
         from streamer.runtime.cluster.placement import on_cluster
         from streamer.runtime.cluster.workdirs import default_state_root
-        from streamer.runtime.plan import plan_stages
+        from streamer.runtime.plan.physical import plan_stages
         from streamer.runtime.userfunctions import ship_user_code
 
         job, spec = self.job, self.spec

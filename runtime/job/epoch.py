@@ -26,9 +26,9 @@ from streamer.runtime.job.job_state import JobState, now_ms
 from streamer.runtime.job.jobcontrol import JobControl
 from streamer.runtime.job.savepointing import complete_savepoint
 from streamer.runtime.observe.metrics import EpochMetrics
-from streamer.runtime.plan import decide
-from streamer.runtime.stages.base import DEAD, LATE, OUT, EpochInput, Stage
-from streamer.runtime.stages.handoff import EpochResults
+from streamer.runtime.plan.physical import decide
+from streamer.runtime.plan.stages.base import DEAD, LATE, OUT, EpochInput, Stage
+from streamer.runtime.plan.stages.handoff import EpochResults
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -59,7 +59,7 @@ def _guarded(epoch: int, what: str, action: Callable[[], Any]) -> Any:
     from pyspark.errors import PySparkException
 
     from streamer.connectors.exceptions import ReadFailed
-    from streamer.runtime.keyed_plan import SubtaskFailed
+    from streamer.runtime.plan.keyed_plan import SubtaskFailed
     from streamer.spark_errors import spark_error_message, unreadable_file
 
     try:

@@ -44,7 +44,7 @@ class GangPlan:
 
     source_id: str
     source: Any
-    #: The keyed operator's stage (`runtime.stages.keyed_stage.KeyedOperatorStage`), or
+    #: The keyed operator's stage (`runtime.plan.stages.keyed_stage.KeyedOperatorStage`), or
     #: None: a stateless pipeline, whose source subtasks write the sink.
     stage: Any
     #: Its source plan (`runtime.continuous.source_subtask.SourcePlan`), config without checkpoints.
@@ -119,7 +119,7 @@ class _Route:
 def gang_plan(job: Any, spark: Any) -> GangPlan | str:
     """The gang of `job`'s physical plan, or why it cannot run continuously."""
     from streamer.runtime.continuous.source_subtask import SourcePlan
-    from streamer.runtime.stages.keyed_stage import KeyedOperatorStage
+    from streamer.runtime.plan.stages.keyed_stage import KeyedOperatorStage
 
     keyed = [s for s in job.plan.stages if isinstance(s, KeyedOperatorStage)]
     source_id, source = next(iter(job.sources.items()))
@@ -188,7 +188,7 @@ def _keyed_route(job: Any, spark: Any, stage: Any, sink: Any) -> _Route | str:
     """The route of a keyed pipeline: its source's rows to the keyed subtasks."""
     from streamer.runtime.arrow.arrow_input import plan_arrow_input
     from streamer.runtime.continuous.source_subtask import KeyedRoute
-    from streamer.runtime.stages.keyed_stage import local_plan
+    from streamer.runtime.plan.stages.keyed_stage import local_plan
 
     schema = stage.stage.visible_schema
     direct = None

@@ -17,9 +17,9 @@ if TYPE_CHECKING:
     from streamer.pipeline.graph import Dataflow
     from streamer.pipeline.spec import PipelineSpec
     from streamer.runtime.cluster.placement import Placement
-    from streamer.runtime.keyed_plan import KeyedStage
     from streamer.runtime.observe.metrics import EpochMetrics, Reporter
-    from streamer.runtime.plan import PhysicalPlan
+    from streamer.runtime.plan.keyed_plan import KeyedStage
+    from streamer.runtime.plan.physical import PhysicalPlan
     from streamer.runtime.watermarks import WatermarkTracker
 
 

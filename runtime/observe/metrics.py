@@ -62,11 +62,11 @@ class EpochMetrics:
     snapshot_ms: float | None = None
     #: Whether the epoch ran in the small-epoch mode (interpreted, no adaptive execution).
     small: bool = False
-    #: Keyed operators whose subtasks read the epoch's files themselves (runtime/keyed_plan.py
+    #: Keyed operators whose subtasks read the epoch's files themselves (runtime/plan/keyed_plan.py
     #: `direct_plan`), not through a Spark scan and shuffle.
     direct: list[str] = field(default_factory=list)
     #: Sources read, keyed operators run and sinks written as a local epoch
-    #: (`runtime.local`: evaluated on the driver, a keyed operator in one plain RDD job).
+    #: (`runtime.plan.local`: evaluated on the driver, a keyed operator in one plain RDD job).
     local: list[str] = field(default_factory=list)
     #: Keyed operators whose subtasks read their input from the local parquet files Spark
     #: staged for them this epoch (`job.execution.staged_input`).

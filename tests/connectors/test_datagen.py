@@ -79,7 +79,7 @@ def test_one_partition_per_split_and_columns_in_field_order(make: Any, event_tim
 
 @pytest.mark.parametrize("rate", [None, 1000.0])
 def test_a_small_slice_is_an_inline_table_with_the_range_s_rows(make: Any, rate) -> None:
-    from streamer.runtime.local import is_local
+    from streamer.runtime.plan.local import is_local
 
     extra = {"rows_per_second": rate} if rate else {}
     source = make(splits=3, limit=50, event_time="ts", **extra)

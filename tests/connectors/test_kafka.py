@@ -146,7 +146,7 @@ def test_transactional_input_reads_committed_records_only_across_markers(
         spark: Any, kafka: Any, local: bool) -> None:
     from confluent_kafka import Producer
 
-    from streamer.runtime.local import is_local
+    from streamer.runtime.plan.local import is_local
 
     name = topic(kafka, 1)
     producer = Producer({"bootstrap.servers": kafka.bootstrap,

@@ -110,7 +110,7 @@ def test_the_gang_plan_shows_the_dead_letter_sink() -> None:
     pipeline's own (wherever the dead-letter sink is listed), and the dead letters are
     written by the source subtasks."""
     from streamer.pipeline.validate import load_pipeline_text
-    from streamer.runtime.mode_plan import plan_gang
+    from streamer.runtime.plan.mode_plan import plan_gang
 
     spec = load_pipeline_text("""\
 name: p

@@ -1,4 +1,4 @@
-"""Local epochs (`runtime.local`): a small datagen slice is an inline table that Spark
+"""Local epochs (`runtime.plan.local`): a small datagen slice is an inline table that Spark
 evaluates on the driver, so a stateless epoch runs no Spark job at all. Its rows, its sinks'
 files, its counts and its watermark equal those of the same job with local epochs off
 (`STREAMER_LOCAL_ROWS=0`), which runs Spark jobs."""
@@ -19,7 +19,7 @@ from streamer.connectors.builtin.memory_sink import MemorySink
 from streamer.exceptions import StreamerError
 from streamer.pipeline.validate import load_pipeline_text
 from streamer.runtime.job.coordinator import JobRunner, RunOptions
-from streamer.runtime.local import local_table
+from streamer.runtime.plan.local import local_table
 
 pytestmark = pytest.mark.spark
 
@@ -398,7 +398,7 @@ def test_what_fails_on_the_driver_fails_the_epoch_as_a_task_would(spark, tmp_pat
     Spark task gives, not an internal error."""
     from streamer.connectors.exceptions import ReadFailed
     from streamer.runtime.exceptions import JobFailedError
-    from streamer.runtime.keyed_plan import SubtaskFailed
+    from streamer.runtime.plan.keyed_plan import SubtaskFailed
 
     spec = load_pipeline_text(textwrap.dedent(BAD_FIELD.format(mode="guard", event_time="")))
     runner = JobRunner(spec, RunOptions(ui=False, checkpoints=False, fresh=True,

@@ -18,7 +18,7 @@ from streamer.connectors.base import SourceSlice
 from streamer.pipeline.job_spec import ExecutionSpec
 from streamer.pipeline.validate import load_pipeline_text
 from streamer.runtime.job.checks import physical_plan
-from streamer.runtime.plan import PhysicalPlan, _small, render
+from streamer.runtime.plan.physical import PhysicalPlan, _small, render
 
 pytestmark = pytest.mark.spark
 

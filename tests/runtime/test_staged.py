@@ -95,8 +95,8 @@ def test_staged_input_gives_the_spark_plans_output(spark, tmp_path: Path, monkey
 def test_staged_files_of_ended_epochs_are_removed(spark, tmp_path: Path) -> None:
     """Each epoch's staging replaces the ones before it (their subtasks have read them);
     a replayed epoch rewrites its own whole; a finished job leaves none behind."""
-    from streamer.runtime.keyed_plan import DirectShape
-    from streamer.runtime.stages.keyed_stage import StagedRun
+    from streamer.runtime.plan.keyed_plan import DirectShape
+    from streamer.runtime.plan.stages.keyed_stage import StagedRun
 
     shape = DirectShape("", (("user", None), ("n", None)), ("string",), None)
     staged = StagedRun(None, "test", shape, str(tmp_path / "agg"))  # type: ignore[arg-type]

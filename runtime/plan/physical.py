@@ -20,10 +20,10 @@ from streamer.connectors.base import WritesTaskFiles
 from streamer.pipeline.job_spec import ExecutionSpec
 from streamer.runtime.arrow.arrow_input import ArrowInput, plan_arrow_input
 from streamer.runtime.bad_records import origin_of
-from streamer.runtime.keyed_plan import DirectShape, KeyedStage
-from streamer.runtime.mode_plan import GangShape, ModeChoice, choose_mode, plan_gang
-from streamer.runtime.stages.base import EpochDecision, Stage, SubtaskSlice
-from streamer.runtime.stages.keyed_stage import (
+from streamer.runtime.plan.keyed_plan import DirectShape, KeyedStage
+from streamer.runtime.plan.mode_plan import GangShape, ModeChoice, choose_mode, plan_gang
+from streamer.runtime.plan.stages.base import EpochDecision, Stage, SubtaskSlice
+from streamer.runtime.plan.stages.keyed_stage import (
     KeyedOperatorStage,
     LocalRun,
     StagedRun,
@@ -33,15 +33,15 @@ from streamer.runtime.stages.keyed_stage import (
     join_direct_plan,
     local_plan,
 )
-from streamer.runtime.stages.sinks import ArrowWrittenSink, SparkWriterSink, SubtaskWrittenSink
-from streamer.runtime.stages.sources import (
+from streamer.runtime.plan.stages.sinks import ArrowWrittenSink, SparkWriterSink, SubtaskWrittenSink
+from streamer.runtime.plan.stages.sources import (
     ArrowDecodeSource,
     ScanSource,
     SubtaskReadSource,
     ToKeyedStage,
     ToSink,
 )
-from streamer.runtime.stages.stateless_stage import StatelessChain
+from streamer.runtime.plan.stages.stateless_stage import StatelessChain
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -68,14 +68,14 @@ class PhysicalPlan:
     settings: ExecutionSpec
     #: Node id -> how many nodes read its output (a frame read twice is persisted).
     consumers: dict[str, int] = field(default_factory=dict)
-    #: The execution mode and why (`runtime.mode_plan`).
+    #: The execution mode and why (`runtime.plan.mode_plan`).
     mode: ModeChoice = field(default_factory=lambda: ModeChoice("epochs", "default"))
     #: The continuous mode's barrier stage (None in the epoch mode).
     gang: GangShape | None = None
 
     @property
     def keyed(self) -> dict[str, KeyedStage]:
-        """Keyed node id -> its stage's Spark plan (`runtime.keyed_plan.KeyedStage`)."""
+        """Keyed node id -> its stage's Spark plan (`runtime.plan.keyed_plan.KeyedStage`)."""
         return {s.node_id: s.stage for s in self.stages if isinstance(s, KeyedOperatorStage)}
 
     @property
@@ -275,7 +275,7 @@ def _keyed_input(op: Any, flow: Dataflow, schemas: Mapping[str, Any],
     from pyspark.sql.types import StringType, StructField, StructType, TimestampType
 
     if op.join is not None:
-        from streamer.runtime.join_plan import plan_join
+        from streamer.runtime.plan.join_plan import plan_join
 
         join = plan_join(op, flow, schemas)
         return join.schema, join

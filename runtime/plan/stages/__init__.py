@@ -1,2 +1,2 @@
 """The physical plan's stages: one contract per stage kind, one class per strategy
-(runtime/plan.py chooses them; runtime/job/epoch.py runs them)."""
+(runtime/plan/physical.py chooses them; runtime/job/epoch.py runs them)."""

@@ -5,7 +5,7 @@
   that Spark evaluates on the driver without a job). An observation counts the records and
   takes the newest event time per split for the watermark.
 - `SubtaskReadSource`: the only consumer is a keyed stage whose subtasks read the slice's
-  parquet files themselves (`runtime.stages.keyed_stage.SubtaskReadRun`); no Spark plan at all.
+  parquet files themselves (`runtime.plan.stages.keyed_stage.SubtaskReadRun`); no Spark plan at all.
   A slice whose files do not allow it is scanned as above.
 - `ArrowDecodeSource`: Python tasks read the slice with Arrow, run the stateless operators
   after it and write the result for the one stage that reads it (`runtime.arrow.arrow_input`):
@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from streamer import failpoints
 from streamer.columns import EVENT_TIME
-from streamer.runtime.local import LocalSeen, local_table
-from streamer.runtime.stages.base import (
+from streamer.runtime.plan.local import LocalSeen, local_table
+from streamer.runtime.plan.stages.base import (
     DEAD,
     EpochInput,
     Routed,
@@ -32,7 +32,7 @@ from streamer.runtime.stages.base import (
     StageOutput,
     Upstream,
 )
-from streamer.runtime.stages.event_time import with_event_time
+from streamer.runtime.plan.stages.event_time import with_event_time
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -173,7 +173,7 @@ class ArrowDecodeSource(ScanSource):
             arrow_refused={_named(r["unit"]): r["refused"] for r in refused})
 
     def _local(self, units: list[Any]) -> bool:
-        """Whether a Kafka slice is small enough for the driver to read (`runtime.local`)."""
+        """Whether a Kafka slice is small enough for the driver to read (`runtime.plan.local`)."""
         if self.plan.kind != "kafka":
             return False
         total = sum(end - start for _, _, start, end in units)

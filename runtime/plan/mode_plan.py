@@ -3,7 +3,7 @@ what `streamer plan --physical` shows before the stages (docs/architecture.md, "
 execution").
 
 `job.execution.mode` (or $STREAMER_EXECUTION_MODE) chooses it. The epoch mode runs the
-stages of `runtime.plan`; the continuous mode runs one Spark barrier stage whose tasks are
+stages of `runtime.plan.physical`; the continuous mode runs one Spark barrier stage whose tasks are
 every source subtask and every keyed subtask at once (`runtime.continuous.source_subtask`,
 `operators.continuous`), which `pipeline.continuous_support` has checked it can run.
 """
@@ -19,7 +19,7 @@ from streamer.pipeline.job_spec import ExecutionSpec
 from streamer.pipeline.spec import PipelineSpec
 
 if TYPE_CHECKING:
-    from streamer.runtime.keyed_plan import KeyedStage
+    from streamer.runtime.plan.keyed_plan import KeyedStage
 
 
 @dataclass(frozen=True)

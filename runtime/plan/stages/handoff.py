@@ -1,4 +1,4 @@
-"""How the epoch loop combines what the stages return (`runtime.stages.base.StageOutput`)
+"""How the epoch loop combines what the stages return (`runtime.plan.stages.base.StageOutput`)
 and passes each stage what the ones before it produced for it (`Upstream`).
 
 Every hand-off is addressed to a node id: a frame to the stages that read that node, routed
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from streamer.runtime.stages.base import Routed, Seen, SinkJob, Stage, StageOutput, Upstream
+from streamer.runtime.plan.stages.base import Routed, Seen, SinkJob, Stage, StageOutput, Upstream
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

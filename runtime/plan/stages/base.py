@@ -1,7 +1,7 @@
 """The stage contract (docs/architecture.md, "How an epoch runs").
 
 A physical plan is a list of stages in dataflow order: source reads, fused stateless chains,
-keyed stages and sinks. Every stage is planned once (by `runtime.plan.plan_stages`, which
+keyed stages and sinks. Every stage is planned once (by `runtime.plan.physical.plan_stages`, which
 gives it its strategy and the reason for it) and then runs once per epoch:
 
     stage.run(epoch: EpochInput, upstream: Upstream) -> StageOutput
@@ -12,7 +12,7 @@ gives it its strategy and the reason for it) and then runs once per epoch:
   inputs, the rows routed to it (a sink), the files Arrow tasks wrote for it (a keyed stage),
   what Arrow tasks filtered of its operators (a chain), the rows or the job that write its
   staging (a sink). The epoch loop builds it from the earlier stages' outputs
-  (`runtime.stages.handoff.EpochResults.upstream_for`).
+  (`runtime.plan.stages.handoff.EpochResults.upstream_for`).
 - `StageOutput` is what the stage produced, each field named for what it is: the frames it
   outputs, rows it routes to a sink, what it hands to one named later stage, and what the
   epoch loop reads (observations for the watermark and the metrics, subtask metadata for
@@ -21,7 +21,7 @@ gives it its strategy and the reason for it) and then runs once per epoch:
 No stage reads what another left by convention: each hand-off is a field of a
 `StageOutput` addressed to a node id, and the loop passes it to that node's stage.
 
-What varies per epoch is decided once, before any stage runs, by `runtime.plan.decide` (an
+What varies per epoch is decided once, before any stage runs, by `runtime.plan.physical.decide` (an
 `EpochDecision`): whether the epoch is small (Spark's small-epoch settings), and which
 sources' slices the keyed stages read themselves. A stage whose input Spark evaluated on the
 driver (a local relation) keeps the epoch local where its strategy allows it.
@@ -51,7 +51,7 @@ OUT, DEAD, LATE = "out", "dead_letters", "late"
 
 class Seen(Protocol):
     """What an `Observation` gives once the epoch's jobs ran (`get`: name -> value), or a
-    count the driver already has in the same shape (`runtime.local.LocalSeen`)."""
+    count the driver already has in the same shape (`runtime.plan.local.LocalSeen`)."""
 
     @property
     def get(self) -> Mapping[str, Any]:
@@ -73,7 +73,7 @@ class SubtaskSlice:
 
 @dataclass(frozen=True)
 class EpochDecision:
-    """What the one per-epoch decision point (`runtime.plan.decide`) chose for an epoch."""
+    """What the one per-epoch decision point (`runtime.plan.physical.decide`) chose for an epoch."""
 
     #: The epoch runs with the small-epoch Spark settings (`job.execution.small_epoch_rows`).
     small: bool = False
@@ -127,7 +127,7 @@ class Routed:
 @dataclass(frozen=True)
 class SinkJob:
     """The Spark job of a keyed stage whose subtasks write a sink's staging files
-    (`runtime.keyed_plan.KeyedResult.run_job`), and their metadata."""
+    (`runtime.plan.keyed_plan.KeyedResult.run_job`), and their metadata."""
 
     run: Callable[[], Any]
     metas: Any
@@ -162,7 +162,7 @@ class Upstream:
 @dataclass(frozen=True)
 class StageOutput:
     """What one stage produced in an epoch. The epoch loop combines them
-    (`runtime.stages.handoff.EpochResults`): frames and hand-offs go to the later stages
+    (`runtime.plan.stages.handoff.EpochResults`): frames and hand-offs go to the later stages
     that read them, the rest to the barrier, the checkpoint and the metrics."""
 
     #: Per node id the stage runs, its output (None: no rows this epoch).

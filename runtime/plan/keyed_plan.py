@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-    from streamer.runtime.join_plan import JoinPlan
+    from streamer.runtime.plan.join_plan import JoinPlan
 
 EPOCH_SEQ = C.EPOCH_SEQ
 
@@ -212,7 +212,7 @@ class KeyedStage(Planning):
             max_parallelism=self.max_parallelism, epoch=0, fire_up_to=0,
             fn_class=self.fn_class, join=op.join,
             join_columns=join.columns if join is not None else None, op=op)
-        #: join only: its sides' projection and bad-record routing (`runtime.join_plan`).
+        #: join only: its sides' projection and bad-record routing (`runtime.plan.join_plan`).
         self.join = join
 
     # ------------------------------------------------------------------ schemas
@@ -375,7 +375,7 @@ class KeyedStage(Planning):
     def run_local(self, read: DirectRead, epoch: int, now_ms: int, fire_up_to: int,
                   checkpointing: Any = None, write_to: Any = None,
                   table_load: int | None = None, flush: int | None = None) -> KeyedResult:
-        """Run the keyed stage for a local epoch (`runtime.local`): `read` holds the
+        """Run the keyed stage for a local epoch (`runtime.plan.local`): `read` holds the
         epoch's few rows, collected on the driver without a job. With `in_driver` (local
         mode: the driver reaches the subtasks' state directories) the driver runs the
         subtasks itself, one after the other, with no Spark job at all. Otherwise one plain

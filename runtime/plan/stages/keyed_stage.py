@@ -37,9 +37,9 @@ from streamer.operators.contract import EVERY_RECORD, LOCAL_EPOCHS, WHOLE_RECORD
 from streamer.operators.direct import DIRECT_AGGREGATES, ipc_bytes
 from streamer.operators.stateless import union
 from streamer.runtime.arrow.arrow_input import clear_other_epochs
-from streamer.runtime.keyed_plan import DirectShape, KeyedResult, KeyedStage
-from streamer.runtime.local import local_table
-from streamer.runtime.stages.base import (
+from streamer.runtime.plan.keyed_plan import DirectShape, KeyedResult, KeyedStage
+from streamer.runtime.plan.local import local_table
+from streamer.runtime.plan.stages.base import (
     DEAD,
     LATE,
     EpochInput,
@@ -50,7 +50,7 @@ from streamer.runtime.stages.base import (
     StageOutput,
     Upstream,
 )
-from streamer.runtime.stages.sources import DirectSeen
+from streamer.runtime.plan.stages.sources import DirectSeen
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class TaskSink:
     """The sink whose staging files a keyed stage's subtasks write themselves (planned by
-    `runtime.plan`: the stage's only consumer, a sink that takes task-written files)."""
+    `runtime.plan.physical`: the stage's only consumer, a sink that takes task-written files)."""
 
     sink_id: str
     sink: WritesTaskFiles
@@ -111,11 +111,11 @@ class KeyedRun(ABC):
         return StageOutput()
 
     def table_load(self, epoch: EpochInput) -> int | None:
-        """A table join's `reload:` table load read this epoch (`runtime.join_plan.table_load`),
-        or None."""
+        """A table join's `reload:` table load read this epoch
+        (`runtime.plan.join_plan.table_load`), or None."""
         if self.stage.join is None:
             return None
-        from streamer.runtime.join_plan import table_load
+        from streamer.runtime.plan.join_plan import table_load
 
         return table_load(self.stage.join, epoch.slices)
 
@@ -299,8 +299,8 @@ class KeyedOperatorStage(Stage):
         """Run the operator's subtasks for the epoch; route late rows and side outputs."""
         stage, node_id = self.stage, self.node_id
         routed: list[Routed] = []
-        if stage.join is not None:  # both sides as one frame (`runtime.join_plan`)
-            from streamer.runtime.join_plan import project_sides
+        if stage.join is not None:  # both sides as one frame (`runtime.plan.join_plan`)
+            from streamer.runtime.plan.join_plan import project_sides
 
             present, dead = project_sides(stage.join,
                                           *(upstream.frames.get(i) for i in stage.op.inputs))
@@ -484,7 +484,7 @@ def join_direct_plan(stage: KeyedStage, sources: Any, schemas: Any,
 
 def local_plan(stage: KeyedStage) -> DirectShape | str:
     """Whether `stage` can take a local epoch's rows collected on the driver
-    (`runtime.local`) in place of files, or why not: the operator and column shapes of
+    (`runtime.plan.local`) in place of files, or why not: the operator and column shapes of
     `direct_plan`, over the stage's input (its event time is `__ts`)."""
     kind = stage.kind
     if not kind.has(LOCAL_EPOCHS):

@@ -4,7 +4,7 @@ semantics (ANSI casts, nulls, timestamps) hold, and Spark fuses the chain into o
 whole-stage-generated function when the epoch runs.
 
 The records a filter removes are counted (`EpochMetrics.filtered`) without a job of their
-own: on the driver when the chain's input is a local relation (`runtime.local`), else by an
+own: on the driver when the chain's input is a local relation (`runtime.plan.local`), else by an
 observation of the filter's input and one of its output, in the job that reads the chain.
 """
 
@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from streamer.operators.stateless import apply_stateless, union
 from streamer.pipeline.spec import OperatorSpec
-from streamer.runtime.local import LocalSeen, local_table
-from streamer.runtime.stages.base import EpochInput, Seen, Stage, StageOutput, Upstream
-from streamer.runtime.stages.sources import SummedSeen
+from streamer.runtime.plan.local import LocalSeen, local_table
+from streamer.runtime.plan.stages.base import EpochInput, Seen, Stage, StageOutput, Upstream
+from streamer.runtime.plan.stages.sources import SummedSeen
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 from streamer.columns import COUNT_AS
 from streamer.connectors.base import WritesTaskFiles
 from streamer.operators.stateless import union
-from streamer.runtime.keyed_plan import visible
-from streamer.runtime.local import LocalSeen, local_table
-from streamer.runtime.stages.base import OUT, EpochInput, Seen, Stage, StageOutput, Upstream
-from streamer.runtime.stages.sources import SummedSeen
+from streamer.runtime.plan.keyed_plan import visible
+from streamer.runtime.plan.local import LocalSeen, local_table
+from streamer.runtime.plan.stages.base import OUT, EpochInput, Seen, Stage, StageOutput, Upstream
+from streamer.runtime.plan.stages.sources import SummedSeen
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
