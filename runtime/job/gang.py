@@ -103,7 +103,8 @@ class GangPlan:
                 raise ConfigError(msg)
             if waited and not said:
                 say(f"waiting for executors: the continuous gang needs {self.tasks} task "
-                    "slots, and the cluster has given this job none yet")
+                    f"slots, and the cluster has given this job none yet (after "
+                    f"{wait_s:g} s, job.slot_timeout)")
                 said = True
             time.sleep(0.5)
 
