@@ -103,8 +103,8 @@ def _source_refusal(spec: PipelineSpec, keyed: list[OperatorSpec]) -> str | None
             if source.option(key):
                 return f"files with {key}: true"
     elif source.type == "kafka":
-        if source.option("format", "json") != "json" or \
-                source.option("client", "confluent") != "confluent":
+        if source.option("format") != "json" or \
+                source.option("client") != "confluent":
             return "kafka other than JSON values read with client: confluent"
         for key in ("key", "record_timestamp"):
             if source.option(key):

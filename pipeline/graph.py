@@ -138,7 +138,7 @@ def _source_detail(s: SourceSpec) -> str:
     if s.type == "datagen":
         limit = s.option("limit")
         rate = s.option("rows_per_second")
-        parts = [f"splits={s.option('splits', 1)}",
+        parts = [f"splits={s.option('splits')}",
                  f"limit={limit}" if limit is not None else "unbounded"]
         if rate:
             parts.append(f"{rate}/s")

@@ -1,8 +1,8 @@
 """A small declarative model of the pipeline file: one description that both validates user
 YAML (with messages that point at `file:line:col` and name the nearest valid key) and renders
 the JSON Schema that editors use. The concrete model is in `pipeline/schema.py`; its `job:`
-block and its sinks are pydantic models (`pipeline/job_model.py`, `pipeline/sink_model.py`,
-run by `pipeline/pydantic_bridge.py`).
+block, its sources and its sinks are pydantic models (`pipeline/job_model.py`,
+`pipeline/source_model.py`, `pipeline/sink_model.py`, run by `pipeline/pydantic_bridge.py`).
 """
 
 from __future__ import annotations
@@ -162,22 +162,6 @@ class Int(Node):
         if self.maximum is not None:
             out["maximum"] = self.maximum
         return self._with_doc(out)
-
-
-@dataclass
-class Number(Node):
-    """A positive number (integer or decimal)."""
-
-    description: str = ""
-
-    def check(self, value: Any, path: Path, ck: Checker) -> None:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            ck.report(path, f"{label(path)} must be a number, got {type_name(value)}")
-        elif value <= 0:
-            ck.report(path, f"{label(path)} must be greater than 0, got {value}")
-
-    def schema(self) -> dict[str, Any]:
-        return self._with_doc({"type": "number", "exclusiveMinimum": 0})
 
 
 @dataclass
@@ -409,43 +393,3 @@ class Obj(Node):
         if required:
             out["required"] = required
         return self._with_doc(out)
-
-
-@dataclass
-class Tagged(Node):
-    """A mapping whose `type:` key selects one of several `Obj` variants (sources, sinks)."""
-
-    variants: dict[str, Obj]
-    what: Callable[[Any, Path], str]
-    description: str = ""
-    tag: str = "type"
-
-    def check(self, value: Any, path: Path, ck: Checker) -> None:
-        if not isinstance(value, dict):
-            ck.report(path, f"{label(path)} must be a mapping, got {type_name(value)}")
-            return
-        kind = value.get(self.tag)
-        if kind is not None and not isinstance(kind, str):
-            ck.report((*path, self.tag), f"{self.tag!r} of {self.what(value, path)} must be one "
-                      f"of {', '.join(self.variants)}, got {type_name(kind)}")
-            return
-        if kind is None:
-            ck.report(path, f"{self.what(value, path)} is missing required key {self.tag!r} "
-                      f"(one of {', '.join(self.variants)})")
-            return
-        if kind not in self.variants:
-            hint = nearest(str(kind), list(self.variants))
-            extra = f"; did you mean {hint!r}?" if hint else ""
-            ck.report((*path, self.tag), f"unknown {self.tag} {kind!r} for "
-                      f"{self.what(value, path)}; valid: {', '.join(self.variants)}{extra}")
-            return
-        self.variants[kind].check(value, path, ck)
-
-    def schema(self) -> dict[str, Any]:
-        branches = []
-        for kind, obj in self.variants.items():
-            branch = obj.schema()
-            branch["properties"] = {self.tag: {"const": kind}, **branch["properties"]}
-            branch["required"] = sorted({self.tag, *branch.get("required", [])})
-            branches.append(branch)
-        return self._with_doc({"oneOf": branches})

@@ -26,7 +26,7 @@ from streamer.pipeline.model import (
 )
 from streamer.pipeline.schema_base import named
 from streamer.pipeline.yaml_loader import Path
-from streamer.pipeline.yaml_model import NULL, RULE, Fix, adapter
+from streamer.pipeline.yaml_model import KEY, NULL, RULE, Expects, Fix, adapter
 
 
 def _members(annotation: Any) -> list[Any]:
@@ -37,6 +37,20 @@ def _members(annotation: Any) -> list[Any]:
     if origin is Union or origin is types.UnionType:
         return [m for arg in get_args(annotation) for m in _members(arg)]
     return [annotation]
+
+
+def fields_of(model: type[BaseModel]) -> dict[str, FieldInfo]:
+    """A model's fields by the key the file writes (`schema`, for the field `schema_`)."""
+    return {f.alias or name: f for name, f in model.model_fields.items()}
+
+
+def _words(annotation: Any) -> str | None:
+    """The `Expects` of an annotation (a duration's), at any `Annotated` level."""
+    for meta in getattr(annotation, "__metadata__", ()):
+        if isinstance(meta, Expects):
+            return meta.text
+    args = get_args(annotation)
+    return next((w for w in map(_words, args) if w), None) if args else None
 
 
 def _model_in(annotation: Any) -> type[BaseModel] | None:
@@ -66,6 +80,8 @@ def _branch(annotation: Any, name: str) -> Any:
 def expects(annotation: Any) -> str:
     """What a key takes, for a message: `must be a whole number`, `must be a mapping`."""
     members = [m for m in _members(annotation) if m is not type(None)]
+    if _words(annotation):
+        return str(_words(annotation))
     if _model_in(annotation) is not None:
         return "must be a mapping"
     if any(get_origin(m) is dict for m in members):
@@ -74,6 +90,8 @@ def expects(annotation: Any) -> str:
                         (str, "must be a string")):
         if kind in members:
             return words
+    if any(get_origin(m) is list for m in members):
+        return "must be a list"
     literals = [v for m in members if get_origin(m) is Literal for v in get_args(m)]
     return f"must be one of {', '.join(map(str, literals))}" if literals else "must be set"
 
@@ -124,8 +142,8 @@ def _spot(annotation: Any, value: Any, loc: tuple[Any, ...]) -> _Spot:
             part in value if isinstance(value, dict) else isinstance(part, int))
         model = _model_in(current)
         if isinstance(part, str) and model is not None and (
-                part in model.model_fields or real or part == loc[-1]):
-            spot.owner, spot.field = model, model.model_fields.get(part)
+                part in fields_of(model) or real or part == loc[-1]):
+            spot.owner, spot.field = model, fields_of(model).get(part)
             current = spot.field.annotation if spot.field else Any
         elif isinstance(part, str) and not real and _is_union(current):
             current = _optional(current)  # an unnamed member of a union: `none`, `str`,
@@ -184,6 +202,9 @@ class _Where:
 def _message(at: _Where, err: Any) -> tuple[Path, str, bool]:
     """(where, message, at the key) for one of pydantic's errors at `at.path` + its loc."""
     kind, ctx, got = err["type"], err.get("ctx") or {}, err.get("input")
+    if kind == KEY:  # a mapping's key: `loc` ends in the key and pydantic's `[key]`
+        spot = _spot(at.annotation, at.value, tuple(err["loc"])[:-1])
+        return (*at.path, *spot.keys), err["msg"], True
     spot = _spot(at.annotation, at.value, tuple(err["loc"]))
     loc, field = spot.keys, spot.field
     where: Path = (*at.path, *loc)
@@ -197,7 +218,7 @@ def _message(at: _Where, err: Any) -> tuple[Path, str, bool]:
         return _tag_message(err, where, at.name(loc, variants[0]), tags)
     if kind == "extra_forbidden":
         owner = spot.owner
-        valid = list(owner.model_fields) if owner else []
+        valid = list(fields_of(owner)) if owner else []
         return where, (f"unknown key {loc[-1]!r} in {at.name(loc[:-1], owner)}"
                        f"{did_you_mean(str(loc[-1]), valid)}"), True
     if kind == "missing":
@@ -216,13 +237,16 @@ def _message(at: _Where, err: Any) -> tuple[Path, str, bool]:
         return where, (f"{name} must be one of {', '.join(choices)}; got {shown}"
                        + (f" (did you mean {hint!r}?)" if hint else "")), False
     words = {"int_type": "must be a whole number", "bool_type": "must be true or false",
-             "string_type": "must be a string"}
+             "string_type": "must be a string", "list_type": "must be a list"}
     if kind in words:
         return where, f"{name} {words[kind]}, got {type_name(got)}{fix}", False
     if kind in ("greater_than_equal", "less_than_equal"):
         bound = ctx.get("ge", ctx.get("le"))
         side = "at least" if kind == "greater_than_equal" else "at most"
         return where, f"{name} must be {side} {bound}, got {got}{fix}", False
+    if kind == "too_short":
+        count = ctx["min_length"]
+        return where, f"{name} needs at least {count} entr{'y' if count == 1 else 'ies'}", False
     if kind == "string_too_short":
         return where, f"{name} must not be empty", False
     if kind == RULE:  # a model validator's rule, reported at the key it names

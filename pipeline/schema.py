@@ -25,12 +25,10 @@ from streamer.pipeline.model import (
     Int,
     ListOf,
     MapOf,
-    Number,
     Obj,
     OneOrList,
     Scalar,
     Str,
-    Tagged,
 )
 from streamer.pipeline.over_spec import OVER, OVER_FUNCTIONS
 from streamer.pipeline.pydantic_bridge import ModelNode
@@ -42,172 +40,17 @@ from streamer.pipeline.schema_base import (
     ID_HINT,
     ID_PATTERN,
     REF,
-    SPARK_TYPE,
     exactly_one,
     named,
 )
 from streamer.pipeline.schema_joins import join_schema
 from streamer.pipeline.sink_model import RULES as SINK_RULES
 from streamer.pipeline.sink_model import Sink
+from streamer.pipeline.source_model import RULES as SOURCE_RULES
+from streamer.pipeline.source_model import Source
 from streamer.pipeline.topn_spec import TOP_N
 from streamer.pipeline.units import parse_duration_ms
 from streamer.pipeline.yaml_loader import Path
-
-# ---------------------------------------------------------------------------------- sources
-
-WATERMARK = Obj(
-    {
-        "max_out_of_orderness": Field(Duration("How late an event may arrive behind the "
-                                               "newest one seen on its split (default 0s).",
-                                               allow_zero=True)),
-        "idle_timeout": Field(Duration("A split with no records for this long is left out "
-                                       "of the watermark.")),
-    },
-    description="Event-time watermark: per split, max event time - max_out_of_orderness.",
-)
-
-SOURCE_COMMON: dict[str, Field] = {
-    "id": Field(ID, required=True),
-    "uid": Field(Str("Stable identity of this source's offsets in checkpoints and savepoints "
-                     "(default: the id).")),
-    "schema": Field(MapOf(SPARK_TYPE, "Columns and their Spark SQL types, in order.",
-                          key_pattern=COLUMN_PATTERN, key_hint=COLUMN_HINT, min_items=1)),
-    "event_time": Field(Str("A column or expression of type timestamp: the "
-                                       "record's event time.")),
-    "watermark": Field(WATERMARK),
-    "on_error": Field(Str("The id of a sink that receives records this source cannot "
-                          "decode (the dead-letter output).")),
-}
-
-
-def _source(fields: dict[str, Field], doc: str, rules: list[Any] | None = None) -> Obj:
-    return Obj({**SOURCE_COMMON, **fields}, description=doc, what=named("source", "sources"),
-               extra_keys=("type",), rules=rules or [])
-
-
-def _watermark_needs_event_time(value: dict[str, Any], path: Path, ck: Checker) -> None:
-    if "watermark" in value and "event_time" not in value:
-        ck.report((*path, "watermark"), f"{named('source', 'sources')(value, path)} has a "
-                  "watermark but no event_time; add event_time: <timestamp column>", at_key=True)
-
-
-DATAGEN = _source(
-    {
-        "splits": Field(Int("Number of parallel splits (default 1).", minimum=1)),
-        "rows_per_second": Field(Number("Total rate over all splits; absent = as fast as "
-                                        "possible.")),
-        "limit": Field(Int("Rows per split; absent = unbounded.", minimum=0)),
-        "max_records_per_epoch": Field(Int("At most this many rows per epoch over all "
-                                           "splits.", minimum=1)),
-        "fields": Field(MapOf(EXPR, "Columns as Spark SQL expressions of `offset`, "
-                              "`split` and `generated_at`.", key_pattern=COLUMN_PATTERN,
-                              key_hint=COLUMN_HINT, min_items=1), required=True),
-    },
-    "Deterministic rows computed from (split, offset).",
-    [_watermark_needs_event_time],
-)
-
-
-def _datagen_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
-    if "schema" in value:
-        ck.report((*path, "schema"), "a datagen source takes its schema from `fields`; "
-                  "remove `schema` (cast in the field expressions instead)", at_key=True)
-
-
-DATAGEN.rules.append(_datagen_rules)
-
-FILES_SOURCE = _source(
-    {
-        "path": Field(Str("fsspec URL or glob of the input files."), required=True),
-        "format": Field(Str("File format; `text` gives one column `line` per line.",
-                            enum=("jsonl", "csv", "parquet", "text")), required=True),
-        "watch": Field(Bool("Watch for new files (unbounded); default false.")),
-        "header": Field(Bool("CSV only: the first line names the columns (default true).")),
-        "delimiter": Field(Str("CSV only: the field separator (default ',').")),
-        "max_files_per_epoch": Field(Int("At most this many new files per epoch.", minimum=1)),
-        "reload": Field(Bool("A table join's right input: when a file changes, appears or "
-                             "goes away (size, modification time), every file is read again "
-                             "and replaces the table (keys no longer present are deleted); "
-                             "unbounded; default false.")),
-    },
-    "Files read in name order; with watch: true, new files are picked up as they appear.",
-    [_watermark_needs_event_time],
-)
-
-
-def _files_source_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
-    if value.get("format") == "text":
-        for key in ("schema", "on_error"):
-            if key in value:
-                ck.report((*path, key), f"format: text has one column `line` and cannot fail "
-                          f"to decode; remove {key!r}", at_key=True)
-    if value.get("reload") is True:
-        for key in ("watch", "max_files_per_epoch"):
-            if key in value:
-                ck.report((*path, key), f"{key!r} does not apply with reload: true, which "
-                          "watches the files and reads them all at each change; remove "
-                          f"{key!r}", at_key=True)
-    if value.get("format") != "csv":
-        for key in ("header", "delimiter"):
-            if key in value:
-                ck.report((*path, key), f"{key!r} applies only to format: csv", at_key=True)
-
-
-FILES_SOURCE.rules.append(_files_source_rules)
-
-KAFKA_SOURCE = _source(
-    {
-        "bootstrap_servers": Field(Str("host:port[,host:port]"), required=True),
-        "topic": Field(Str("Topic to read.")),
-        "topics": Field(ListOf(Str(), "Topics to read.", min_items=1)),
-        "start": Field(Str("Where a job without a checkpoint starts reading (default "
-                           "earliest).", enum=("earliest", "latest"))),
-        "format": Field(Str("Value format: `json` decodes by `schema`; `raw` gives the "
-                            "columns key, value, topic, partition, offset, timestamp (default "
-                            "json).", enum=("json", "raw"))),
-        "properties": Field(MapOf(Scalar(), "Passed to the Kafka client as-is.")),
-        "bounded": Field(Bool("Stop at the partitions' end offsets read when the job starts "
-                              "(smoke runs); default false.")),
-        "client": Field(Str("How partitions are read: confluent-kafka in the Spark tasks or "
-                            "Spark's own Kafka connector (default confluent).",
-                            enum=("confluent", "spark"))),
-        "record_timestamp": Field(Str("Add the Kafka record timestamp as this column (use it "
-                                      "as event_time).", pattern=COLUMN_PATTERN,
-                                      pattern_hint=COLUMN_HINT)),
-        "max_records_per_epoch": Field(Int("At most this many records per partition per "
-                                           "epoch (default 1000000).", minimum=1)),
-        "key": Field(Str("A changelog read as a table join's right input: the column (of "
-                         "schema) that the message key holds, as text (as the Kafka sink's "
-                         "key: writes it); a tombstone (null value) then deletes the table "
-                         "row of that key.", pattern=COLUMN_PATTERN,
-                         pattern_hint=COLUMN_HINT)),
-    },
-    "Kafka topic partitions; offsets are the source's state.",
-    [_watermark_needs_event_time, exactly_one(("topic", "topics"), "a kafka source")],
-)
-
-
-def _kafka_source_rules(value: dict[str, Any], path: Path, ck: Checker) -> None:
-    if value.get("format") == "raw" and "schema" in value:
-        ck.report((*path, "schema"), "format: raw has the columns key, value, topic, "
-                  "partition, offset, timestamp; remove 'schema'", at_key=True)
-    if value.get("format") == "raw" and "on_error" in value:
-        ck.report((*path, "on_error"), "format: raw cannot fail to decode; remove "
-                  "'on_error'", at_key=True)
-    key, schema = value.get("key"), value.get("schema")
-    if isinstance(key, str) and value.get("format") == "raw":
-        ck.report((*path, "key"), "format: raw has the message key as its column key; "
-                  "remove 'key' (it applies to format: json)", at_key=True)
-    elif isinstance(key, str) and isinstance(schema, dict) and key not in schema:
-        ck.report((*path, "key"), f"key {key!r} is not a column of the source's schema "
-                  f"({', '.join(map(str, schema)) or 'none'}); name the column the message "
-                  "key holds")
-
-
-KAFKA_SOURCE.rules.append(_kafka_source_rules)
-
-SOURCE = Tagged({"datagen": DATAGEN, "files": FILES_SOURCE, "kafka": KAFKA_SOURCE},
-                what=named("source", "sources"), description="A source of records.")
 
 # -------------------------------------------------------------------------------- operators
 WINDOW = Obj(
@@ -428,9 +271,10 @@ OPERATOR = Obj(
 
 # -------------------------------------------------------------------------------- top level
 
-#: The `job:` block and each sink are pydantic models (`pipeline/job_model.py`,
-#: `pipeline/sink_model.py`, issue 38).
+#: The `job:` block, each source and each sink are pydantic models (`pipeline/job_model.py`,
+#: `pipeline/source_model.py`, `pipeline/sink_model.py`, issue 38).
 JOB = ModelNode(JobModel)
+SOURCE = ModelNode(Source, "A source of records.", rules=SOURCE_RULES)
 SINK = ModelNode(Sink, "Where results go.", rules=SINK_RULES)
 
 ROW = MapOf(AnyValue(), "One row: column -> value.")

@@ -44,5 +44,3 @@ def exactly_one(keys: tuple[str, ...], noun: str) -> Any:
 ID = Str(description="Unique id in the file.", pattern=ID_PATTERN, pattern_hint=ID_HINT)
 REF = Str(description="The id of a source, operator or sink in this file.")
 EXPR = Str(description="A Spark SQL expression.")
-SPARK_TYPE = Str(description="A Spark SQL type name: string, bigint, double, timestamp, "
-                 "decimal(10,2), array<string>, ...")

@@ -13,24 +13,27 @@ from pydantic import Discriminator, Field, Tag
 from pydantic.json_schema import SkipJsonSchema
 
 from streamer.pipeline.model import Checker, Rule
-from streamer.pipeline.schema_base import COLUMN_HINT, COLUMN_PATTERN, ID_HINT, ID_PATTERN, named
+from streamer.pipeline.schema_base import COLUMN_HINT, COLUMN_PATTERN, named
 from streamer.pipeline.yaml_loader import Path
-from streamer.pipeline.yaml_model import Settings, YamlModel, adapter, one_or_list, text
+from streamer.pipeline.yaml_model import (
+    Id,
+    Ref,
+    Settings,
+    Text,
+    YamlModel,
+    adapter,
+    one_or_list,
+    text,
+)
 
 PG_NAME = r"[A-Za-z_][A-Za-z0-9_$]*"
 if TYPE_CHECKING:  # what they validate to; pydantic reads the types below
-    Id: TypeAlias = str
-    Ref: TypeAlias = str
-    Text: TypeAlias = str
     EnvName: TypeAlias = str
     PgTable: TypeAlias = str
     Ids: TypeAlias = str | list[str]
     Columns: TypeAlias = str | list[str]
     PgColumns: TypeAlias = str | list[str]
 else:
-    Id = text("Unique id in the file.", ID_PATTERN, ID_HINT)
-    Ref = text("The id of a source, operator or sink in this file.")
-    Text = text()
     Ids = one_or_list(Ref, "id")
     Columns = one_or_list(text("A column of the sink's input.", COLUMN_PATTERN, COLUMN_HINT),
                           "column")

@@ -11,10 +11,11 @@ from streamer.pipeline.yaml_loader import Path
 
 @dataclass(frozen=True)
 class WatermarkSpec:
-    """Bounded out-of-orderness watermark of a source."""
+    """Bounded out-of-orderness watermark of a source (its defaults are the model's,
+    `source_model.WatermarkModel`)."""
 
-    max_out_of_orderness_ms: int = 0
-    idle_timeout_ms: int | None = None
+    max_out_of_orderness_ms: int
+    idle_timeout_ms: int | None
 
 
 @dataclass(frozen=True)

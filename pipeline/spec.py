@@ -18,7 +18,8 @@ from streamer.pipeline.job_model import JobModel
 from streamer.pipeline.job_spec import JobSpec, build_job
 from streamer.pipeline.over_spec import OverSpec, build_over
 from streamer.pipeline.sink_model import sink_options
-from streamer.pipeline.source_spec import SourceSpec, WatermarkSpec
+from streamer.pipeline.source_model import build_source
+from streamer.pipeline.source_spec import SourceSpec
 from streamer.pipeline.topn_spec import TopNSpec, build_top_n
 from streamer.pipeline.units import parse_duration_ms, parse_signed_duration_ms
 from streamer.pipeline.yaml_loader import Path, Positions
@@ -379,21 +380,7 @@ def build_spec(data: Mapping[str, Any], positions: Positions,
     """Build the frozen spec from data that has passed validation."""
     env = os.environ if env is None else env
     job = build_job(JobModel.model_validate(data.get("job", {})))
-    common_source = {"id", "type", "uid", "schema", "event_time", "watermark", "on_error"}
-    sources = []
-    for i, raw in enumerate(data["sources"]):
-        wm = raw.get("watermark")
-        sources.append(SourceSpec(
-            id=raw["id"], type=raw["type"], uid=raw.get("uid", raw["id"]),
-            schema=tuple(raw["schema"].items()) if raw.get("schema") else None,
-            event_time=raw.get("event_time"),
-            watermark=(WatermarkSpec(_ms(wm.get("max_out_of_orderness"), 0) or 0,
-                                     _ms(wm.get("idle_timeout"), None))
-                       if wm is not None else
-                       (WatermarkSpec() if raw.get("event_time") else None)),
-            on_error=raw.get("on_error"),
-            options={k: v for k, v in raw.items() if k not in common_source},
-            path=("sources", i)))
+    sources = tuple(build_source(raw, ("sources", i)) for i, raw in enumerate(data["sources"]))
     operators = tuple(_build_operator(raw, ("operators", i))
                       for i, raw in enumerate(data.get("operators") or []))
     sinks = tuple(
@@ -407,6 +394,6 @@ def build_spec(data: Mapping[str, Any], positions: Positions,
         storage=data.get("storage") or env.get("STREAMER_STORAGE") or "./.streamer",
         job=job, spark={str(k): str(v).lower() if isinstance(v, bool) else str(v)
                         for k, v in (data.get("spark") or {}).items()},
-        sources=tuple(sources), operators=operators, sinks=sinks, tests=tests,
+        sources=sources, operators=operators, sinks=sinks, tests=tests,
         file=positions.file, positions=positions,
         storage_options=dict(data.get("storage_options") or {}))

@@ -8,7 +8,7 @@ error into a `file:line:col` line (docs/decisions/pydantic.md).
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
 
 from pydantic import (
     BaseModel,
@@ -16,6 +16,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    PlainValidator,
     Tag,
     TypeAdapter,
     ValidationInfo,
@@ -25,13 +26,15 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from streamer.pipeline.model import type_name
+from streamer.pipeline.schema_base import ID_HINT, ID_PATTERN
 from streamer.pipeline.units import DURATION_HINT, DURATION_PATTERN, parse_duration_ms
 
 #: The types of the errors this module raises; `pydantic_bridge` reports a `RULE` error at the
 #: key its context names (`at`), a `NULL` one with what the key takes, the others at their
 #: key with the message as it is.
 _DURATION, _BLANK, _PATTERN, _EMPTY, _SCALAR = "duration", "blank", "pattern", "empty", "scalar"
-NULL, RULE = "null", "rule"
+_NUMBER = "number"
+NULL, RULE, KEY = "null", "rule", "key"
 
 
 class Fix:
@@ -56,11 +59,34 @@ def _duration(allow_zero: bool) -> Any:
     return BeforeValidator(check)
 
 
+class Expects:
+    """What a key takes, in a message's words, where its type does not say it (a duration is
+    an `int` of milliseconds): `'idle_timeout' must be a duration like ..., got nothing`."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
 _DURATION_SCHEMA = WithJsonSchema({"type": "string", "pattern": DURATION_PATTERN})
+_DURATION_WORDS = Expects(f"must be {DURATION_HINT}")
 #: A duration longer than 0 (`10s`), validated into milliseconds.
-Duration = Annotated[int, _duration(False), _DURATION_SCHEMA]
+Duration = Annotated[int, _duration(False), _DURATION_SCHEMA, _DURATION_WORDS]
 #: A duration that may be 0 (`0s`).
-DurationOrZero = Annotated[int, _duration(True), _DURATION_SCHEMA]
+DurationOrZero = Annotated[int, _duration(True), _DURATION_SCHEMA, _DURATION_WORDS]
+
+
+def _positive(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise PydanticCustomError(_NUMBER, "must be a number, got {got}",
+                                  {"got": type_name(value)})
+    if value <= 0:
+        raise PydanticCustomError(_NUMBER, "must be greater than 0, got {got}", {"got": value})
+    return value
+
+
+#: A number greater than 0, an integer or a decimal, kept as written (`100`, `0.5`).
+PositiveNumber = Annotated[int | float, PlainValidator(_positive), Expects("must be a number"),
+                           WithJsonSchema({"type": "number", "exclusiveMinimum": 0})]
 
 
 def _not_blank(value: str) -> str:
@@ -124,6 +150,21 @@ def text(description: str = "", pattern: str | None = None, hint: str = "") -> A
     return Annotated[str, BeforeValidator(check), WithJsonSchema(schema)]
 
 
+def mapping(value: Any, description: str, key_pattern: str, key_hint: str) -> Any:
+    """A mapping of user-chosen names (matching `key_pattern`) to `value`s, with at least one
+    entry (`fields:`, `schema:`): `name '1x' must be <key_hint>`, at the name."""
+    def key(name: Any) -> Any:
+        if not isinstance(name, str) or not re.fullmatch(key_pattern, name):
+            raise PydanticCustomError(KEY, "name {got} must be {hint}",
+                                      {"got": repr(name), "hint": key_hint})
+        return name
+    schema = {"type": "object", "additionalProperties": TypeAdapter(value).json_schema(),
+              "propertyNames": {"pattern": f"^{key_pattern}$"}, "minProperties": 1,
+              "description": description}
+    return Annotated[dict[Annotated[str, BeforeValidator(key)], value], Field(min_length=1),
+                     WithJsonSchema(schema)]
+
+
 def _one_or_list(value: Any) -> str:
     return "list" if isinstance(value, list) else "one"
 
@@ -160,3 +201,13 @@ Settings = dict[Any, Scalar]
 def tag(value: str) -> Any:
     """The `type:` of one variant of a discriminated union (`Literal["files"]`)."""
     return Literal[value]
+
+
+if TYPE_CHECKING:  # what they validate to; pydantic reads the types below
+    Id: TypeAlias = str
+    Ref: TypeAlias = str
+    Text: TypeAlias = str
+else:
+    Id = text("Unique id in the file.", ID_PATTERN, ID_HINT)
+    Ref = text("The id of a source, operator or sink in this file.")
+    Text = text()

@@ -42,7 +42,7 @@ class DatagenSource(Source):
 
     def __init__(self, spec: SourceSpec, ctx: ConnectorContext) -> None:
         super().__init__(spec, ctx)
-        self.splits: int = int(spec.option("splits", 1))
+        self.splits: int = int(spec.option("splits"))
         limit = spec.option("limit")
         self.limit: int | None = None if limit is None else int(limit)
         rate = spec.option("rows_per_second")

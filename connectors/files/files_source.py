@@ -188,13 +188,13 @@ class FilesSource(Source):
 
         self.url: str = spec.option("path")
         self.format: str = spec.option("format")
-        self.watch: bool = bool(spec.option("watch", False))
+        self.watch: bool = bool(spec.option("watch"))
         #: `reload: true`: a table's files, read whole again when any changes (`_Reload`).
-        self.reload: bool = bool(spec.option("reload", False))
+        self.reload: bool = bool(spec.option("reload"))
         max_files = spec.option("max_files_per_epoch")
         self.max_files: int | None = None if max_files is None else int(max_files)
-        self.header: bool = bool(spec.option("header", True))
-        self.delimiter: str = spec.option("delimiter", ",")
+        self.header: bool = bool(spec.option("header"))
+        self.delimiter: str = spec.option("delimiter")
         self.fs, self.root = url_to_fs(self.url)
         self.local = is_local(self.fs)
         #: On S3, Spark reads the files itself through S3A (no local copies).

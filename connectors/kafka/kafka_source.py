@@ -50,8 +50,6 @@ if TYPE_CHECKING:
 
     from streamer.pipeline.spec import PipelineSpec, SourceSpec
 
-#: Records per partition per epoch when the source sets no `max_records_per_epoch`.
-DEFAULT_MAX_RECORDS_PER_EPOCH = 1_000_000
 #: Records per Arrow batch handed to Spark by a reading task.
 BATCH_ROWS = 20_000
 #: Bytes a range's consumer fetches from its partition at a time (`reader_conf`).
@@ -113,18 +111,18 @@ class KafkaSource(Source):
         super().__init__(spec, ctx)
         topic, topics = spec.option("topic"), spec.option("topics")
         self.topics: list[str] = [topic] if topic else list(topics or [])
-        self.start: str = spec.option("start", "earliest")
-        self.format: str = spec.option("format", "json")
-        self.client: str = spec.option("client", "confluent")
+        self.start: str = spec.option("start")
+        self.format: str = spec.option("format")
+        self.client: str = spec.option("client")
         if self.client not in CLIENTS:
             msg = (f"source {spec.id!r} has client: {self.client}; use one of "
                    f"{', '.join(CLIENTS)}")
             raise ConnectorError(msg)
-        self.is_bounded: bool = bool(spec.option("bounded", False))
+        self.is_bounded: bool = bool(spec.option("bounded"))
         self.record_timestamp: str | None = spec.option("record_timestamp")
         #: A changelog's key column (`key:`): a tombstone deletes the row of its message key.
         self.key: str | None = spec.option("key")
-        cap = spec.option("max_records_per_epoch", DEFAULT_MAX_RECORDS_PER_EPOCH)
+        cap = spec.option("max_records_per_epoch")
         self.cap: int = max(1, int(cap))
         self.conf = client_config(spec.options)
         self.conf.setdefault("isolation.level", "read_committed")

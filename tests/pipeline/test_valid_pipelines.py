@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from streamer.pipeline.job_spec import CheckpointSpec, JobSpec
+from streamer.pipeline.source_spec import WatermarkSpec
 from streamer.pipeline.spec import (
     AggregateSpec,
     OperatorSpec,
     PipelineSpec,
     SinkSpec,
     SourceSpec,
-    WatermarkSpec,
     WindowSpec,
 )
 from streamer.pipeline.spec import (
@@ -84,7 +84,8 @@ def test_minimal_pipeline_gets_every_default() -> None:
         spark={},
         sources=(SourceSpec(id="src", type="datagen", uid="src", schema=None,
                             event_time=None, watermark=None, on_error=None,
-                            options={"fields": {"x": "offset"}}, path=("sources", 0)),),
+                            options={"splits": 1, "fields": {"x": "offset"}},
+                            path=("sources", 0)),),
         operators=(),
         sinks=(SinkSpec(id="out", type="console", inputs=("src",), options={"max_rows": 20},
                         path=("sinks", 0)),),
@@ -317,14 +318,16 @@ def test_dead_letter_sinks_need_no_input() -> None:
     raw = spec.node("raw")
     assert raw == SourceSpec(
         id="raw", type="files", uid="raw", schema=(("user", "string"), ("ts", "timestamp")),
-        event_time="ts", watermark=WatermarkSpec(), on_error="bad_records",
-        options={"path": "/data/in/*.jsonl", "format": "jsonl", "watch": True},
+        event_time="ts", watermark=WatermarkSpec(0, None), on_error="bad_records",
+        options={"path": "/data/in/*.jsonl", "format": "jsonl", "watch": True, "header": True,
+                 "delimiter": ",", "reload": False},
         path=("sources", 0))
     orders = spec.node("orders")
     assert isinstance(orders, SourceSpec)
     assert orders.options == {
         "bootstrap_servers": "k1:9092,k2:9092", "topics": ["orders", "returns"],
-        "start": "earliest", "format": "json"}
+        "start": "earliest", "format": "json", "bounded": False, "client": "confluent",
+        "max_records_per_epoch": 1_000_000}
     assert spec.sinks[0].option("format") == "parquet"
     assert spec.sinks[1].option("max_rows") == 5
     assert spec.sinks[2].option("key") == "user"
@@ -457,7 +460,7 @@ def test_merge_key_in_a_sources_entry() -> None:
         assert isinstance(src, SourceSpec)
         assert src.type == "files"
         assert src.options == {"path": f"/in/{source_id}", "format": "csv", "header": True,
-                               "delimiter": ";"}
+                               "delimiter": ";", "watch": False, "reload": False}
 
 
 def test_merge_key_local_keys_override_merged_ones() -> None:
@@ -481,8 +484,8 @@ def test_merge_key_local_keys_override_merged_ones() -> None:
     a, b = spec.node("a"), spec.node("b")
     assert isinstance(a, SourceSpec)
     assert isinstance(b, SourceSpec)
-    assert (a.type, a.options) == ("datagen", {"fields": {"x": "offset"}})
-    assert (b.type, b.options) == ("datagen", {"fields": {"x": "offset"},
+    assert (a.type, a.options) == ("datagen", {"splits": 1, "fields": {"x": "offset"}})
+    assert (b.type, b.options) == ("datagen", {"splits": 1, "fields": {"x": "offset"},
                                                "rows_per_second": 5})
 
 
@@ -500,7 +503,7 @@ def test_merge_key_list_earlier_mappings_win() -> None:
         """)
     src = spec.sources[0]
     assert src.type == "datagen"
-    assert src.options == {"rows_per_second": 1, "fields": {"x": "offset"}}
+    assert src.options == {"splits": 1, "rows_per_second": 1, "fields": {"x": "offset"}}
 
 
 # ------------------------------------------------------------------------ keyed operators
