@@ -61,6 +61,7 @@ def test_a_fresh_run_whose_process_cannot_be_checked_here_is_alive(
         JobRegistry(str(tmp_path), "job").claim("run-b", {})
 
 
+@pytest.mark.slow  # (it waits 2.5 s for heartbeats)
 def test_the_run_s_heartbeat_timeout_decides_when_it_is_dead(tmp_path: Path) -> None:
     """`job.heartbeat_timeout` travels in the record: a reader without the pipeline file (the
     CLI, a new run) judges each run by its own bound; the heartbeat beats within it."""
