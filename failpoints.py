@@ -23,6 +23,9 @@ epoch number >= the given one (any number when it is left out). Points:
                            none of their acknowledgements taken yet
 - `mid-transaction:<epoch>` driver, a Kafka sink's records of <epoch> produced in its
                            transaction, which is not committed yet
+- `source-slice:<n>`       a continuous source subtask, having sent its n-th slice of
+                           records on (with `sleep=`: a stream that lasts, for a test that
+                           needs checkpoints to come while the sources are mid-input)
 (In the continuous mode `in-task:<chk>` is a keyed subtask at barrier <chk>, its snapshot
 uploaded and not acknowledged; `mid-upload`, `after-metadata` are as above, numbered by
 checkpoint.)

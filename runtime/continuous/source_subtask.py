@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from streamer import failpoints
 from streamer.exchange.alignment import MIN_WATERMARK
 from streamer.operators.direct import DirectRead, ipc_bytes, read_direct
 from streamer.operators.keyed_config import KeyedConfig
@@ -191,6 +192,7 @@ class SourceSubtask:
         self.dead_letters = 0
         self.tracker = WatermarkTracker({plan.spec.id: plan.spec})
         self.records = 0  # rows read in all (before the chain)
+        self.slices = 0  # slices sent on by this run (the `source-slice` fail point's number)
         self.sent_watermark = MIN_WATERMARK
         self.idle = False  # whether the channels were told it is idle
         self.ended = False
@@ -239,6 +241,8 @@ class SourceSubtask:
         if piece.table.num_rows:
             self.records += piece.table.num_rows
             maxima.update(self._emit(piece))
+            self.slices += 1
+            failpoints.reached("source-slice", self.slices)
         self._watermark(maxima)
         return True
 

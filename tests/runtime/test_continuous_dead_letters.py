@@ -148,8 +148,9 @@ def test_a_killed_run_commits_each_dead_letter_once(
         tmp_path: Path, files_reference: tuple[Path, Counter[str], Counter[str]]) -> None:
     """Killed when a keyed subtask reaches the checkpoint after the run's first, once that
     first one committed some dead letters (on a busy machine a checkpoint can come before a
-    source read anything: then the next run is killed the same way): the run again commits
-    the rest, none twice."""
+    source read anything: then the next run is killed the same way; each source subtask
+    stalls 0.1 s after each slice of 50 rows, so the input lasts): the run again commits the
+    rest, none twice."""
     data, want_out, want_dead = files_reference
     path = files_job(tmp_path, "continuous", data)
     text = path.read_text().replace("execution: {mode: continuous}",
@@ -159,7 +160,8 @@ def test_a_killed_run_commits_each_dead_letter_once(
     for _ in range(4):
         armed = max((int(p.name.removeprefix("chk-")) for p in checkpoints.glob("chk-*")),
                     default=0) + 2
-        first = run_streamer(path, env={"STREAMER_TEST_FAILPOINTS": f"in-task:{armed}"})
+        first = run_streamer(path, env={"STREAMER_TEST_FAILPOINTS":
+                                        f"in-task:{armed},source-slice:1:sleep=0.1"})
         assert first.killed, first.stderr[-3000:]
         assert [e["id"] for e in first.checkpoints("completed")][-1:] == [armed - 1]
         _, partial = outputs(tmp_path)

@@ -109,13 +109,20 @@ def test_a_killed_continuous_run_resumes_exactly_once(
         tmp_path: Path, reference: tuple[Path, Counter[str]]) -> None:
     data, want = reference
     path = pipeline(tmp_path, "gang", "continuous", "rocksdb", data)
-    # Killed when a keyed subtask reaches the checkpoint after the run's first, until that
-    # first one came while the sources were in the middle of their files (on a busy machine
-    # a checkpoint can come before a source read anything: then the next run goes on).
+    # Slices of 250 rows, each source subtask stalled 0.3 s after each: the 24 slices of a
+    # subtask last 7 s or more, so the run's checkpoints come mid-input however busy the
+    # machine. Killed when a keyed subtask reaches the checkpoint after the run's first,
+    # until that first one came while the sources were in the middle of their files (on a
+    # busy machine a checkpoint can come before a source read anything: the next run goes
+    # on from it).
+    path.write_text(path.read_text().replace("execution: {mode: continuous}",
+                                             "execution: {mode: continuous, "
+                                             "continuous_batch_rows: 250}"))
     done: list[int] = []
     for _ in range(4):
         armed = next_checkpoint(tmp_path, "gang") + 1
-        first = run_streamer(path, env={"STREAMER_TEST_FAILPOINTS": f"in-task:{armed}"})
+        first = run_streamer(path, env={"STREAMER_TEST_FAILPOINTS":
+                                        f"in-task:{armed},source-slice:1:sleep=0.3"})
         assert first.killed, first.stderr[-3000:]
         done += [e["id"] for e in first.checkpoints("completed")]
         assert done and max(done) == armed - 1, done
