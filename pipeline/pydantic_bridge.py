@@ -80,8 +80,8 @@ def _branch(annotation: Any, name: str) -> Any:
 def expects(annotation: Any) -> str:
     """What a key takes, for a message: `must be a whole number`, `must be a mapping`."""
     members = [m for m in _members(annotation) if m is not type(None)]
-    if _words(annotation):
-        return str(_words(annotation))
+    if words := _words(annotation):
+        return words
     if _model_in(annotation) is not None:
         return "must be a mapping"
     if any(get_origin(m) is dict for m in members):

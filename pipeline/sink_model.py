@@ -24,6 +24,7 @@ from streamer.pipeline.yaml_model import (
     adapter,
     one_or_list,
     text,
+    type_of,
 )
 
 PG_NAME = r"[A-Za-z_][A-Za-z0-9_$]*"
@@ -127,17 +128,10 @@ class PostgresSink(SinkModel):
                                "columns when it does not exist.")
 
 
-def _type_of(value: Any) -> str | None:
-    """The variant a sink's mapping names (a callable discriminator: `YamlModel`'s
-    before-validator of every field rules out pydantic's `discriminator="type"`)."""
-    kind = value.get("type") if isinstance(value, dict) else None
-    return None if kind is None else str(kind)
-
-
 #: A sink of the pipeline file, by its `type:`.
 Sink = Annotated[Annotated[ConsoleSink, Tag("console")] | Annotated[DeltaSink, Tag("delta")]
                  | Annotated[FilesSink, Tag("files")] | Annotated[KafkaSink, Tag("kafka")]
-                 | Annotated[PostgresSink, Tag("postgres")], Discriminator(_type_of)]
+                 | Annotated[PostgresSink, Tag("postgres")], Discriminator(type_of)]
 
 
 def sink_options(raw: Any) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from streamer.pipeline.yaml_model import (
     adapter,
     mapping,
     text,
+    type_of,
 )
 
 if TYPE_CHECKING:  # what they validate to; pydantic reads the types below
@@ -142,16 +143,10 @@ class KafkaSource(SourceModel):
         "writes it); a tombstone (null value) then deletes the table row of that key.")
 
 
-def _type_of(value: Any) -> str | None:
-    """The variant a source's mapping names (a callable discriminator, as `sink_model`'s)."""
-    kind = value.get("type") if isinstance(value, dict) else None
-    return None if kind is None else str(kind)
-
-
 #: A source of the pipeline file, by its `type:`.
 Source = Annotated[Annotated[DatagenSource, Tag("datagen")]
                    | Annotated[FilesSource, Tag("files")]
-                   | Annotated[KafkaSource, Tag("kafka")], Discriminator(_type_of)]
+                   | Annotated[KafkaSource, Tag("kafka")], Discriminator(type_of)]
 
 #: The keys every source has, which `SourceSpec` holds as fields, not `options`.
 _COMMON = {"type", "id", "uid", "schema_", "event_time", "watermark", "on_error"}

@@ -203,6 +203,14 @@ def tag(value: str) -> Any:
     return Literal[value]
 
 
+def type_of(value: Any) -> str | None:
+    """The variant a source's or sink's mapping names by its `type:`: the callable
+    discriminator of their unions (`YamlModel`'s before-validator of every field rules out
+    pydantic's `discriminator="type"`)."""
+    kind = value.get("type") if isinstance(value, dict) else None
+    return None if kind is None else str(kind)
+
+
 if TYPE_CHECKING:  # what they validate to; pydantic reads the types below
     Id: TypeAlias = str
     Ref: TypeAlias = str
