@@ -219,6 +219,13 @@ class FilesOutput:
                                               and p.name.endswith(f".{self.extension}")))
 
 
+def next_checkpoint(checkpoints: Path) -> int:
+    """The id a job's next checkpoint gets: one past every `chk-<n>` under the job's
+    `checkpoints` directory, complete or not (as `CheckpointStore.next_id`)."""
+    return max((int(p.name.removeprefix("chk-")) for p in checkpoints.glob("chk-*")),
+               default=0) + 1
+
+
 def diff(got: Counter[str], want: Counter[str], limit: int = 10) -> str:
     """What `got` lacks and has too much of, compared with `want` (for assertion messages)."""
     missing, extra = want - got, got - want

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 from fragments import CLICKS_SCHEMA, CRASH_AGGREGATE, click_records, kafka_sink, window
-from streamer_process import quick_jvm, run_streamer
+from streamer_process import next_checkpoint, quick_jvm, run_streamer
 from test_crash import RandomCrash
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
@@ -73,13 +73,6 @@ def committed(kafka: Any, topic: str) -> Counter[str]:
     """What a read_committed consumer sees: (key, value) pairs as canonical JSON."""
     return Counter(json.dumps([key, json.loads(value)], sort_keys=True)
                    for key, value, _p, _o in kafka.read(topic, "read_committed"))
-
-
-def next_checkpoint(root: Path) -> int:
-    """The id the job's next checkpoint gets."""
-    found = [int(p.name.removeprefix("chk-"))
-             for p in (root / "storage" / JOB / "checkpoints").glob("chk-*")]
-    return max(found, default=0) + 1
 
 
 def test_sigkill_a_continuous_job_at_its_fail_points_then_read_committed_sees_each_once(
@@ -142,7 +135,7 @@ def crash_run(path: Path, root: Path, point: str, rng: random.Random
         delay = rng.uniform(2.0, 7.0)  # (the JVM takes about 5 s to start)
         return run_streamer(path, watch=RandomCrash(0, delay)), \
             f"random {delay:.2f}s after start", 1 << 30
-    number = next_checkpoint(root) + (rng.random() < 0.3)
+    number = next_checkpoint(root / "storage" / JOB / "checkpoints") + (rng.random() < 0.3)
     if point == "mid-transaction":  # (a sink epoch: the run's first commit of records; a run
         number = 1                  # that produces none never reaches it)
     run = run_streamer(path, env={"STREAMER_TEST_FAILPOINTS": f"{point}:{number}"})

@@ -37,7 +37,7 @@ from fragments import (
     window,
     write_pipeline,
 )
-from streamer_process import FilesOutput, diff, quick_jvm, run_streamer
+from streamer_process import FilesOutput, diff, next_checkpoint, quick_jvm, run_streamer
 
 pytestmark = pytest.mark.slow
 
@@ -158,8 +158,7 @@ def test_a_killed_run_commits_each_dead_letter_once(
     path.write_text(text)
     checkpoints = tmp_path / "storage" / "continuous" / "checkpoints"
     for _ in range(4):
-        armed = max((int(p.name.removeprefix("chk-")) for p in checkpoints.glob("chk-*")),
-                    default=0) + 2
+        armed = next_checkpoint(checkpoints) + 1
         first = run_streamer(path, env={"STREAMER_TEST_FAILPOINTS":
                                         f"in-task:{armed},source-slice:1:sleep=0.1"})
         assert first.killed, first.stderr[-3000:]

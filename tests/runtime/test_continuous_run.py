@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from fragments import parquet_kvts_job
-from streamer_process import quick_jvm, run_streamer
+from streamer_process import next_checkpoint, quick_jvm, run_streamer
 
 pytestmark = pytest.mark.slow
 
@@ -65,13 +65,6 @@ def metadata(root: Path, name: str) -> list[dict]:
     """Every retained checkpoint's `_metadata`."""
     found = sorted((root / "storage" / name / "checkpoints").glob("chk-*/_metadata"))
     return [json.loads(p.read_text())["metadata"] for p in found]
-
-
-def next_checkpoint(root: Path, name: str) -> int:
-    """The id the job's next checkpoint gets (one past every `chk-<n>`, complete or not)."""
-    found = [int(p.name.removeprefix("chk-"))
-             for p in (root / "storage" / name / "checkpoints").glob("chk-*")]
-    return max(found, default=0) + 1
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +113,7 @@ def test_a_killed_continuous_run_resumes_exactly_once(
                                              "continuous_batch_rows: 250}"))
     done: list[int] = []
     for _ in range(4):
-        armed = next_checkpoint(tmp_path, "gang") + 1
+        armed = next_checkpoint(tmp_path / "storage" / "gang" / "checkpoints") + 1
         first = run_streamer(path, env={"STREAMER_TEST_FAILPOINTS":
                                         f"in-task:{armed},source-slice:1:sleep=0.3"})
         assert first.killed, first.stderr[-3000:]
