@@ -24,9 +24,8 @@ from streamer.pipeline.model import (
     nearest,
     type_name,
 )
-from streamer.pipeline.schema_base import named
 from streamer.pipeline.yaml_loader import Path
-from streamer.pipeline.yaml_model import KEY, NULL, RULE, Expects, Fix, adapter
+from streamer.pipeline.yaml_model import KEY, NULL, RULE, Expects, Fix, YamlModel, adapter
 
 
 def _members(annotation: Any) -> list[Any]:
@@ -191,11 +190,13 @@ class _Where:
     path: Path
 
     def name(self, keys: tuple[Any, ...], owner: type[BaseModel] | None) -> str:
-        """How a message names the mapping at `keys`: `sink 'out'`, else its label."""
+        """How a message names the mapping at `keys`: as its model calls it (`sink 'out'`,
+        `storage_options`), else by its label."""
         where = (*self.path, *keys)
-        noun = getattr(owner, "noun", None)
-        if noun is not None:
-            return str(named(*noun)(_value_at(self.value, keys), where))
+        if owner is not None and issubclass(owner, YamlModel):
+            called = owner.called(_value_at(self.value, keys), where)
+            if called is not None:
+                return called
         return label(where)
 
 
