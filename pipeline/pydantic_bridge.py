@@ -1,9 +1,9 @@
-"""The pydantic models of the pipeline file (`pipeline/job_model.py`, `pipeline/sink_model.py`)
-inside the hand-built one (`pipeline/model.py`): a `ModelNode` validates its part of the file
-with pydantic and turns each of pydantic's errors into the message the rest of the file gets
-(`file:line:col` from the loader's positions, the key quoted, the entry named by its id, the
-nearest valid key or type, the fix), and renders the model's JSON Schema inline, as `streamer
-schema` and the docs reference read it.
+"""The pydantic models of the pipeline file (`pipeline/*_model.py`) inside the hand-built one
+(`pipeline/model.py`): a `ModelNode` validates its part of the file with pydantic and turns
+each of pydantic's errors into the message the rest of the file gets (`file:line:col` from
+the loader's positions, the key quoted, the entry named by its id, the nearest valid key or
+type, the fix), and renders the model's JSON Schema inline, as `streamer schema` and the docs
+reference read it.
 """
 
 from __future__ import annotations
