@@ -1,8 +1,8 @@
 """A small declarative model of the pipeline file: one description that both validates user
 YAML (with messages that point at `file:line:col` and name the nearest valid key) and renders
 the JSON Schema that editors use. The concrete model is in `pipeline/schema.py`; its `job:`
-block, its sources and its sinks are pydantic models (`pipeline/job_model.py`,
-`pipeline/source_model.py`, `pipeline/sink_model.py`, run by `pipeline/pydantic_bridge.py`).
+block, its sources, its sinks, `storage_options:` and its tests are pydantic models
+(`pipeline/*_model.py`, run by `pipeline/pydantic_bridge.py`).
 """
 
 from __future__ import annotations

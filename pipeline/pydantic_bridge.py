@@ -1,9 +1,9 @@
-"""The pydantic models of the pipeline file (`pipeline/job_model.py`, `pipeline/sink_model.py`)
-inside the hand-built one (`pipeline/model.py`): a `ModelNode` validates its part of the file
-with pydantic and turns each of pydantic's errors into the message the rest of the file gets
-(`file:line:col` from the loader's positions, the key quoted, the entry named by its id, the
-nearest valid key or type, the fix), and renders the model's JSON Schema inline, as `streamer
-schema` and the docs reference read it.
+"""The pydantic models of the pipeline file (`pipeline/*_model.py`) inside the hand-built one
+(`pipeline/model.py`): a `ModelNode` validates its part of the file with pydantic and turns
+each of pydantic's errors into the message the rest of the file gets (`file:line:col` from
+the loader's positions, the key quoted, the entry named by its id, the nearest valid key or
+type, the fix), and renders the model's JSON Schema inline, as `streamer schema` and the docs
+reference read it.
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ from streamer.pipeline.model import (
     nearest,
     type_name,
 )
-from streamer.pipeline.schema_base import named
 from streamer.pipeline.yaml_loader import Path
-from streamer.pipeline.yaml_model import KEY, NULL, RULE, Expects, Fix, adapter
+from streamer.pipeline.yaml_model import KEY, NULL, RULE, Expects, Fix, YamlModel, adapter
 
 
 def _members(annotation: Any) -> list[Any]:
@@ -191,11 +190,13 @@ class _Where:
     path: Path
 
     def name(self, keys: tuple[Any, ...], owner: type[BaseModel] | None) -> str:
-        """How a message names the mapping at `keys`: `sink 'out'`, else its label."""
+        """How a message names the mapping at `keys`: as its model calls it (`sink 'out'`,
+        `storage_options`), else by its label."""
         where = (*self.path, *keys)
-        noun = getattr(owner, "noun", None)
-        if noun is not None:
-            return str(named(*noun)(_value_at(self.value, keys), where))
+        if owner is not None and issubclass(owner, YamlModel):
+            called = owner.called(_value_at(self.value, keys), where)
+            if called is not None:
+                return called
         return label(where)
 
 

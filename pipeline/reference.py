@@ -224,9 +224,10 @@ def render(schema: dict[str, Any]) -> str:
     lines = [
         "# Pipeline file reference",
         "",
-        "<!-- Generated from `streamer schema` (pipeline/schema.py, the job: block "
-        "pipeline/job_model.py, the sinks pipeline/sink_model.py) by pipeline/reference.py "
-        "when the site is built: edit the schema's descriptions, not this page. -->",
+        "<!-- Generated from `streamer schema` (pipeline/schema.py, and the pydantic models "
+        "of the job:, sources:, sinks:, storage_options: and tests: blocks, pipeline/*_model.py) "
+        "by pipeline/reference.py when the site is built: edit the schema's descriptions, not "
+        "this page. -->",
         "",
         "Every key of the pipeline file (version 1), generated from its JSON Schema, the one "
         "`streamer schema` prints and `streamer validate` enforces. A key's path names list "

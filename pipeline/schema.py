@@ -15,10 +15,9 @@ from streamer.pipeline.aggregate_calls import (
     parse_call,
     split_arguments,
 )
+from streamer.pipeline.cases_model import TestCaseModel
 from streamer.pipeline.job_model import JobModel
 from streamer.pipeline.model import (
-    AnyValue,
-    Bool,
     Checker,
     Duration,
     Field,
@@ -48,6 +47,7 @@ from streamer.pipeline.sink_model import RULES as SINK_RULES
 from streamer.pipeline.sink_model import Sink
 from streamer.pipeline.source_model import RULES as SOURCE_RULES
 from streamer.pipeline.source_model import Source
+from streamer.pipeline.storage_model import StorageOptionsModel
 from streamer.pipeline.topn_spec import TOP_N
 from streamer.pipeline.units import parse_duration_ms
 from streamer.pipeline.yaml_loader import Path
@@ -271,25 +271,15 @@ OPERATOR = Obj(
 
 # -------------------------------------------------------------------------------- top level
 
-#: The `job:` block, each source and each sink are pydantic models (`pipeline/job_model.py`,
-#: `pipeline/source_model.py`, `pipeline/sink_model.py`, issue 38).
+#: The `job:` block, each source, each sink, `storage_options:` and each test are pydantic
+#: models (`pipeline/job_model.py`, `pipeline/source_model.py`, `pipeline/sink_model.py`,
+#: `pipeline/storage_model.py`, `pipeline/cases_model.py`, issue 38).
 JOB = ModelNode(JobModel)
 SOURCE = ModelNode(Source, "A source of records.", rules=SOURCE_RULES)
 SINK = ModelNode(Sink, "Where results go.", rules=SINK_RULES)
+STORAGE_OPTIONS = ModelNode(StorageOptionsModel)
+TEST = ModelNode(TestCaseModel)
 
-ROW = MapOf(AnyValue(), "One row: column -> value.")
-TEST = Obj(
-    {
-        "name": Field(Str("What this case checks."), required=True),
-        "inputs": Field(MapOf(ListOf(ROW), "Source id -> rows that replace the source."),
-                        required=True),
-        "expect": Field(MapOf(ListOf(ROW), "Sink id -> the rows it must receive, in any "
-                              "order."), required=True),
-    },
-    "A smoke test run by `streamer test`.",
-    what=lambda v, p: (f"test {v['name']!r}" if isinstance(v, dict) and
-                       isinstance(v.get("name"), str) else f"tests[{p[-1]}]"),
-)
 
 def _s3_urls(value: dict[str, Any]) -> bool:
     """Whether the pipeline's storage, or a source's or sink's path, is an `s3://` URL."""
@@ -304,25 +294,6 @@ def _storage_options_need_s3(value: dict[str, Any], path: Path, ck: Checker) -> 
                   "storage: nor any source or sink path is one; remove storage_options or set "
                   "storage: s3://bucket/prefix", at_key=True)
 
-
-STORAGE_OPTIONS = Obj(
-    {
-        "endpoint_url": Field(Str("The S3 API's URL, for S3-compatible stores (MinIO, ...); "
-                                  "default: $AWS_ENDPOINT_URL, else AWS.",
-                                  pattern=r"https?://\S+",
-                                  pattern_hint="an http:// or https:// URL")),
-        "key": Field(Str("Access key id (default: $AWS_ACCESS_KEY_ID, or botocore's "
-                         "credential chain); write ${VAR} to keep it out of the file.")),
-        "secret": Field(Str("Secret access key (default: $AWS_SECRET_ACCESS_KEY).")),
-        "token": Field(Str("Session token of temporary credentials (default: "
-                           "$AWS_SESSION_TOKEN).")),
-        "region": Field(Str("Region (default: $AWS_DEFAULT_REGION).")),
-        "anon": Field(Bool("Unsigned requests (public buckets).")),
-    },
-    "How every s3:// URL of the job (storage, files sources and sinks) is reached; keys "
-    "left out come from the AWS_* environment variables.",
-    what=lambda v, p: "storage_options",
-)
 
 PIPELINE = Obj(
     {

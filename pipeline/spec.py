@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamer.pipeline.aggregate_calls import parse_call, split_arguments
+from streamer.pipeline.cases_model import TestCaseModel
 from streamer.pipeline.exceptions import Location
 from streamer.pipeline.job_model import JobModel
 from streamer.pipeline.job_spec import JobSpec, build_job
@@ -20,6 +21,7 @@ from streamer.pipeline.over_spec import OverSpec, build_over
 from streamer.pipeline.sink_model import sink_options
 from streamer.pipeline.source_model import build_source
 from streamer.pipeline.source_spec import SourceSpec
+from streamer.pipeline.storage_model import storage_options
 from streamer.pipeline.topn_spec import TopNSpec, build_top_n
 from streamer.pipeline.units import parse_duration_ms, parse_signed_duration_ms
 from streamer.pipeline.yaml_loader import Path, Positions
@@ -375,6 +377,10 @@ def _build_operator(raw: Mapping[str, Any], path: Path) -> OperatorSpec:
         side_outputs=tuple((raw.get("side_outputs") or {}).items()), **base)
 
 
+def _build_test(case: TestCaseModel, path: Path) -> TestCase:
+    return TestCase(name=case.name, inputs=case.inputs, expect=case.expect, path=path)
+
+
 def build_spec(data: Mapping[str, Any], positions: Positions,
                env: Mapping[str, str] | None = None) -> PipelineSpec:
     """Build the frozen spec from data that has passed validation."""
@@ -387,8 +393,8 @@ def build_spec(data: Mapping[str, Any], positions: Positions,
         SinkSpec(id=raw["id"], type=raw["type"], inputs=_inputs(raw.get("input")),
                  options=sink_options(raw), path=("sinks", i))
         for i, raw in enumerate(data["sinks"]))
-    tests = tuple(TestCase(name=t["name"], inputs=t["inputs"], expect=t["expect"],
-                           path=("tests", i)) for i, t in enumerate(data.get("tests") or []))
+    tests = tuple(_build_test(TestCaseModel.model_validate(raw), ("tests", i))
+                  for i, raw in enumerate(data.get("tests") or []))
     return PipelineSpec(
         name=data["name"], description=data.get("description") or "",
         storage=data.get("storage") or env.get("STREAMER_STORAGE") or "./.streamer",
@@ -396,4 +402,4 @@ def build_spec(data: Mapping[str, Any], positions: Positions,
                         for k, v in (data.get("spark") or {}).items()},
         sources=sources, operators=operators, sinks=sinks, tests=tests,
         file=positions.file, positions=positions,
-        storage_options=dict(data.get("storage_options") or {}))
+        storage_options=storage_options(data.get("storage_options")))

@@ -8,7 +8,7 @@ error into a `file:line:col` line (docs/decisions/pydantic.md).
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeAlias
 
 from pydantic import (
     BaseModel,
@@ -26,8 +26,9 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from streamer.pipeline.model import type_name
-from streamer.pipeline.schema_base import ID_HINT, ID_PATTERN
+from streamer.pipeline.schema_base import ID_HINT, ID_PATTERN, named
 from streamer.pipeline.units import DURATION_HINT, DURATION_PATTERN, parse_duration_ms
+from streamer.pipeline.yaml_loader import Path
 
 #: The types of the errors this module raises; `pydantic_bridge` reports a `RULE` error at the
 #: key its context names (`at`), a `NULL` one with what the key takes, the others at their
@@ -105,6 +106,16 @@ class YamlModel(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
+    #: How messages name an entry of a list of these by its id: `("sink", "sinks")` gives
+    #: `sink 'out'`, else `sinks[2]` (`called`).
+    noun: ClassVar[tuple[str, str] | None] = None
+
+    @classmethod
+    def called(cls, value: Any, path: Path) -> str | None:
+        """How messages name a mapping of this model (`value`, at `path`): by its `noun`
+        and id, or None for its label (`'job'`)."""
+        return str(named(*cls.noun)(value, path)) if cls.noun else None
+
     @field_validator("*", mode="before")
     @classmethod
     def _not_null(cls, value: Any, info: ValidationInfo) -> Any:
@@ -114,8 +125,6 @@ class YamlModel(BaseModel):
         if value is None and cls.model_fields[str(info.field_name)].default is None:
             raise PydanticCustomError(NULL, "got nothing (null)")
         return value
-
-
 
 
 #: One adapter per annotation (building one takes milliseconds), by its id: the annotations
