@@ -1,4 +1,5 @@
-"""The spec half of OVER windows (the keyed kind `operators.over`): YAML keys and spec.
+"""The spec half of OVER windows (the keyed kind `operators.over`; its YAML keys are
+`operator_model.OverModel`): the frozen spec and its builder.
 
     key_by: [seller]
     over: {rows: 10}             # or {range: 1h}
@@ -13,32 +14,9 @@ it, with each aggregate over its key's last `rows` records up to it (or those wi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from streamer.pipeline.model import Duration, Field, Int, Obj, OneOrList, Str
-from streamer.pipeline.schema_base import COLUMN_HINT, COLUMN_PATTERN
-
-#: The aggregate functions an OVER window computes.
-OVER_FUNCTIONS = ("count", "sum", "avg", "min", "max")
-
-OVER = Obj(
-    {
-        "rows": Field(Int("The aggregates cover the key's last this many records, the current "
-                          "one included (ROWS BETWEEN n - 1 PRECEDING AND CURRENT ROW).",
-                          minimum=1)),
-        "range": Field(Duration("The aggregates cover the key's records at most this long "
-                                "before the current one's event time, and it (RANGE BETWEEN "
-                                "... PRECEDING AND CURRENT ROW).")),
-        "order_by": Field(OneOrList(Str(pattern=COLUMN_PATTERN, pattern_hint=COLUMN_HINT),
-                                    "Columns that order records of the same event time "
-                                    "(ascending; then arrival), so ties come out the same in "
-                                    "every run.", noun="column")),
-    },
-    "An OVER window per key: each record with aggregates over the records before it; exactly "
-    "one of rows, range.",
-)
+from streamer.pipeline.operator_model import OverModel
 
 
 @dataclass(frozen=True)
@@ -51,10 +29,10 @@ class OverSpec:
     order_by: tuple[str, ...] = ()
 
 
-def build_over(raw: Mapping[str, Any], ms: Any) -> OverSpec:
-    """The spec of a validated `over:` mapping (`ms` parses a duration)."""
-    order = raw.get("order_by")
+def build_over(model: OverModel) -> OverSpec:
+    """The spec of a validated `over:` (`operator_model.OverModel`)."""
+    order = model.order_by
     order_by = () if order is None else tuple(order) if isinstance(order, list) else (order,)
-    if "rows" in raw:
-        return OverSpec(rows=int(raw["rows"]), order_by=order_by)
-    return OverSpec(range_ms=ms(raw["range"], None), order_by=order_by)
+    if model.rows is not None:
+        return OverSpec(rows=model.rows, order_by=order_by)
+    return OverSpec(range_ms=model.range, order_by=order_by)

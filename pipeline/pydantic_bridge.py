@@ -25,7 +25,7 @@ from streamer.pipeline.model import (
     type_name,
 )
 from streamer.pipeline.yaml_loader import Path
-from streamer.pipeline.yaml_model import KEY, NULL, RULE, Expects, Fix, YamlModel, adapter
+from streamer.pipeline.yaml_model import KEY, NULL, PLAIN, RULE, Expects, Fix, YamlModel, adapter
 
 
 def _members(annotation: Any) -> list[Any]:
@@ -252,8 +252,12 @@ def _message(at: _Where, err: Any) -> tuple[Path, str, bool]:
         return where, f"{name} must not be empty", False
     if kind == RULE:  # a model validator's rule, reported at the key it names
         return (*where, ctx["at"]), err["msg"], False
+    if kind == PLAIN:  # the whole line, e.g. an aggregate call's
+        return where, err["msg"], False
     if kind == NULL and field is not None:
-        return where, f"{name} {expects(field.annotation)}, {err['msg']}{fix}", False
+        takes = expects(field.annotation)  # `must be one of a, b; got ...`, as a literal's
+        comma = ";" if takes.startswith("must be one of") else ","
+        return where, f"{name} {takes}{comma} {err['msg']}{fix}", False
     return where, f"{name} {err['msg']}{fix}", False  # our own errors: duration, blank
 
 

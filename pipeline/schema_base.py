@@ -1,12 +1,13 @@
-"""What every part of the pipeline file's model shares: id and column patterns, the id and
-reference types, and the helpers that name an entry in a message. Apart from `schema.py` so that
-the other schema modules (`schema_joins.py`, `sink_model.py`) can build on it without a cycle."""
+"""What every part of the pipeline file's model shares: id and column patterns, and the helpers
+that name an entry in a message and check that a mapping has exactly one of some keys. Apart
+from `schema.py` so that the models (`operator_model.py`, `sink_model.py`, ...) can build on it
+without a cycle."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from streamer.pipeline.model import Checker, Str
+from streamer.pipeline.model import Checker
 from streamer.pipeline.yaml_loader import Path
 
 ID_PATTERN = r"[a-z][a-z0-9_]*"
@@ -38,9 +39,3 @@ def exactly_one(keys: tuple[str, ...], noun: str) -> Any:
             ck.report((*path, present[1]), f"{what} needs exactly one of {', '.join(keys)}; "
                       f"it has {' and '.join(present)}", at_key=True)
     return rule
-
-
-
-ID = Str(description="Unique id in the file.", pattern=ID_PATTERN, pattern_hint=ID_HINT)
-REF = Str(description="The id of a source, operator or sink in this file.")
-EXPR = Str(description="A Spark SQL expression.")

@@ -17,14 +17,20 @@ from streamer.pipeline.cases_model import TestCaseModel
 from streamer.pipeline.exceptions import Location
 from streamer.pipeline.job_model import JobModel
 from streamer.pipeline.job_spec import JobSpec, build_job
+from streamer.pipeline.join_model import JoinModel
+from streamer.pipeline.operator_model import OperatorModel, operator_model
 from streamer.pipeline.over_spec import OverSpec, build_over
 from streamer.pipeline.sink_model import sink_options
 from streamer.pipeline.source_model import build_source
 from streamer.pipeline.source_spec import SourceSpec
 from streamer.pipeline.storage_model import storage_options
 from streamer.pipeline.topn_spec import TopNSpec, build_top_n
-from streamer.pipeline.units import parse_duration_ms, parse_signed_duration_ms
+from streamer.pipeline.units import parse_signed_duration_ms
+from streamer.pipeline.window_model import JoinWindowModel, WindowModel
 from streamer.pipeline.yaml_loader import Path, Positions
+
+#: The window's and the join's defaults, read from their models (written once, there).
+_WINDOW, _JOIN_TYPE = WindowModel(), JoinModel.model_fields["type"].default
 
 
 @dataclass(frozen=True)
@@ -37,9 +43,9 @@ class WindowSpec:
     gap_ms: int | None = None
     count: int | None = None
     time: str | None = None
-    allowed_lateness_ms: int = 0
+    allowed_lateness_ms: int = _WINDOW.allowed_lateness
     late: str | None = None
-    emit: str = "final"
+    emit: str = _WINDOW.emit
     until: str | None = None  # (until: the column of each record's close time)
 
 
@@ -74,7 +80,7 @@ class JoinSpec:
     #: Key columns of each side, in order; the output's key columns take the left names.
     left_key: tuple[str, ...]
     right_key: tuple[str, ...]
-    type: str = "inner"  # inner | left | right | full
+    type: str = _JOIN_TYPE  # inner | left | right | full
     mode: str = "interval"  # interval | window | table | regular
     #: Regular join: how long a record is kept in event time (None: forever).
     ttl_ms: int | None = None
@@ -302,79 +308,77 @@ def _inputs(value: Any) -> tuple[str, ...]:
     return tuple(value) if isinstance(value, list) else (value,)
 
 
-def _ms(value: Any, default: int | None) -> int | None:
-    return default if value is None else parse_duration_ms(value)
+def _build_window(model: JoinWindowModel) -> WindowSpec:
+    window = model if isinstance(model, WindowModel) else _WINDOW
+    common: dict[str, Any] = {"time": window.time, "allowed_lateness_ms": window.allowed_lateness,
+                              "late": window.late, "emit": window.emit}
+    if model.tumbling is not None:
+        return WindowSpec("tumbling", size_ms=model.tumbling, **common)
+    if model.sliding is not None:
+        return WindowSpec("sliding", size_ms=model.sliding.size, slide_ms=model.sliding.slide,
+                          **common)
+    assert isinstance(model, WindowModel)  # validated: a join's window is one of the two
+    if model.session is not None:
+        return WindowSpec("session", gap_ms=model.session.gap, **common)
+    if model.until is not None:
+        return WindowSpec("until", until=model.until, **common)
+    return WindowSpec("count", count=model.count, **common)
 
 
-def _build_window(raw: Mapping[str, Any]) -> WindowSpec:
-    common = {
-        "time": raw.get("time"),
-        "allowed_lateness_ms": _ms(raw.get("allowed_lateness"), 0) or 0,
-        "late": raw.get("late"),
-        "emit": raw.get("emit", "final"),
-    }
-    if "tumbling" in raw:
-        return WindowSpec("tumbling", size_ms=_ms(raw["tumbling"], None), **common)
-    if "sliding" in raw:
-        return WindowSpec("sliding", size_ms=_ms(raw["sliding"]["size"], None),
-                          slide_ms=_ms(raw["sliding"]["slide"], None), **common)
-    if "session" in raw:
-        return WindowSpec("session", gap_ms=_ms(raw["session"]["gap"], None), **common)
-    if "until" in raw:
-        return WindowSpec("until", until=raw["until"], **common)
-    return WindowSpec("count", count=raw["count"], **common)
-
-
-def _build_join(raw: Mapping[str, Any], late: str | None) -> JoinSpec:
-    left_key = _inputs(raw.get("on") or raw.get("left_key"))
-    right_key = _inputs(raw.get("on") or raw.get("right_key"))
+def _build_join(join: JoinModel, late: str | None) -> JoinSpec:
+    left_key = _inputs(join.on or join.left_key)
+    right_key = _inputs(join.on or join.right_key)
     lower = upper = 0
     window = None
-    table = raw.get("table")
-    regular = raw.get("regular")
-    ttl = _ms(regular["ttl"], None) if isinstance(regular, dict) else None
-    if "between" in raw:
-        lower, upper = (parse_signed_duration_ms(v) or 0 for v in raw["between"])
+    regular = join.regular
+    ttl = regular.ttl if regular is not None and not isinstance(regular, bool) else None
+    if join.between is not None:
+        lower, upper = (parse_signed_duration_ms(v) or 0 for v in join.between)
     elif regular is not None:  # an interval join of +-ttl, its bound forever without one
         lower, upper = -(ttl if ttl is not None else FOREVER_MS), ttl or FOREVER_MS
-    elif table is None:
-        window = _build_window(raw["window"])
-    mode = ("interval" if "between" in raw else "regular" if regular is not None
-            else "window" if table is None else "table")
-    return JoinSpec(left=raw["left"], right=raw["right"], left_key=left_key, right_key=right_key,
-                    type=raw.get("type", "inner"), mode=mode, lower_ms=lower, upper_ms=upper,
-                    as_of=table.get("as_of") if isinstance(table, dict) else None, window=window,
-                    late=late, right_prefix=raw.get("right_prefix", ""), ttl_ms=ttl)
+    elif join.table is None and join.window is not None:
+        window = _build_window(join.window)
+    mode = ("interval" if join.between is not None else "regular" if regular is not None
+            else "window" if join.table is None else "table")
+    as_of = None if join.table is None or isinstance(join.table, bool) else join.table.as_of
+    return JoinSpec(left=join.left, right=join.right, left_key=left_key, right_key=right_key,
+                    type=join.type, mode=mode, lower_ms=lower, upper_ms=upper, as_of=as_of,
+                    window=window, late=late, right_prefix=join.right_prefix or "", ttl_ms=ttl)
+
+
+def _aggregates(op: OperatorModel) -> tuple[AggregateSpec, ...]:
+    out = []
+    for name, text in (op.aggregate or {}).items():
+        call = parse_call(text)
+        assert call is not None  # validated
+        out.append(AggregateSpec(name, call.resolved, call.arg, call.filter))
+    return tuple(out)
 
 
 def _build_operator(raw: Mapping[str, Any], path: Path) -> OperatorSpec:
-    base: dict[str, Any] = {"id": raw["id"], "inputs": _inputs(raw.get("input")), "path": path,
-                            "uid": raw.get("uid", raw["id"]), "uid_explicit": "uid" in raw}
-    if "join" in raw:
-        join = _build_join(raw["join"], raw.get("late"))
+    op = operator_model(raw)
+    base: dict[str, Any] = {"id": op.id, "inputs": _inputs(op.input), "path": path,
+                            "uid": op.uid or op.id, "uid_explicit": "uid" in op.model_fields_set}
+    if op.join is not None:
+        join = _build_join(op.join, op.late)
         return OperatorSpec(kind="keyed", join=join, key_by=join.left_key,
                             **{**base, "inputs": (join.left, join.right)})
-    if "filter" in raw:
-        return OperatorSpec(kind="filter", filter=raw["filter"], **base)
-    if "select" in raw:
-        return OperatorSpec(kind="select", columns=tuple(raw["select"].items()), **base)
-    if "with_columns" in raw:
-        return OperatorSpec(kind="with_columns", columns=tuple(raw["with_columns"].items()),
+    if op.filter is not None:
+        return OperatorSpec(kind="filter", filter=op.filter, **base)
+    if op.select is not None:
+        return OperatorSpec(kind="select", columns=tuple(op.select.items()), **base)
+    if op.with_columns is not None:
+        return OperatorSpec(kind="with_columns", columns=tuple(op.with_columns.items()),
                             **base)
-    aggregates = []
-    for name, text in (raw.get("aggregate") or {}).items():
-        call = parse_call(text)
-        assert call is not None  # validated
-        aggregates.append(AggregateSpec(name, call.resolved, call.arg, call.filter))
     return OperatorSpec(
-        kind="keyed", key_by=_inputs(raw["key_by"]),
-        window=_build_window(raw["window"]) if "window" in raw else None,
-        aggregates=tuple(aggregates),
-        dedupe_within_ms=_ms(raw["dedupe"]["within"], None) if "dedupe" in raw else None,
-        process=raw.get("process"), broadcast=raw.get("broadcast"),
-        top_n=build_top_n(raw["top_n"]) if "top_n" in raw else None,
-        over=build_over(raw["over"], _ms) if "over" in raw else None,
-        side_outputs=tuple((raw.get("side_outputs") or {}).items()), **base)
+        kind="keyed", key_by=_inputs(op.key_by),
+        window=_build_window(op.window) if op.window is not None else None,
+        aggregates=_aggregates(op),
+        dedupe_within_ms=op.dedupe.within if op.dedupe is not None else None,
+        process=op.process, broadcast=op.broadcast,
+        top_n=build_top_n(op.top_n) if op.top_n is not None else None,
+        over=build_over(op.over) if op.over is not None else None,
+        side_outputs=tuple((op.side_outputs or {}).items()), **base)
 
 
 def _build_test(case: TestCaseModel, path: Path) -> TestCase:

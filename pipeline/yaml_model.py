@@ -36,6 +36,8 @@ from streamer.pipeline.yaml_loader import Path
 _DURATION, _BLANK, _PATTERN, _EMPTY, _SCALAR = "duration", "blank", "pattern", "empty", "scalar"
 _NUMBER = "number"
 NULL, RULE, KEY = "null", "rule", "key"
+#: An error whose message is the whole line (an aggregate call's: `unknown aggregate function`).
+PLAIN = "plain"
 
 
 class Fix:
@@ -90,14 +92,15 @@ PositiveNumber = Annotated[int | float, PlainValidator(_positive), Expects("must
                            WithJsonSchema({"type": "number", "exclusiveMinimum": 0})]
 
 
-def _not_blank(value: str) -> str:
+def not_blank(value: str) -> str:
+    """`value`, or a `must not be empty` error when it is blank."""
     if not value.strip():
         raise PydanticCustomError(_BLANK, "must not be empty")
     return value
 
 
 NonEmptyStr = Annotated[str, Field(min_length=1), BeforeValidator(
-    lambda v: _not_blank(v) if isinstance(v, str) else v)]
+    lambda v: not_blank(v) if isinstance(v, str) else v)]
 
 
 class YamlModel(BaseModel):
@@ -145,7 +148,7 @@ def text(description: str = "", pattern: str | None = None, hint: str = "") -> A
     <hint>` when it does not."""
     def check(value: Any) -> Any:
         if isinstance(value, str):
-            _not_blank(value)
+            not_blank(value)
             if pattern and not re.fullmatch(pattern, value):
                 raise PydanticCustomError(_PATTERN, "{got} must be {hint}",
                                           {"got": repr(value), "hint": hint or pattern})
@@ -178,16 +181,17 @@ def _one_or_list(value: Any) -> str:
     return "list" if isinstance(value, list) else "one"
 
 
-def one_or_list(item: Any, noun: str) -> Any:
-    """One value, or a non-empty list of them (`input: a` or `input: [a, b]`). Only the
-    branch the value's shape picks reports (a callable discriminator): `input: 3` is one
-    message, not one per member of the union."""
+def one_or_list(item: Any, noun: str, *, allow_empty: bool = False) -> Any:
+    """One value, or a non-empty list of them (`input: a` or `input: [a, b]`; `[]` too when
+    `allow_empty`: `key_by: []`). Only the branch the value's shape picks reports (a
+    callable discriminator): `input: 3` is one message, not one per member of the union."""
     def not_empty(value: Any) -> Any:
-        if isinstance(value, list) and not value:
+        if isinstance(value, list) and not value and not allow_empty:
             raise PydanticCustomError(_EMPTY, "must name at least one {noun}", {"noun": noun})
         return value
     one = TypeAdapter(item).json_schema()
-    schema = {"anyOf": [one, {"type": "array", "items": one, "minItems": 1}]}
+    schema = {"anyOf": [one, {"type": "array", "items": one,
+                              "minItems": 0 if allow_empty else 1}]}
     return Annotated[Annotated[item, Tag("one")] | Annotated[list[item], Tag("list")],
                      Discriminator(_one_or_list), BeforeValidator(not_empty),
                      WithJsonSchema(schema)]
