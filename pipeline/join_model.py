@@ -13,7 +13,7 @@ from pydantic import Discriminator, Field, PlainValidator, Tag, TypeAdapter, Wit
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
-from streamer.pipeline.model import Checker, type_name
+from streamer.pipeline.checker import Checker, type_name
 from streamer.pipeline.schema_base import COLUMN_HINT, COLUMN_PATTERN, exactly_one
 from streamer.pipeline.units import DURATION_HINT, parse_signed_duration_ms
 from streamer.pipeline.window_model import JoinWindowModel, join_window_rules

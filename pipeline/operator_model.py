@@ -22,8 +22,8 @@ from streamer.pipeline.aggregate_calls import (
     parse_call,
     split_arguments,
 )
+from streamer.pipeline.checker import Checker, Rule, did_you_mean
 from streamer.pipeline.join_model import JoinModel, join_rules
-from streamer.pipeline.model import Checker, Rule, did_you_mean
 from streamer.pipeline.schema_base import (
     COLUMN_HINT,
     COLUMN_PATTERN,

@@ -1,23 +1,22 @@
-"""The pydantic models of the pipeline file (`pipeline/*_model.py`) inside the hand-built one
-(`pipeline/model.py`): a `ModelNode` validates its part of the file with pydantic and turns
-each of pydantic's errors into the message the rest of the file gets (`file:line:col` from
-the loader's positions, the key quoted, the entry named by its id, the nearest valid key or
-type, the fix), and renders the model's JSON Schema inline, as `streamer schema` and the docs
-reference read it.
+"""Pydantic in the pipeline file's words: `check_model` validates the file (or a part of it)
+with the pydantic models (`pipeline/schema.py`, `pipeline/*_model.py`) and turns each of
+pydantic's errors into the message the file gets (`file:line:col` from the loader's positions,
+the key quoted, the entry named by its id, the nearest valid key or type, the fix);
+`check_rules` runs the rules between keys of a mapping; `model_schema` renders a model's JSON
+Schema inline, as `streamer schema` and the docs reference read it.
 """
 
 from __future__ import annotations
 
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, Tag, ValidationError
 from pydantic.fields import FieldInfo
 
-from streamer.pipeline.model import (
+from streamer.pipeline.checker import (
     Checker,
-    Node,
     Rule,
     did_you_mean,
     label,
@@ -290,38 +289,28 @@ def _inline(schema: Any, defs: dict[str, Any]) -> Any:
     out = {k: _inline(v, defs) for k, v in schema.items()
            if k not in ("title", "$defs", "discriminator") and not (
                k == "default" and (v is None or isinstance(v, dict)))}
-    if isinstance(out.get("required"), list):  # in name order, as the hand-built model
+    if isinstance(out.get("required"), list):  # in name order
         out["required"] = sorted(out["required"])
     if isinstance(out.get("description"), str):
         out["description"] = " ".join(out["description"].split())
     return out
 
 
-@dataclass
-class ModelNode(Node):
-    """A part of the pipeline file described by a pydantic model, or by a discriminated
-    union of them; `rules` (by the value's `type:`, "" for any) check relations between
-    keys on the raw mapping, beside pydantic."""
+def check_rules(annotation: Any, rules: dict[str, list[Rule]], value: Any, path: Path,
+                ck: Checker) -> None:
+    """Run the rules between keys of the mapping `value` (of `annotation`, a model or a union
+    of them): those of its `type:` when that names a variant, else those for any (""). A
+    value that is not a mapping has only pydantic's message."""
+    if not isinstance(value, dict):
+        return
+    kind = value.get("type")
+    if not isinstance(kind, str) or _branch(annotation, kind) is None:
+        kind = ""  # a type that names no variant: only the type's message
+    for rule in rules.get(kind, []):
+        rule(value, path, ck)
 
-    model: Any
-    description: str = ""
-    rules: dict[str, list[Rule]] = field(default_factory=dict)
 
-    def check(self, value: Any, path: Path, ck: Checker) -> None:
-        """Report every problem pydantic finds in `value`, in the file's words, and every
-        broken rule."""
-        check_model(self.model, value, path, ck)
-        if isinstance(value, dict):
-            kind = value.get("type")
-            if not isinstance(kind, str) or _branch(self.model, kind) is None:
-                kind = ""  # a type that names no variant: only the type's message
-            for rule in self.rules.get(kind, []):
-                rule(value, path, ck)
-
-    def schema(self) -> dict[str, Any]:
-        """The model's JSON Schema, its definitions inlined."""
-        raw = adapter(self.model).json_schema()
-        out = dict(_inline(raw, raw.get("$defs", {})))
-        if self.description:
-            out["description"] = self.description
-        return out
+def model_schema(annotation: Any) -> dict[str, Any]:
+    """The JSON Schema of `annotation` (a model), its definitions inlined."""
+    raw = adapter(annotation).json_schema()
+    return dict(_inline(raw, raw.get("$defs", {})))

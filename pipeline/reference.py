@@ -19,7 +19,7 @@ from streamer.pipeline.units import DURATION_PATTERN
 
 #: A key's default: its JSON Schema `default` (the pydantic models give one), else the one its
 #: description states: "(default 10s)", "(default: the id)", "Default 20000; ...", "...;
-#: default false." (the hand-built model writes defaults in the descriptions).
+#: default false." (a default that depends on the input or the environment is written in words).
 _DEFAULT = re.compile(r"\(default:? ([^)]+)\)|(?:^|[.;] )[Dd]efault ([^;.]+(?:\.\d+)?)[;.]")
 
 
@@ -162,6 +162,8 @@ def default_of(schema: dict[str, Any]) -> str:
     """The default: the schema's `default`, else the one its description states, else ""."""
     if "default" in schema:  # a string as the file writes it: `10s`, `exactly_once`
         default = schema["default"]
+        if default == "":  # `description:`'s: nothing, which a code span cannot show
+            return "empty"
         return f"`{default if isinstance(default, str) else json.dumps(default)}`"
     match = _DEFAULT.search(schema.get("description", ""))
     if not match:
@@ -224,10 +226,9 @@ def render(schema: dict[str, Any]) -> str:
     lines = [
         "# Pipeline file reference",
         "",
-        "<!-- Generated from `streamer schema` (pipeline/schema.py, and the pydantic models "
-        "of the job:, sources:, sinks:, storage_options: and tests: blocks, pipeline/*_model.py) "
-        "by pipeline/reference.py when the site is built: edit the schema's descriptions, not "
-        "this page. -->",
+        "<!-- Generated from `streamer schema` (the pydantic models of pipeline/schema.py and "
+        "pipeline/*_model.py) by pipeline/reference.py when the site is built: edit the "
+        "schema's descriptions, not this page. -->",
         "",
         "Every key of the pipeline file (version 1), generated from its JSON Schema, the one "
         "`streamer schema` prints and `streamer validate` enforces. A key's path names list "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamer.pipeline.model import Checker
+from streamer.pipeline.checker import Checker
 from streamer.pipeline.yaml_loader import Path
 
 ID_PATTERN = r"[a-z][a-z0-9_]*"

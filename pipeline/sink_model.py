@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeAlias
 from pydantic import Discriminator, Field, Tag
 from pydantic.json_schema import SkipJsonSchema
 
-from streamer.pipeline.model import Checker, Rule
+from streamer.pipeline.checker import Checker, Rule
 from streamer.pipeline.schema_base import COLUMN_HINT, COLUMN_PATTERN, named
 from streamer.pipeline.yaml_loader import Path
 from streamer.pipeline.yaml_model import (

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeAlias
 from pydantic import Discriminator, Field, Tag
 from pydantic.json_schema import SkipJsonSchema
 
-from streamer.pipeline.model import Checker, Rule
+from streamer.pipeline.checker import Checker, Rule
 from streamer.pipeline.schema_base import COLUMN_HINT, COLUMN_PATTERN, exactly_one, named
 from streamer.pipeline.source_spec import SourceSpec, WatermarkSpec
 from streamer.pipeline.yaml_loader import Path

@@ -15,11 +15,11 @@ from typing import Any
 from streamer.pipeline.aggregate_calls import parse_call, split_arguments
 from streamer.pipeline.cases_model import TestCaseModel
 from streamer.pipeline.exceptions import Location
-from streamer.pipeline.job_model import JobModel
 from streamer.pipeline.job_spec import JobSpec, build_job
 from streamer.pipeline.join_model import JoinModel
 from streamer.pipeline.operator_model import OperatorModel, operator_model
 from streamer.pipeline.over_spec import OverSpec, build_over
+from streamer.pipeline.schema import PipelineModel
 from streamer.pipeline.sink_model import sink_options
 from streamer.pipeline.source_model import build_source
 from streamer.pipeline.source_spec import SourceSpec
@@ -385,11 +385,11 @@ def _build_test(case: TestCaseModel, path: Path) -> TestCase:
     return TestCase(name=case.name, inputs=case.inputs, expect=case.expect, path=path)
 
 
-def build_spec(data: Mapping[str, Any], positions: Positions,
+def build_spec(data: Mapping[str, Any], model: PipelineModel, positions: Positions,
                env: Mapping[str, str] | None = None) -> PipelineSpec:
-    """Build the frozen spec from data that has passed validation."""
+    """Build the frozen spec from data that has passed validation, and its validated `model`
+    (the sources, operators and sinks are built from `data`, each with its path)."""
     env = os.environ if env is None else env
-    job = build_job(JobModel.model_validate(data.get("job", {})))
     sources = tuple(build_source(raw, ("sources", i)) for i, raw in enumerate(data["sources"]))
     operators = tuple(_build_operator(raw, ("operators", i))
                       for i, raw in enumerate(data.get("operators") or []))
@@ -397,13 +397,12 @@ def build_spec(data: Mapping[str, Any], positions: Positions,
         SinkSpec(id=raw["id"], type=raw["type"], inputs=_inputs(raw.get("input")),
                  options=sink_options(raw), path=("sinks", i))
         for i, raw in enumerate(data["sinks"]))
-    tests = tuple(_build_test(TestCaseModel.model_validate(raw), ("tests", i))
-                  for i, raw in enumerate(data.get("tests") or []))
+    tests = tuple(_build_test(case, ("tests", i)) for i, case in enumerate(model.tests))
     return PipelineSpec(
-        name=data["name"], description=data.get("description") or "",
-        storage=data.get("storage") or env.get("STREAMER_STORAGE") or "./.streamer",
-        job=job, spark={str(k): str(v).lower() if isinstance(v, bool) else str(v)
-                        for k, v in (data.get("spark") or {}).items()},
+        name=model.name, description=model.description,
+        storage=model.storage or env.get("STREAMER_STORAGE") or "./.streamer",
+        job=build_job(model.job), spark={str(k): str(v).lower() if isinstance(v, bool)
+                                         else str(v) for k, v in (model.spark or {}).items()},
         sources=sources, operators=operators, sinks=sinks, tests=tests,
         file=positions.file, positions=positions,
-        storage_options=storage_options(data.get("storage_options")))
+        storage_options=storage_options(model.storage_options))

@@ -47,8 +47,7 @@ class StorageOptionsModel(YamlModel):
         return "storage_options"
 
 
-def storage_options(raw: Any) -> dict[str, Any]:
+def storage_options(model: StorageOptionsModel | None) -> dict[str, Any]:
     """A validated `storage_options:` block (or None) as `PipelineSpec.storage_options`: the
     keys it sets (a key not set is left out, for its `AWS_*` variable)."""
-    model = StorageOptionsModel.model_validate(raw if raw is not None else {})
-    return dict(model.model_dump(exclude_none=True))
+    return dict(model.model_dump(exclude_none=True)) if model is not None else {}

@@ -14,9 +14,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from streamer.pipeline.checker import did_you_mean
 from streamer.pipeline.exceptions import Problem
 from streamer.pipeline.join_names import WINDOW_COLUMNS, name_clashes
-from streamer.pipeline.model import did_you_mean
 from streamer.pipeline.spec import OperatorSpec, PipelineSpec, SourceSpec
 from streamer.pipeline.yaml_loader import Path
 

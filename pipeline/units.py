@@ -1,4 +1,4 @@
-"""Durations (`250ms`, `10s`, `5m`, `2h`, `1d`) and sizes (`64MB`) as pipeline files write them."""
+"""Durations (`250ms`, `10s`, `5m`, `2h`, `1d`) as pipeline files write them."""
 
 from __future__ import annotations
 
@@ -7,14 +7,10 @@ from decimal import Decimal
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _DURATION_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?\s*$")
-_SIZE_BYTES = {None: 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-               "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
 DURATION_HINT = "a duration like '250ms', '10s', '5m', '2h' or '1d'"
 #: A duration's JSON Schema pattern (the reference shows a key with it as "duration").
 DURATION_PATTERN = r"^\s*\d+(\.\d+)?\s*(ms|s|m|h|d)\s*$"
-SIZE_HINT = "a size like '64MB' or '1GiB'"
 
 
 def parse_duration_ms(text: object, *, whole: bool = True) -> int | None:
@@ -38,18 +34,6 @@ def parse_signed_duration_ms(text: object) -> int | None:
         ms = parse_duration_ms(text.strip()[1:])
         return None if ms is None else -ms
     return parse_duration_ms(text)
-
-
-def parse_size_bytes(text: object) -> int | None:
-    """Bytes in a size string (or a plain integer), or None when it is not one."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        return text
-    if not isinstance(text, str):
-        return None
-    match = _SIZE.match(text)
-    if not match:
-        return None
-    return int(Decimal(match.group(1)) * _SIZE_BYTES[match.group(2)])
 
 
 def format_duration_ms(ms: int) -> str:

@@ -10,10 +10,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from streamer.pipeline.checker import Checker, did_you_mean
 from streamer.pipeline.continuous_support import continuous_refusal
 from streamer.pipeline.exceptions import PipelineError, Problem
-from streamer.pipeline.model import Checker, did_you_mean
-from streamer.pipeline.schema import PIPELINE
+from streamer.pipeline.schema import PipelineModel, check_pipeline
 from streamer.pipeline.spec import RETRACTABLE, PipelineSpec, build_spec
 from streamer.pipeline.typecheck import check_types
 from streamer.pipeline.yaml_loader import Path, Positions, load_file, load_text
@@ -425,12 +425,12 @@ def validate_data(data: Any, positions: Positions,
         ck.report((), "a pipeline file must be a mapping with name, sources and sinks at the "
                   "top level")
         raise PipelineError(_problems(ck, positions))
-    PIPELINE.check(data, (), ck)
+    model = check_pipeline(data, ck)
     check_references(data, ck)
     problems = positions.problems + _problems(ck, positions)
     if problems:
         raise PipelineError(problems)
-    spec = build_spec(data, positions, env)
+    spec = build_spec(data, model or PipelineModel.model_validate(data), positions, env)
     check_update_streams(spec, ck)
     check_window_functions(spec, ck)
     problems = _problems(ck, positions) + check_types(spec)

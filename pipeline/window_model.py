@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
 from pydantic import Field
 from pydantic.json_schema import SkipJsonSchema
 
-from streamer.pipeline.model import Checker
+from streamer.pipeline.checker import Checker
 from streamer.pipeline.schema_base import COLUMN_HINT, COLUMN_PATTERN, exactly_one
 from streamer.pipeline.units import parse_duration_ms
 from streamer.pipeline.yaml_loader import Path

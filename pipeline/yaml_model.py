@@ -25,7 +25,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from streamer.pipeline.model import type_name
+from streamer.pipeline.checker import type_name
 from streamer.pipeline.schema_base import ID_HINT, ID_PATTERN, named
 from streamer.pipeline.units import DURATION_HINT, DURATION_PATTERN, parse_duration_ms
 from streamer.pipeline.yaml_loader import Path
@@ -122,9 +122,9 @@ class YamlModel(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _not_null(cls, value: Any, info: ValidationInfo) -> Any:
-        """`key:` with no value, for a key whose default is "not set" (None), is refused as
-        the hand-built model does (the other keys refuse None by their type); the message
-        says what the key takes (`pydantic_bridge`)."""
+        """`key:` with no value, for a key whose default is "not set" (None), is refused,
+        not read as "not set" (the other keys refuse None by their type); the message says
+        what the key takes (`pydantic_bridge`)."""
         if value is None and cls.model_fields[str(info.field_name)].default is None:
             raise PydanticCustomError(NULL, "got nothing (null)")
         return value

@@ -170,7 +170,7 @@ class Analyzer:
                         "its input has no event time; set event_time: (and a watermark) on "
                         "the source, or use time: processing")
         columns = df.columns
-        from streamer.pipeline.model import did_you_mean
+        from streamer.pipeline.checker import did_you_mean
 
         for i, key in enumerate(o.key_by):
             if key not in columns:

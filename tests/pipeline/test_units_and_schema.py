@@ -14,8 +14,8 @@ import yaml
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from streamer.pipeline.schema import PIPELINE, json_schema
-from streamer.pipeline.units import format_duration_ms, parse_duration_ms, parse_size_bytes
+from streamer.pipeline.schema import PipelineModel, json_schema
+from streamer.pipeline.units import format_duration_ms, parse_duration_ms
 
 PIPELINES_DIR = Path(__file__).resolve().parents[2] / "pipelines"
 UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -75,35 +75,6 @@ def test_decimal_seconds_are_exact(ms: int) -> None:
     assert parse_duration_ms(seconds) == ms
 
 
-# -------------------------------------------------------------------------------- sizes
-
-
-@pytest.mark.parametrize(("value", "size"), [
-    ("64MB", 64_000_000), ("1GiB", 2**30), ("512KiB", 512 * 1024), ("1TB", 10**12),
-    ("2TiB", 2 * 2**40), ("10B", 10), ("10", 10), ("1.5KB", 1500), (" 3 GB ", 3 * 10**9),
-    (0, 0), (4096, 4096),
-])
-def test_parse_size_bytes(value: object, size: int) -> None:
-    assert parse_size_bytes(value) == size
-
-
-@pytest.mark.parametrize("value", ["64 megabytes", "64mb", "MB", "", "-1MB", True, None,
-                                   1.5, ["1MB"]])
-def test_parse_size_bytes_rejects(value: object) -> None:
-    assert parse_size_bytes(value) is None
-
-
-@given(st.integers(min_value=0, max_value=10**6),
-       st.sampled_from([("B", 1), ("KB", 10**3), ("MB", 10**6), ("GB", 10**9), ("KiB", 2**10),
-                        ("MiB", 2**20), ("GiB", 2**30)]))
-def test_parse_size_whole_number_of_any_unit(n: int, unit: tuple[str, int]) -> None:
-    assert parse_size_bytes(f"{n}{unit[0]}") == n * unit[1]
-
-
-def test_decimal_size_is_exact() -> None:
-    assert parse_size_bytes("64.1MB") == 64_100_000
-
-
 # ---------------------------------------------------------------------------- JSON Schema
 
 SCHEMA_KEYWORDS = {
@@ -145,7 +116,7 @@ def test_schema_lists_every_top_level_key(schema: dict[str, Any]) -> None:
     assert list(schema["properties"]) == ["name", "description", "storage", "storage_options",
                                           "job", "spark", "sources", "operators", "sinks",
                                           "tests"]
-    assert list(schema["properties"]) == list(PIPELINE.fields)
+    assert list(schema["properties"]) == list(PipelineModel.model_fields)
     assert sorted(schema["required"]) == ["name", "sinks", "sources"]
     assert schema["additionalProperties"] is False
 
