@@ -41,7 +41,6 @@ from streamer.pipeline.yaml_model import (
     Ref,
     Text,
     YamlModel,
-    adapter,
     mapping,
     not_blank,
     one_or_list,
@@ -308,9 +307,3 @@ def _over_rules(value: dict[str, Any], path: Path, ck: Checker, what: str) -> No
 #: The rules between an operator's keys (and its window's and join's): run on the raw
 #: mapping of every operator, whatever else is wrong with it.
 RULES: dict[str, list[Rule]] = {"": [_operator_rules]}
-
-
-def operator_model(raw: Any) -> OperatorModel:
-    """A validated operator's model (`raw` has passed validation)."""
-    model: OperatorModel = adapter(OperatorModel).validate_python(raw)
-    return model

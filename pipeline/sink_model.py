@@ -21,7 +21,6 @@ from streamer.pipeline.yaml_model import (
     Settings,
     Text,
     YamlModel,
-    adapter,
     one_or_list,
     text,
     type_of,
@@ -134,10 +133,9 @@ Sink = Annotated[Annotated[ConsoleSink, Tag("console")] | Annotated[DeltaSink, T
                  | Annotated[PostgresSink, Tag("postgres")], Discriminator(type_of)]
 
 
-def sink_options(raw: Any) -> dict[str, Any]:
+def sink_options(sink: SinkModel) -> dict[str, Any]:
     """A validated sink's settings beyond type, id and input, each default filled in from
     its model (`SinkSpec.options`); a setting that is not set (None) is left out."""
-    sink = adapter(Sink).validate_python(raw)
     return dict(sink.model_dump(exclude={"type", "id", "input"}, exclude_none=True))
 
 

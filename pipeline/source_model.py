@@ -26,7 +26,6 @@ from streamer.pipeline.yaml_model import (
     Settings,
     Text,
     YamlModel,
-    adapter,
     mapping,
     text,
     type_of,
@@ -152,10 +151,10 @@ Source = Annotated[Annotated[DatagenSource, Tag("datagen")]
 _COMMON = {"type", "id", "uid", "schema_", "event_time", "watermark", "on_error"}
 
 
-def build_source(raw: Any, path: Path) -> SourceSpec:
-    """The spec of a validated source: its common keys, and its type's settings in
-    `options` with each default filled in from its model (one not set, None, left out)."""
-    src: SourceModel = adapter(Source).validate_python(raw)
+def build_source(src: SourceModel, path: Path) -> SourceSpec:
+    """The spec of a validated source (`src`, an item of `PipelineModel.sources`): its common
+    keys, and its type's settings in `options` with each default filled in from its model
+    (one not set, None, left out)."""
     wm = src.watermark
     if wm is None and src.event_time:
         wm = WatermarkModel()

@@ -17,7 +17,7 @@ from streamer.pipeline.cases_model import TestCaseModel
 from streamer.pipeline.exceptions import Location
 from streamer.pipeline.job_spec import JobSpec, build_job
 from streamer.pipeline.join_model import JoinModel
-from streamer.pipeline.operator_model import OperatorModel, operator_model
+from streamer.pipeline.operator_model import OperatorModel
 from streamer.pipeline.over_spec import OverSpec, build_over
 from streamer.pipeline.schema import PipelineModel
 from streamer.pipeline.sink_model import sink_options
@@ -355,8 +355,7 @@ def _aggregates(op: OperatorModel) -> tuple[AggregateSpec, ...]:
     return tuple(out)
 
 
-def _build_operator(raw: Mapping[str, Any], path: Path) -> OperatorSpec:
-    op = operator_model(raw)
+def _build_operator(op: OperatorModel, path: Path) -> OperatorSpec:
     base: dict[str, Any] = {"id": op.id, "inputs": _inputs(op.input), "path": path,
                             "uid": op.uid or op.id, "uid_explicit": "uid" in op.model_fields_set}
     if op.join is not None:
@@ -385,18 +384,18 @@ def _build_test(case: TestCaseModel, path: Path) -> TestCase:
     return TestCase(name=case.name, inputs=case.inputs, expect=case.expect, path=path)
 
 
-def build_spec(data: Mapping[str, Any], model: PipelineModel, positions: Positions,
+def build_spec(model: PipelineModel, positions: Positions,
                env: Mapping[str, str] | None = None) -> PipelineSpec:
-    """Build the frozen spec from data that has passed validation, and its validated `model`
-    (the sources, operators and sinks are built from `data`, each with its path)."""
+    """Build the frozen spec from the file's validated `model` (`schema.check_pipeline`), each
+    source, operator and sink from its own model, with its path."""
     env = os.environ if env is None else env
-    sources = tuple(build_source(raw, ("sources", i)) for i, raw in enumerate(data["sources"]))
-    operators = tuple(_build_operator(raw, ("operators", i))
-                      for i, raw in enumerate(data.get("operators") or []))
+    sources = tuple(build_source(src, ("sources", i)) for i, src in enumerate(model.sources))
+    operators = tuple(_build_operator(op, ("operators", i))
+                      for i, op in enumerate(model.operators))
     sinks = tuple(
-        SinkSpec(id=raw["id"], type=raw["type"], inputs=_inputs(raw.get("input")),
-                 options=sink_options(raw), path=("sinks", i))
-        for i, raw in enumerate(data["sinks"]))
+        SinkSpec(id=sink.id, type=sink.type, inputs=_inputs(sink.input),
+                 options=sink_options(sink), path=("sinks", i))
+        for i, sink in enumerate(model.sinks))
     tests = tuple(_build_test(case, ("tests", i)) for i, case in enumerate(model.tests))
     return PipelineSpec(
         name=model.name, description=model.description,

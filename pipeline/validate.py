@@ -430,7 +430,7 @@ def validate_data(data: Any, positions: Positions,
     problems = positions.problems + _problems(ck, positions)
     if problems:
         raise PipelineError(problems)
-    spec = build_spec(data, model or PipelineModel.model_validate(data), positions, env)
+    spec = build_spec(model or PipelineModel.model_validate(data), positions, env)
     check_update_streams(spec, ck)
     check_window_functions(spec, ck)
     problems = _problems(ck, positions) + check_types(spec)
