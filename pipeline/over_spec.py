@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from streamer.pipeline.operator_model import OverModel
+from streamer.pipeline.yaml_model import as_tuple
 
 
 @dataclass(frozen=True)
@@ -31,8 +32,7 @@ class OverSpec:
 
 def build_over(model: OverModel) -> OverSpec:
     """The spec of a validated `over:` (`operator_model.OverModel`)."""
-    order = model.order_by
-    order_by = () if order is None else tuple(order) if isinstance(order, list) else (order,)
+    order_by = as_tuple(model.order_by)
     if model.rows is not None:
         return OverSpec(rows=model.rows, order_by=order_by)
     return OverSpec(range_ms=model.range, order_by=order_by)

@@ -28,6 +28,7 @@ from streamer.pipeline.topn_spec import TopNSpec, build_top_n
 from streamer.pipeline.units import parse_signed_duration_ms
 from streamer.pipeline.window_model import JoinWindowModel, WindowModel
 from streamer.pipeline.yaml_loader import Path, Positions
+from streamer.pipeline.yaml_model import as_tuple
 
 #: The window's and the join's defaults, read from their models (written once, there).
 _WINDOW, _JOIN_TYPE = WindowModel(), JoinModel.model_fields["type"].default
@@ -302,12 +303,6 @@ class PipelineSpec:
         return out
 
 
-def _inputs(value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    return tuple(value) if isinstance(value, list) else (value,)
-
-
 def _build_window(model: JoinWindowModel) -> WindowSpec:
     window = model if isinstance(model, WindowModel) else _WINDOW
     common: dict[str, Any] = {"time": window.time, "allowed_lateness_ms": window.allowed_lateness,
@@ -326,8 +321,8 @@ def _build_window(model: JoinWindowModel) -> WindowSpec:
 
 
 def _build_join(join: JoinModel, late: str | None) -> JoinSpec:
-    left_key = _inputs(join.on or join.left_key)
-    right_key = _inputs(join.on or join.right_key)
+    left_key = as_tuple(join.on or join.left_key)
+    right_key = as_tuple(join.on or join.right_key)
     lower = upper = 0
     window = None
     regular = join.regular
@@ -356,7 +351,7 @@ def _aggregates(op: OperatorModel) -> tuple[AggregateSpec, ...]:
 
 
 def _build_operator(op: OperatorModel, path: Path) -> OperatorSpec:
-    base: dict[str, Any] = {"id": op.id, "inputs": _inputs(op.input), "path": path,
+    base: dict[str, Any] = {"id": op.id, "inputs": as_tuple(op.input), "path": path,
                             "uid": op.uid or op.id, "uid_explicit": "uid" in op.model_fields_set}
     if op.join is not None:
         join = _build_join(op.join, op.late)
@@ -370,7 +365,7 @@ def _build_operator(op: OperatorModel, path: Path) -> OperatorSpec:
         return OperatorSpec(kind="with_columns", columns=tuple(op.with_columns.items()),
                             **base)
     return OperatorSpec(
-        kind="keyed", key_by=_inputs(op.key_by),
+        kind="keyed", key_by=as_tuple(op.key_by),
         window=_build_window(op.window) if op.window is not None else None,
         aggregates=_aggregates(op),
         dedupe_within_ms=op.dedupe.within if op.dedupe is not None else None,
@@ -393,7 +388,7 @@ def build_spec(model: PipelineModel, positions: Positions,
     operators = tuple(_build_operator(op, ("operators", i))
                       for i, op in enumerate(model.operators))
     sinks = tuple(
-        SinkSpec(id=sink.id, type=sink.type, inputs=_inputs(sink.input),
+        SinkSpec(id=sink.id, type=sink.type, inputs=as_tuple(sink.input),
                  options=sink_options(sink), path=("sinks", i))
         for i, sink in enumerate(model.sinks))
     tests = tuple(_build_test(case, ("tests", i)) for i, case in enumerate(model.tests))

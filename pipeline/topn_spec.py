@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 
 from streamer.pipeline.operator_model import ORDER_PATTERN, TopNModel
+from streamer.pipeline.yaml_model import as_tuple
 
 _ORDER = re.compile(ORDER_PATTERN)
 
@@ -39,9 +40,8 @@ class TopNSpec:
 
 def build_top_n(model: TopNModel) -> TopNSpec:
     """The spec of a validated `top_n:` (`operator_model.TopNModel`)."""
-    entries = model.order_by if isinstance(model.order_by, list) else [model.order_by]
     order = []
-    for entry in entries:
+    for entry in as_tuple(model.order_by):
         assert _ORDER.fullmatch(entry)  # validated
         column, *direction = entry.split()
         order.append((column, bool(direction) and direction[0].lower() == "desc"))

@@ -181,6 +181,13 @@ def _one_or_list(value: Any) -> str:
     return "list" if isinstance(value, list) else "one"
 
 
+def as_tuple(value: str | list[str] | None) -> tuple[str, ...]:
+    """A validated `one_or_list` value (or a "not set" None) as a tuple: `a` -> `("a",)`."""
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, list) else (value,)
+
+
 def one_or_list(item: Any, noun: str, *, allow_empty: bool = False) -> Any:
     """One value, or a non-empty list of them (`input: a` or `input: [a, b]`; `[]` too when
     `allow_empty`: `key_by: []`). Only the branch the value's shape picks reports (a
