@@ -17,6 +17,7 @@ from rich.console import Console
 from streamer import __version__
 from streamer.cli.errors import boundary, err_console, state
 from streamer.cli.launch import parse_conf, run_job
+from streamer.cli.output import stdout_console
 from streamer.exceptions import StreamerError
 
 app = typer.Typer(
@@ -75,7 +76,7 @@ def validate(
     from streamer.pipeline.exceptions import PipelineError
     from streamer.pipeline.validate import load_pipeline
 
-    out = Console(highlight=False)
+    out = stdout_console()  # (a path is never wrapped)
     failed = 0
     # First what needs no Spark, for every file (its errors print at once); then Spark's
     # analyzer, once, for the expressions of the files that passed.
@@ -359,7 +360,7 @@ def init(
     from streamer.pipeline.scaffold import scaffold
 
     created = scaffold(name, directory, __version__)
-    out = Console(highlight=False)
+    out = stdout_console()  # (a path is never wrapped)
     for path in created:
         out.print(f"[green]created[/green] {path}")
     root = directory / name

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,13 +17,36 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 #: Tests that need a server of their own are in the slow tier whatever their own time: the
 #: server's start (Kafka's JVM, MinIO, PostgreSQL, a Spark standalone cluster) is most of it.
 SERVER_MARKS = ("kafka", "postgres", "s3", "cluster")
+#: Each test module's seconds in a whole run (tests/durations.py).
+DURATIONS = Path(__file__).with_name("durations.json")
+GROUP = pytest.StashKey[str]()
 
 
+@pytest.hookimpl(tryfirst=True)  # (before pytest-xdist reads the groups)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that needs a server `slow` too (`-m "not slow"` is the fast tier)."""
+    """Mark every test that needs a server `slow` too (`-m "not slow"` is the fast tier).
+
+    Under `pytest -n` (pytest-xdist, `--dist loadgroup`, as pyproject.toml sets), each test
+    module is one group that runs in one worker, so its module fixtures (a reference run, a
+    warm JVM) run once, and the modules of the Spark standalone cluster are one group (one
+    cluster of 2 executors at a time on the machine); the groups start longest first, by
+    the seconds of `durations.json` (tests/durations.py), so no long module starts last."""
     for item in items:
         if any(item.get_closest_marker(mark) for mark in SERVER_MARKS):
             item.add_marker(pytest.mark.slow)
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    seconds = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+    modules: dict[str, set[str]] = {}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        group = "cluster" if item.get_closest_marker("cluster") else module
+        item.add_marker(pytest.mark.xdist_group(group))
+        item.stash[GROUP] = group
+        modules.setdefault(group, set()).add(module)
+    cost = {group: sum(seconds.get(m, 0) for m in found) for group, found in modules.items()}
+    order = {group: rank for rank, group in enumerate(sorted(cost, key=lambda g: -cost[g]))}
+    items.sort(key=lambda item: order[item.stash[GROUP]])
 
 
 @pytest.fixture(autouse=True)

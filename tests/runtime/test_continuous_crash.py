@@ -11,8 +11,12 @@ continuous checkpoint once, then again in a new order, with random kills between
 - `random`: the whole run (driver, JVM, Python workers), at a random moment.
 
 Each kill is armed for the run's first or second checkpoint, so it lands mid-stream. The
-last run goes to the end; a `read_committed` consumer then sees exactly what one
-uninterrupted run writes, each record once. A run whose stream runs out before its fail
+runs share one warm Spark JVM (`warm_jvm.py`, as the epoch mode's crash campaigns do): a
+fail point kills the driver and the JVM's Python workers (the subtasks), and the next run's
+driver stops what is left in the JVM before it starts; the campaign's first kill and its
+random ones kill the JVM too, as a machine crash does. The last run goes to the end; a
+`read_committed` consumer then sees exactly what one uninterrupted run writes, each record
+once. A run whose stream runs out before its fail
 point ends that lap (its output is checked the same way) and the kills go on in a new one.
 """
 
@@ -28,8 +32,9 @@ from typing import Any
 
 import pytest
 from fragments import CLICKS_SCHEMA, CRASH_AGGREGATE, click_records, kafka_sink, window
-from streamer_process import next_checkpoint, quick_jvm, run_streamer
+from streamer_process import Run, next_checkpoint, quick_jvm
 from test_crash import RandomCrash
+from warm_jvm import WarmJvm, run_warm
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 
@@ -76,11 +81,12 @@ def committed(kafka: Any, topic: str) -> Counter[str]:
 
 
 def test_sigkill_a_continuous_job_at_its_fail_points_then_read_committed_sees_each_once(
-        kafka: Any, tmp_path: Path) -> None:
+        kafka: Any, tmp_path: Path, warm_jvm: WarmJvm) -> None:
+    jvm = warm_jvm
     source = kafka.create_topic(f"ccrash-in-{uuid.uuid4().hex[:8]}", 2)
     kafka.produce(source, click_records(PER_PARTITION))
     out = kafka.create_topic(f"ccrash-ref-{uuid.uuid4().hex[:8]}", 2)
-    reference = run_streamer(pipeline(tmp_path / "reference", kafka.bootstrap, source, out))
+    reference = run_warm(jvm, pipeline(tmp_path / "reference", kafka.bootstrap, source, out))
     assert reference.returncode == 0, reference.stderr[-3000:]
     want = committed(kafka, out)
     assert sum(want.values()) > 100
@@ -101,10 +107,13 @@ def test_sigkill_a_continuous_job_at_its_fail_points_then_read_committed_sees_ea
                 deck = list(POINTS)
                 rng.shuffle(deck)
             point = deck.pop()
-            run, what, number = crash_run(path, root, point, rng)
+            machine = kills == 0 or point == "random"
+            starts = jvm.starts
+            run, what, number = crash_run(jvm, path, root, point, rng, machine)
             done = [e["id"] for e in run.checkpoints("completed")]
             log.append(f"{what}: {'killed' if run.killed else run.returncode}, "
-                       f"checkpoints {done}")
+                       f"checkpoints {done} ({'new' if jvm.starts > starts else 'warm'} JVM"
+                       f"{', killed too' if machine and run.killed else ''})")
             print(log[-1], flush=True)
             if run.killed:
                 kills += 1
@@ -119,24 +128,26 @@ def test_sigkill_a_continuous_job_at_its_fail_points_then_read_committed_sees_ea
                 "\n".join(log) + "\n" + run.stderr[-3000:]
             break
         else:
-            last = run_streamer(path)
+            last = run_warm(jvm, path)
             assert last.returncode == 0, "\n".join(log) + "\n" + last.stderr[-3000:]
         got = committed(kafka, out)
         assert got == want, ("\n".join(log) + f"\nmissing {sum((want - got).values())}, "
                              f"twice or more {sum((got - want).values())}")
 
 
-def crash_run(path: Path, root: Path, point: str, rng: random.Random
-              ) -> tuple[Any, str, int]:
-    """One run armed to die at `point`: the run, what was armed, and the first checkpoint id
-    it cannot complete unkilled (none for `random` and `mid-transaction`, which is armed for
-    the run's first commit of records: a run left nothing to read commits none)."""
+def crash_run(jvm: WarmJvm, path: Path, root: Path, point: str, rng: random.Random,
+              machine: bool) -> tuple[Run, str, int]:
+    """One run on `jvm` armed to die at `point` (with the JVM if `machine`): the run, what
+    was armed, and the first checkpoint id it cannot complete unkilled (none for `random`
+    and `mid-transaction`, which is armed for the run's first commit of records: a run left
+    nothing to read commits none)."""
     if point == "random":
-        delay = rng.uniform(2.0, 7.0)  # (the JVM takes about 5 s to start)
-        return run_streamer(path, watch=RandomCrash(0, delay)), \
+        delay = rng.uniform(0.5, 4.0)  # (after `started`, or at the 1st completed checkpoint)
+        return run_warm(jvm, path, watch=RandomCrash(0, delay), machine_crash=True), \
             f"random {delay:.2f}s after start", 1 << 30
     number = next_checkpoint(root / "storage" / JOB / "checkpoints") + (rng.random() < 0.3)
     if point == "mid-transaction":  # (a sink epoch: the run's first commit of records; a run
         number = 1                  # that produces none never reaches it)
-    run = run_streamer(path, env={"STREAMER_TEST_FAILPOINTS": f"{point}:{number}"})
+    run = run_warm(jvm, path, env={"STREAMER_TEST_FAILPOINTS": f"{point}:{number}"},
+                   machine_crash=machine)
     return run, f"{point}:{number}", 1 << 30 if point == "mid-transaction" else number

@@ -37,7 +37,8 @@ from fragments import (
     window,
     write_pipeline,
 )
-from streamer_process import FilesOutput, diff, next_checkpoint, quick_jvm, run_streamer
+from streamer_process import FilesOutput, diff, next_checkpoint, quick_jvm
+from warm_jvm import WarmJvm, run_warm
 
 pytestmark = pytest.mark.slow
 
@@ -98,12 +99,12 @@ def outputs(root: Path) -> tuple[Counter[str], Counter[str]]:
 
 
 @pytest.fixture(scope="module")
-def files_reference(tmp_path_factory: pytest.TempPathFactory
+def files_reference(tmp_path_factory: pytest.TempPathFactory, warm_jvm: WarmJvm
                     ) -> tuple[Path, Counter[str], Counter[str]]:
     """The input files, and the epoch mode's windows and dead letters over them."""
     root = tmp_path_factory.mktemp("dead-letters")
     data = write_files(root)
-    run = run_streamer(files_job(root / "epochs", "epochs", data))
+    run = run_warm(warm_jvm, files_job(root / "epochs", "epochs", data))
     assert run.returncode == 0, run.stderr[-3000:]
     out, dead = outputs(root / "epochs")
     assert sum(json.loads(r)["n"] for r in out.elements()) > 2000
@@ -115,9 +116,10 @@ def files_reference(tmp_path_factory: pytest.TempPathFactory
 
 
 def test_a_continuous_run_sends_the_epoch_modes_dead_letters(
-        tmp_path: Path, files_reference: tuple[Path, Counter[str], Counter[str]]) -> None:
+        tmp_path: Path, files_reference: tuple[Path, Counter[str], Counter[str]],
+        warm_jvm: WarmJvm) -> None:
     data, want_out, want_dead = files_reference
-    run = run_streamer(files_job(tmp_path, "continuous", data))
+    run = run_warm(warm_jvm, files_job(tmp_path, "continuous", data))
     assert run.returncode == 0, run.stderr[-3000:]
     out, dead = outputs(tmp_path)
     assert dead == want_dead, diff(dead, want_dead)
@@ -126,9 +128,10 @@ def test_a_continuous_run_sends_the_epoch_modes_dead_letters(
 
 
 def test_without_on_error_a_bad_record_fails_the_run_naming_it(
-        tmp_path: Path, files_reference: tuple[Path, Counter[str], Counter[str]]) -> None:
+        tmp_path: Path, files_reference: tuple[Path, Counter[str], Counter[str]],
+        warm_jvm: WarmJvm) -> None:
     data, _, _ = files_reference
-    runs = {mode: run_streamer(files_job(tmp_path / mode, mode, data, on_error=None))
+    runs = {mode: run_warm(warm_jvm, files_job(tmp_path / mode, mode, data, on_error=None))
             for mode in ("epochs", "continuous")}
     for run in runs.values():
         assert "Traceback" not in run.stderr
@@ -145,12 +148,13 @@ def test_without_on_error_a_bad_record_fails_the_run_naming_it(
 
 
 def test_a_killed_run_commits_each_dead_letter_once(
-        tmp_path: Path, files_reference: tuple[Path, Counter[str], Counter[str]]) -> None:
+        tmp_path: Path, files_reference: tuple[Path, Counter[str], Counter[str]],
+        warm_jvm: WarmJvm) -> None:
     """Killed when a keyed subtask reaches the checkpoint after the run's first, once that
     first one committed some dead letters (on a busy machine a checkpoint can come before a
     source read anything: then the next run is killed the same way; each source subtask
     stalls 0.1 s after each slice of 50 rows, so the input lasts): the run again commits the
-    rest, none twice."""
+    rest, none twice. The kill takes the warm JVM with it, as a machine crash does."""
     data, want_out, want_dead = files_reference
     path = files_job(tmp_path, "continuous", data)
     text = path.read_text().replace("execution: {mode: continuous}",
@@ -159,8 +163,9 @@ def test_a_killed_run_commits_each_dead_letter_once(
     checkpoints = tmp_path / "storage" / "continuous" / "checkpoints"
     for _ in range(4):
         armed = next_checkpoint(checkpoints) + 1
-        first = run_streamer(path, env={"STREAMER_TEST_FAILPOINTS":
-                                        f"in-task:{armed},source-slice:1:sleep=0.1"})
+        first = run_warm(warm_jvm, path, machine_crash=True,
+                         env={"STREAMER_TEST_FAILPOINTS":
+                              f"in-task:{armed},source-slice:1:sleep=0.1"})
         assert first.killed, first.stderr[-3000:]
         assert [e["id"] for e in first.checkpoints("completed")][-1:] == [armed - 1]
         _, partial = outputs(tmp_path)
@@ -168,7 +173,7 @@ def test_a_killed_run_commits_each_dead_letter_once(
             break
     else:
         pytest.fail("no checkpoint committed a dead letter before the kill")
-    second = run_streamer(path)
+    second = run_warm(warm_jvm, path)
     assert second.returncode == 0, second.stderr[-3000:]
     out, dead = outputs(tmp_path)
     assert 0 < sum(partial.values()) < sum(want_dead.values())
@@ -215,11 +220,12 @@ def kafka_job(root: Path, mode: str, bootstrap: str, topic: str) -> Path:
 
 
 @pytest.mark.kafka
-def test_kafka_dead_letters_are_the_epoch_modes(tmp_path: Path, kafka: Any) -> None:
+def test_kafka_dead_letters_are_the_epoch_modes(tmp_path: Path, kafka: Any,
+                                                warm_jvm: WarmJvm) -> None:
     topic = kafka_input(kafka)
     runs = {}
     for mode in ("epochs", "continuous"):
-        run = run_streamer(kafka_job(tmp_path / mode, mode, kafka.bootstrap, topic))
+        run = run_warm(warm_jvm, kafka_job(tmp_path / mode, mode, kafka.bootstrap, topic))
         assert run.returncode == 0, run.stderr[-3000:]
         runs[mode] = outputs(tmp_path / mode)
     (want_out, want_dead), (out, dead) = runs["epochs"], runs["continuous"]

@@ -32,7 +32,8 @@ from fragments import (
     section,
     window,
 )
-from streamer_process import quick_jvm, run_streamer
+from streamer_process import quick_jvm
+from warm_jvm import WarmJvm, run_warm
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 
@@ -83,11 +84,11 @@ def updates(rows: list[tuple[Any, Any, int, int]]) -> dict[str, list[int]]:
 
 @pytest.mark.parametrize("mode", ["exactly_once", "at_least_once"])
 def test_kafka_to_a_rolling_count_to_kafka_runs_continuously(
-        tmp_path: Path, kafka: Any, mode: str) -> None:
+        tmp_path: Path, kafka: Any, mode: str, warm_jvm: WarmJvm) -> None:
     topic = kafka.create_topic(f"clicks-{uuid.uuid4().hex[:8]}", partitions=2)
     out = kafka.create_topic(f"counts-{uuid.uuid4().hex[:8]}", partitions=2)
     kafka.produce(topic, click_records(PER_PARTITION))
-    run = run_streamer(pipeline(tmp_path, kafka.bootstrap, topic, out, mode))
+    run = run_warm(warm_jvm, pipeline(tmp_path, kafka.bootstrap, topic, out, mode))
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.finished is not None and run.finished["records_in"] == 2 * PER_PARTITION
     assert len(run.checkpoints("completed")) >= 2
@@ -125,7 +126,8 @@ def rows_of(directory: Path) -> Counter[str]:
     return rows
 
 
-def stop_with_savepoint(path: Path, storage: Path, job: str) -> tuple[Any, str]:
+def stop_with_savepoint(warm_jvm: WarmJvm, path: Path, storage: Path, job: str
+                        ) -> tuple[Any, str]:
     """Run `path` (an unbounded source) until its first checkpoint, then `streamer stop
     --savepoint`: the run and the savepoint's path."""
     import threading
@@ -136,7 +138,7 @@ def stop_with_savepoint(path: Path, storage: Path, job: str) -> tuple[Any, str]:
     from streamer.cli.main import app
 
     ran: list[Any] = []
-    thread = threading.Thread(target=lambda: ran.append(run_streamer(path)))
+    thread = threading.Thread(target=lambda: ran.append(run_warm(warm_jvm, path)))
     thread.start()
     checkpoints = storage / job / "checkpoints"
     deadline = time.monotonic() + 240
@@ -155,21 +157,21 @@ def stop_with_savepoint(path: Path, storage: Path, job: str) -> tuple[Any, str]:
 ])
 def test_stop_with_savepoint_in_one_mode_then_restore_in_the_other(
         tmp_path: Path, kafka: Any, stop_in: tuple[str, int, str],
-        restore_in: tuple[str, int, str]) -> None:
+        restore_in: tuple[str, int, str], warm_jvm: WarmJvm) -> None:
     """Another mode, parallelism and backend: the two runs commit the uninterrupted run's
     windows, none twice, none lost."""
     topic = kafka.create_topic(f"clicks-{uuid.uuid4().hex[:8]}", partitions=2)
     kafka.produce(topic, click_records(PER_PARTITION))
     reference = windows(tmp_path, kafka.bootstrap, topic, name="reference", mode="epochs",
                         bounded=True, parallelism=2, backend="rocksdb")
-    assert run_streamer(reference).returncode == 0
+    assert run_warm(warm_jvm, reference).returncode == 0
     want = rows_of(tmp_path / "out-reference")
     assert sum(json.loads(r)["n"] for r in want.elements()) == sum(expected().values())
 
     mode, parallelism, backend = stop_in
     first = windows(tmp_path, kafka.bootstrap, topic, name="moving", mode=mode,
                     bounded=False, parallelism=parallelism, backend=backend)
-    run, savepoint = stop_with_savepoint(first, tmp_path / "storage", "moving")
+    run, savepoint = stop_with_savepoint(warm_jvm, first, tmp_path / "storage", "moving")
     assert run.returncode == 0 and run.finished["status"] == "stopped", run.stderr[-3000:]
     assert savepoint in run.finished["reason"]
     assert (Path(savepoint) / "_metadata").is_file()
@@ -180,7 +182,7 @@ def test_stop_with_savepoint_in_one_mode_then_restore_in_the_other(
     mode, parallelism, backend = restore_in
     second = windows(tmp_path, kafka.bootstrap, topic, name="moving", mode=mode,
                      bounded=True, parallelism=parallelism, backend=backend)
-    restored = run_streamer(second, "--from-savepoint", savepoint)
+    restored = run_warm(warm_jvm, second, "--from-savepoint", savepoint)
     assert restored.returncode == 0, restored.stderr[-3000:]
     after = rows_of(tmp_path / "out-moving")
     assert after == want, f"missing {want - after}, extra {after - want}"
@@ -188,7 +190,7 @@ def test_stop_with_savepoint_in_one_mode_then_restore_in_the_other(
 
 @pytest.mark.parametrize("mode", ["exactly_once", "at_least_once"])
 def test_a_stateless_pipeline_runs_in_its_source_subtasks(
-        tmp_path: Path, kafka: Any, mode: str) -> None:
+        tmp_path: Path, kafka: Any, mode: str, warm_jvm: WarmJvm) -> None:
     """Kafka -> filter -> Kafka: no keyed operator, so the gang is the source subtasks alone,
     each writing the sink (staged per checkpoint, or produced at once)."""
     topic = kafka.create_topic(f"clicks-{uuid.uuid4().hex[:8]}", partitions=2)
@@ -199,7 +201,7 @@ def test_a_stateless_pipeline_runs_in_its_source_subtasks(
 ''', "").replace("input: per_user", "input: paid")
     path = tmp_path / "stateless.yaml"
     path.write_text(text)
-    run = run_streamer(path)
+    run = run_warm(warm_jvm, path)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.finished is not None and run.finished["records_in"] == 2 * PER_PARTITION
     want = Counter(json.dumps(value, sort_keys=True) for _, value, _ in

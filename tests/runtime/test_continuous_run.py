@@ -22,7 +22,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from fragments import parquet_kvts_job
-from streamer_process import next_checkpoint, quick_jvm, run_streamer
+from streamer_process import next_checkpoint, quick_jvm
+from warm_jvm import WarmJvm, run_warm
 
 pytestmark = pytest.mark.slow
 
@@ -68,11 +69,12 @@ def metadata(root: Path, name: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Counter[str]]:
+def reference(tmp_path_factory: pytest.TempPathFactory, warm_jvm: WarmJvm
+              ) -> tuple[Path, Counter[str]]:
     """The input, and the epoch mode's output over it."""
     root = tmp_path_factory.mktemp("continuous")
     data = write_input(root)
-    run = run_streamer(pipeline(root, "epochs", "epochs", "rocksdb", data))
+    run = run_warm(warm_jvm, pipeline(root, "epochs", "epochs", "rocksdb", data))
     assert run.returncode == 0, run.stderr[-3000:]
     rows = committed(root, "epochs")
     assert sum(json.loads(r)["n"] for r in rows.elements()) > 8000
@@ -81,9 +83,10 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Counter[s
 
 @pytest.mark.parametrize("backend", ["rocksdb", "memory"])
 def test_a_continuous_run_commits_the_epoch_modes_output(
-        tmp_path: Path, reference: tuple[Path, Counter[str]], backend: str) -> None:
+        tmp_path: Path, reference: tuple[Path, Counter[str]], backend: str,
+        warm_jvm: WarmJvm) -> None:
     data, want = reference
-    run = run_streamer(pipeline(tmp_path, "gang", "continuous", backend, data))
+    run = run_warm(warm_jvm, pipeline(tmp_path, "gang", "continuous", backend, data))
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.finished is not None and run.finished["records_in"] == 12000
     assert committed(tmp_path, "gang") == want
@@ -99,7 +102,7 @@ def test_a_continuous_run_commits_the_epoch_modes_output(
 
 
 def test_a_killed_continuous_run_resumes_exactly_once(
-        tmp_path: Path, reference: tuple[Path, Counter[str]]) -> None:
+        tmp_path: Path, reference: tuple[Path, Counter[str]], warm_jvm: WarmJvm) -> None:
     data, want = reference
     path = pipeline(tmp_path, "gang", "continuous", "rocksdb", data)
     # Slices of 250 rows, each source subtask stalled 0.3 s after each: the 24 slices of a
@@ -107,15 +110,16 @@ def test_a_killed_continuous_run_resumes_exactly_once(
     # machine. Killed when a keyed subtask reaches the checkpoint after the run's first,
     # until that first one came while the sources were in the middle of their files (on a
     # busy machine a checkpoint can come before a source read anything: the next run goes
-    # on from it).
+    # on from it). The kill takes the warm JVM with it, as a machine crash does.
     path.write_text(path.read_text().replace("execution: {mode: continuous}",
                                              "execution: {mode: continuous, "
                                              "continuous_batch_rows: 250}"))
     done: list[int] = []
     for _ in range(4):
         armed = next_checkpoint(tmp_path / "storage" / "gang" / "checkpoints") + 1
-        first = run_streamer(path, env={"STREAMER_TEST_FAILPOINTS":
-                                        f"in-task:{armed},source-slice:1:sleep=0.3"})
+        first = run_warm(warm_jvm, path, machine_crash=True,
+                             env={"STREAMER_TEST_FAILPOINTS":
+                                  f"in-task:{armed},source-slice:1:sleep=0.3"})
         assert first.killed, first.stderr[-3000:]
         done += [e["id"] for e in first.checkpoints("completed")]
         assert done and max(done) == armed - 1, done
@@ -127,12 +131,12 @@ def test_a_killed_continuous_run_resumes_exactly_once(
     partial = committed(tmp_path, "gang")
     assert sum(partial.values()) < sum(want.values())
     # The epoch mode reads files whole: it refuses to go on from the middle of one.
-    epochs = run_streamer(path, env={"STREAMER_EXECUTION_MODE": "epochs"})
+    epochs = run_warm(warm_jvm, path, env={"STREAMER_EXECUTION_MODE": "epochs"})
     assert epochs.returncode == 2, epochs.stderr[-3000:]
     assert "which the epoch mode can only read whole" in epochs.stderr
     assert "Traceback" not in epochs.stderr
     assert committed(tmp_path, "gang") == partial
-    second = run_streamer(path)
+    second = run_warm(warm_jvm, path)
     assert second.returncode == 0, second.stderr[-3000:]
     assert second.finished is not None and second.finished["restored_from"] == max(done)
     assert committed(tmp_path, "gang") == want

@@ -47,7 +47,7 @@ from typing import Any
 import pytest
 from fragments import crash_job, files_sink, section, write_pipeline
 from streamer_process import FilesOutput, Run, diff, quick_jvm, run_streamer
-from warm_jvm import WarmJvm
+from warm_jvm import WarmJvm, run_warm
 
 from streamer.checkpoint.checkpoint_metadata import CheckpointStore
 
@@ -306,9 +306,8 @@ class Campaign:
             return run_streamer(pipeline, env=env, watch=watch, stderr_file=stderr_file), ""
         machine = kill is not None and self.machine_crash(kill)
         starts, workers = jvm.starts, jvm.workers_killed
-        env.update(jvm.env())
-        run = run_streamer(pipeline, env=env, watch=watch, stderr_file=stderr_file,
-                           driver=jvm.driver, also_crash=jvm.crash if machine else jvm.kill_workers)
+        run = run_warm(jvm, pipeline, env=env, watch=watch, stderr_file=stderr_file,
+                       machine_crash=machine)
         fresh = f"new JVM started in {jvm.start_seconds:.1f}s" if jvm.starts > starts \
             else "warm JVM"
         killed = "killed too" if machine else \
@@ -394,7 +393,7 @@ def run_lap(campaign: Campaign, root: Path, kills_wanted: int, planner: Planner,
     lap = Lap(root)
     campaign.laps.append(lap)
     pipeline = job.write(root)
-    if campaign.jvm is not None:
+    if campaign.jvm is not None:  # (before `warm` is read: a new JVM-start setting closes it)
         campaign.jvm.configure(pipeline)
     store = CheckpointStore(job.storage(root), job.name)
     while True:

@@ -33,10 +33,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from pyspark.serializers import UTF8Deserializer, read_int
-from streamer_process import SCRUBBED, crash
+from streamer_process import SCRUBBED, Run, crash, run_streamer
 
 from streamer.runtime.cluster.spark import DEFAULT_CONF, ui_bind_address
 from streamer.runtime.cluster.standalone import session_members, spark_home
@@ -183,3 +183,14 @@ class WarmJvm:
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
+
+
+def run_warm(jvm: WarmJvm, pipeline: Path, *args: str, env: dict[str, str] | None = None,
+             machine_crash: bool = False, **options: Any) -> Run:
+    """`run_streamer(pipeline, *args, ...)` on `jvm` (started, or started anew when the
+    pipeline's JVM-start settings differ from its last run's: `configure`). When the run
+    ends or is killed, the JVM's Python workers die with it (as they do with a JVM of the
+    run's own), and with `machine_crash` the JVM too."""
+    jvm.configure(pipeline)
+    return run_streamer(pipeline, *args, env={**(env or {}), **jvm.env()}, driver=jvm.driver,
+                        also_crash=jvm.crash if machine_crash else jvm.kill_workers, **options)
