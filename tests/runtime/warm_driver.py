@@ -10,11 +10,14 @@ is the run the test killed.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
+
+from warm_jvm import CONF_ENV
 
 from streamer import failpoints
 from streamer.runtime.cluster.standalone import session_members
@@ -124,6 +127,11 @@ def settle() -> None:
             worker_env[failpoints.DRIVER_PID_ENV] = str(os.getpid())
         for name, value in worker_env.items():
             system.setProperty(f"{prefix}{name}", value)
+        # The master this run would give its SparkContext on a JVM of its own
+        # (`warm_jvm.own_jvm_conf`): its driver reads it from the JVM, as under spark-submit.
+        system.clearProperty("spark.default.parallelism")
+        for name, value in json.loads(os.environ.get(CONF_ENV, "{}")).items():
+            system.setProperty(name, value)
         print(f"warm JVM {jvm_pid}: found {found}; stopped {stopped} SparkContext(s); "
               f"settled in {time.monotonic() - started:.2f}s", file=sys.stderr, flush=True)
     finally:

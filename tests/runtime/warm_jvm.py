@@ -25,6 +25,7 @@ own JVM start does; a lap whose settings differ starts a new JVM.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -185,12 +187,36 @@ class WarmJvm:
             self._scratch = None
 
 
+#: The session settings of a run on a warm JVM that its driver sets in the JVM before its
+#: SparkContext starts (`warm_driver.settle`): JSON, from `own_jvm_conf`.
+CONF_ENV = "STREAMER_TEST_WARM_CONF"
+
+
+def own_jvm_conf(pipeline: Path, env: Mapping[str, str]) -> dict[str, str]:
+    """The master (and a continuous job's default parallelism) a run of `pipeline` would
+    give its SparkContext on a JVM of its own: `local[*]`, or for a continuous job a slot
+    for each of its subtasks (`gang_slots`). On a warm JVM, as under spark-submit, the
+    driver takes them from the JVM instead (`spark.master` of its start, `local[*]`)."""
+    from streamer.pipeline.validate import load_pipeline
+    from streamer.runtime.cluster.spark import gang_slots
+
+    spec = load_pipeline(str(pipeline))
+    if spec.job.execution.with_overrides({**os.environ, **env}).mode != "continuous":
+        return {"spark.master": "local[*]"}
+    master, conf = gang_slots(None, spec.job.parallelism, spec.spark)
+    return {"spark.master": str(master),
+            "spark.default.parallelism": conf["spark.default.parallelism"]}
+
+
 def run_warm(jvm: WarmJvm, pipeline: Path, *args: str, env: dict[str, str] | None = None,
              machine_crash: bool = False, **options: Any) -> Run:
     """`run_streamer(pipeline, *args, ...)` on `jvm` (started, or started anew when the
-    pipeline's JVM-start settings differ from its last run's: `configure`). When the run
-    ends or is killed, the JVM's Python workers die with it (as they do with a JVM of the
-    run's own), and with `machine_crash` the JVM too."""
+    pipeline's JVM-start settings differ from its last run's: `configure`), with the master
+    a run on its own JVM would have (`own_jvm_conf`). When the run ends or is killed, the
+    JVM's Python workers die with it (as they do with a JVM of the run's own), and with
+    `machine_crash` the JVM too."""
     jvm.configure(pipeline)
-    return run_streamer(pipeline, *args, env={**(env or {}), **jvm.env()}, driver=jvm.driver,
+    environment = {**(env or {}), **jvm.env(),
+                   CONF_ENV: json.dumps(own_jvm_conf(pipeline, env or {}))}
+    return run_streamer(pipeline, *args, env=environment, driver=jvm.driver,
                         also_crash=jvm.crash if machine_crash else jvm.kill_workers, **options)
