@@ -19,34 +19,49 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 SERVER_MARKS = ("kafka", "postgres", "s3", "cluster")
 #: Each test module's seconds in a whole run (tests/durations.py).
 DURATIONS = Path(__file__).with_name("durations.json")
-GROUP = pytest.StashKey[str]()
 
 
-@pytest.hookimpl(tryfirst=True)  # (before pytest-xdist reads the groups)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test that needs a server `slow` too (`-m "not slow"` is the fast tier).
 
-    Under `pytest -n` (pytest-xdist, `--dist loadgroup`, as pyproject.toml sets), each test
-    module is one group that runs in one worker, so its module fixtures (a reference run, a
-    warm JVM) run once, and the modules of the Spark standalone cluster are one group (one
-    cluster of 2 executors at a time on the machine); the groups start longest first, by
-    the seconds of `durations.json` (tests/durations.py), so no long module starts last."""
+    Under `pytest -n` (pytest-xdist, as pyproject.toml sets), modules start longest first,
+    by the seconds of `durations.json` (tests/durations.py): the workers sort alike, and
+    `--no-loadscope-reorder` keeps their order, so no long module starts last."""
     for item in items:
         if any(item.get_closest_marker(mark) for mark in SERVER_MARKS):
             item.add_marker(pytest.mark.slow)
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     seconds = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
-    modules: dict[str, set[str]] = {}
+    cost: dict[str, float] = {}
     for item in items:
-        module = item.nodeid.split("::")[0]
-        group = "cluster" if item.get_closest_marker("cluster") else module
-        item.add_marker(pytest.mark.xdist_group(group))
-        item.stash[GROUP] = group
-        modules.setdefault(group, set()).add(module)
-    cost = {group: sum(seconds.get(m, 0) for m in found) for group, found in modules.items()}
+        cost.setdefault(scope(item.nodeid), 0.0)
+    for module, took in seconds.items():
+        if scope(module) in cost:
+            cost[scope(module)] += took
     order = {group: rank for rank, group in enumerate(sorted(cost, key=lambda g: -cost[g]))}
-    items.sort(key=lambda item: order[item.stash[GROUP]])
+    items.sort(key=lambda item: order[scope(item.nodeid)])
+
+
+def scope(nodeid: str) -> str:
+    """What runs whole in one worker under `pytest -n`: a test module, or every module of the
+    Spark standalone cluster (tests/cluster: one cluster of 2 executors on the machine at a
+    time, started once)."""
+    module = nodeid.split("::")[0]
+    return "tests/cluster" if module.startswith("tests/cluster/") else module
+
+
+@pytest.hookimpl(optionalhook=True)  # (a pytest-xdist hook: pytest -p no:xdist has none)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """`--dist loadfile` with the cluster's modules as one file (`scope`): each module's
+    fixtures (a reference run, a warm JVM) run once."""
+    from xdist.scheduler import LoadFileScheduling
+
+    class ModuleScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return scope(nodeid)
+
+    return ModuleScheduling(config, log) if config.getvalue("dist") == "loadfile" else None
 
 
 @pytest.fixture(autouse=True)
@@ -121,3 +136,4 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     server.create_bucket("streamer")
     yield server
     server.stop()
+
