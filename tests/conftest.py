@@ -136,4 +136,3 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     server.create_bucket("streamer")
     yield server
     server.stop()
-
