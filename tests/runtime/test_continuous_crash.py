@@ -16,8 +16,8 @@ fail point kills the driver and the JVM's Python workers (the subtasks), and the
 driver stops what is left in the JVM before it starts; the campaign's first kill and its
 random ones kill the JVM too, as a machine crash does. The last run goes to the end; a
 `read_committed` consumer then sees exactly what one uninterrupted run writes, each record
-once. A run whose stream runs out before its fail
-point ends that lap (its output is checked the same way) and the kills go on in a new one.
+once. A run whose stream runs out before its fail point ends that lap (its output is checked
+the same way) and the kills go on in a new one.
 """
 
 from __future__ import annotations
