@@ -265,12 +265,14 @@ class ExchangeServer(flight.FlightServerBase):
             return self._inboxes[channel].peak
 
     def close(self, timeout_s: float = 5.0) -> bool:
-        """Tell every connected sender the channel is closed, and stop serving. Returns
-        whether the server stopped within `timeout_s` (a sender that does not end its stream
-        holds gRPC's shutdown; the process exiting ends it anyway)."""
+        """Tell every connected sender whose channel has not ended that it is closed, and
+        stop serving. Returns whether the server stopped within `timeout_s` (a sender that
+        does not end its stream holds gRPC's shutdown; the process exiting ends it anyway).
+        A channel that sent its end of input is complete, though gRPC may not have read the
+        end of its stream yet: its sender is finishing, and closing it is no error for it."""
         with self._cond:
             for inbox in self._inboxes:
-                if inbox.writer is not None:
+                if inbox.writer is not None and not inbox.ended:
                     with contextlib.suppress(pa.ArrowException, OSError):
                         inbox.writer.write(_CREDIT.pack(_CLOSE))
         stopper = threading.Thread(target=self.shutdown, daemon=True)

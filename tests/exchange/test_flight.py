@@ -106,7 +106,8 @@ def test_channels_keep_their_order_and_barriers_stay_with_the_data(peers: Peers)
         totals[channel] = seq
         peers.sender(location, channel, plan)
     seen = peers.received()
-    assert all(r.get("ok") for r in peers.sent_by(3).values())
+    sent = peers.sent_by(3)
+    assert all(r.get("ok") for r in sent.values()), sent
     assert seen["snapshots"] == [1, 2, 3]
     assert seen["misplaced"] == 0  # no record crossed its barrier
     for channel, total in totals.items():
@@ -128,7 +129,8 @@ def test_the_bound_holds_under_a_slow_consumer(peers: Peers) -> None:
     plan.append(("end",))
     peers.sender(location, 0, plan)
     seen = peers.received()
-    assert peers.sent_by(1)[0].get("ok")
+    sent = peers.sent_by(1)
+    assert sent[0].get("ok"), sent
     assert seen["seqs"][0] == list(range(1400))
     peak = seen["peaks"][0]
     assert capacity // 2 <= peak <= capacity, peak
@@ -142,7 +144,8 @@ def test_a_sender_blocked_by_a_full_receiver_resumes(peers: Peers) -> None:
     blocked_at = stalled(progress, below=len(plan))
     assert blocked_at <= 8  # ~1.2 KB a batch within 8 KiB of credit
     go.set()
-    assert peers.sent_by(1)[0].get("ok")
+    sent = peers.sent_by(1)
+    assert sent[0].get("ok"), sent
     assert progress.value == len(plan)
     assert peers.received()["seqs"][0] == list(range(600))
 
@@ -245,3 +248,38 @@ def test_a_batch_off_its_alignment_is_copied_and_an_aligned_one_is_not() -> None
     assert fixed.equals(batch)
     assert all(b is None or b.address % 8 == 0 for c in fixed.columns for b in c.buffers())
     assert aligned(batch) is batch
+
+
+def test_closing_the_receiver_after_a_channel_ended_is_not_an_error_for_its_sender() -> None:
+    """The receiver may finish (every channel's end of input taken) and close before gRPC
+    has read the end of a sender's stream. A channel that sent its end is complete: closing
+    it is not news for its sender, which must not fail (this raced under load in CI)."""
+    import struct
+    import threading
+
+    import pyarrow.flight as flight
+
+    from streamer.exchange.alignment import EndOfInput
+    from streamer.exchange.flight import encode
+
+    server = ExchangeServer("127.0.0.1", 1, 4096)
+    client = flight.FlightClient(server.location)
+    writer, reader = client.do_put(flight.FlightDescriptor.for_path("channel", "0"),
+                                   exchange_peers.SCHEMA)
+    closer = threading.Thread(target=server.close, daemon=True)
+    try:
+        writer.write_metadata(encode(EndOfInput()))
+        assert server.wait_ready(timeout_s=10) == 0
+        assert isinstance(server.take(0), EndOfInput)
+        closer.start()  # the subtask is done: it closes while the stream is still open
+        time.sleep(0.5)
+        writer.done_writing()
+        grants = []
+        while (buf := reader.read()) is not None:
+            grants.append(struct.unpack("<q", buf.to_pybytes())[0])
+        assert grants and all(g > 0 for g in grants), grants
+    finally:
+        writer.close()
+        client.close()
+        closer.join(10)
+        assert not closer.is_alive()
