@@ -48,6 +48,13 @@ DEFAULT_CONF: dict[str, str] = {
     # times the watermark needs even when no record reaches a keyed operator.
     "spark.sql.adaptive.optimizer.excludedRules":
         "org.apache.spark.sql.execution.adaptive.AQEPropagateEmptyRelation",
+    # Constraint propagation infers the constraints of every operator of a plan to prune and
+    # add filters; its cost grows with the aliased expressions of a projection, and an
+    # epoch's plan (sources with event-time columns, key groups, join sides) has many. It
+    # took a regular join's epoch of six records 10.9 s of planning, against 1.5 s without
+    # (nexmark q3's `tests:` case, `local[2]`), on every epoch. No result depends on it;
+    # Spark's docs name this cost. A `spark:` block may turn it on again.
+    "spark.sql.constraintPropagation.enabled": "false",
     "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{_LOG4J}",
     "spark.executor.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{_LOG4J}",
 }
