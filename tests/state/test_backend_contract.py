@@ -483,6 +483,14 @@ class TestBackendContract:
         assert latest is not b
         assert latest.version() == 2 and latest.get("value", 3, K1) == "from-child"
         assert not (open_state.root / "job" / "op" / "subtask-0" / "RELEASE-REQUEST").exists()
+        # Nothing is parked here now (the watcher sleeps); parking again must wake it for
+        # the next request.
+        latest.park()
+        with ProcessPoolExecutor(1, mp_context=context) as pool:
+            opened = pool.submit(state_child.try_open, b.name, str(open_state.root),
+                                 states).result()
+        assert opened == "opened"  # released within the child's 0.1 s lock wait
+        assert open_state().version() == 2
 
     # ------------------------------------------------------------------ random histories
     @settings(max_examples=40, deadline=None,
