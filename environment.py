@@ -44,7 +44,8 @@ GENERAL: tuple[Variable, ...] = (
              "`<temp dir>/streamer-logs`"),
     Variable("STREAMER_CACHE",
              "Where downloads are kept: Spark's Ivy cache (`ivy/`: the jars of Spark's Kafka "
-             "connector and S3A, from Maven Central) and the test servers' files.",
+             "connector and S3A, from Maven Central), the driver JVM's class archive "
+             "(`jvm/`) and the test servers' files.",
              "`~/.cache/streamer`"),
 )
 

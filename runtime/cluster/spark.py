@@ -18,6 +18,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from streamer.runtime.cluster.jvm_archive import driver_options, save_at_exit
+from streamer.runtime.cluster.standalone import spark_home
 from streamer.runtime.exceptions import JavaNotFoundError, SparkStartError
 
 if TYPE_CHECKING:
@@ -183,7 +185,7 @@ def create_session(app_name: str = "streamer", master: str | None = None,
 
     When the process was launched by spark-submit the master comes from there.
     """
-    check_java()
+    java = check_java()
     quiet_python_loggers()
     from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
@@ -206,15 +208,17 @@ def create_session(app_name: str = "streamer", master: str | None = None,
     for key, value in settings.items():
         spark_conf.set(key, value)
     if SparkContext._active_spark_context is None:
-        gateway = None if submitted else start_jvm(spark_conf, settings)
+        gateway = None if submitted else start_jvm(spark_conf, settings, java)
         SparkContext(conf=spark_conf, gateway=gateway)
     spark = SparkSession.builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
 
-def start_jvm(spark_conf: SparkConf, settings: Mapping[str, str]) -> JavaGateway:
-    """Launch the driver's JVM (PySpark's gateway), which resolves `spark.jars.packages` first.
+def start_jvm(spark_conf: SparkConf, settings: Mapping[str, str], java: str) -> JavaGateway:
+    """Launch the driver's JVM (PySpark's gateway, on `java`), which resolves
+    `spark.jars.packages` first, with the class archive of `jvm_archive` (mapped, or recorded
+    and saved at this process's exit).
 
     The JVM's own output (start-up banners, warnings, Ivy's resolution report) goes to a log
     file, not the user's terminal; errors that matter reach the user through streamer's
@@ -229,10 +233,17 @@ def start_jvm(spark_conf: SparkConf, settings: Mapping[str, str]) -> JavaGateway
     log = spark_log_path()
     log.parent.mkdir(parents=True, exist_ok=True)
     start = log.stat().st_size if log.exists() else 0
+    key = "spark.driver.extraJavaOptions"
+    given = spark_conf.get(key) or ""
+    sharing = driver_options(java, os.environ.get("SPARK_HOME") or str(spark_home()), given)
+    if sharing:
+        spark_conf.set(key, f"{given} {sharing}".strip())
     with open(log, "ab") as sink, _jvm_environment(ui_bind_address(settings)):
         try:
-            return launch_gateway(spark_conf, popen_kwargs={"stdout": sink, "stderr": sink,
-                                                            "process_group": 0})
+            gateway = launch_gateway(spark_conf, popen_kwargs={
+                "stdout": sink, "stderr": sink, "process_group": 0})
+            save_at_exit(gateway.proc, sharing)
+            return gateway
         except PySparkRuntimeError as exc:
             packages = settings.get("spark.jars.packages")
             if not packages:

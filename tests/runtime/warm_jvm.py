@@ -40,7 +40,8 @@ from typing import IO, Any
 from pyspark.serializers import UTF8Deserializer, read_int
 from streamer_process import SCRUBBED, Run, crash, run_streamer
 
-from streamer.runtime.cluster.spark import DEFAULT_CONF, ui_bind_address
+from streamer.runtime.cluster.jvm_archive import mapped_options
+from streamer.runtime.cluster.spark import DEFAULT_CONF, check_java, ui_bind_address
 from streamer.runtime.cluster.standalone import session_members, spark_home
 
 #: The driver of a run on a warm JVM: settles the JVM, then runs the `streamer` CLI.
@@ -113,6 +114,10 @@ class WarmJvm:
         if local_ip:
             env["SPARK_LOCAL_IP"] = local_ip
         conf = {"spark.driver.extraJavaOptions": JAVA_OPTIONS, **self.conf}
+        # Spark's classes from the driver's class archive, as a run's own JVM start maps it
+        # (runtime/cluster/jvm_archive.py); a warm JVM never records one (it is killed).
+        conf["spark.driver.extraJavaOptions"] += " " + mapped_options(check_java(),
+                                                                     str(spark_home()))
         command = [str(spark_home() / "bin" / "spark-submit"),
                    *(arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")),
                    "pyspark-shell"]
