@@ -42,6 +42,8 @@ SAVE_TIMEOUT_S = 120.0
 #: Options of a user's that already choose class sharing: streamer adds nothing to those.
 USER_CHOICES = ("-Xshare:", "SharedArchiveFile", "ArchiveClassesAtExit",
                 "AutoCreateSharedArchive")
+#: The host names of a standalone master on this machine.
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 #: A part file older than this is a dead driver's (a saving JVM that was killed) and removed.
 STALE_PART_S = 3600.0
 #: The first bytes of a dynamic archive (HotSpot's `CDS_DYNAMIC_ARCHIVE_MAGIC`, little-endian
@@ -88,6 +90,20 @@ def mapped_options(java: str, spark_home: str) -> str:
     there is none (for a JVM that must not record one: a test's warm JVM, which is killed)."""
     archive = archive_path(java, spark_home)
     return f"-XX:SharedArchiveFile={archive} -Xshare:auto" if archive.is_file() else ""
+
+
+def executor_options(master: str, java: str, spark_home: str, given: str) -> str:
+    """What to add to the executors' Java options `given` on the standalone master `master`:
+    the saved archive where every host of the master is this machine's loopback (a cluster
+    started here, as `StandaloneCluster` and docs/operations/clusters.md do), whose workers
+    start executors from this Spark with the driver's class path. Executors elsewhere have
+    other files, so they get nothing, and neither do options that choose class sharing."""
+    hosts = {address.rpartition(":")[0]
+             for address in master.removeprefix("spark://").split(",")}
+    if (not master.startswith("spark://") or not hosts <= LOOPBACK
+            or any(choice in given for choice in USER_CHOICES)):
+        return ""
+    return mapped_options(java, spark_home)
 
 
 def save_at_exit(jvm: subprocess.Popen[bytes] | None, options: str) -> None:

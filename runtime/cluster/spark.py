@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from streamer.runtime.cluster.jvm_archive import driver_options, save_at_exit
+from streamer.runtime.cluster.jvm_archive import driver_options, executor_options, save_at_exit
 from streamer.runtime.cluster.standalone import spark_home
 from streamer.runtime.exceptions import JavaNotFoundError, SparkStartError
 
@@ -202,6 +202,11 @@ def create_session(app_name: str = "streamer", master: str | None = None,
     if not ui:
         settings["spark.ui.enabled"] = "false"
     settings.update(merged_conf(settings, conf or {}))
+    key = "spark.executor.extraJavaOptions"
+    sharing = executor_options(master or "", java, os.environ.get("SPARK_HOME")
+                               or str(spark_home()), settings.get(key, ""))
+    if sharing:
+        settings[key] = f"{settings.get(key, '')} {sharing}".strip()
     spark_conf = SparkConf().setAppName(app_name)
     if master or not submitted:
         spark_conf.setMaster(master or "local[*]")

@@ -97,3 +97,21 @@ def test_a_dead_drivers_old_part_file_is_removed(tmp_path: Path,
     os.utime(old, (hours_ago, hours_ago))
     jvm_archive.driver_options(java, spark, "")
     assert not old.exists() and young.exists()
+
+
+def test_only_executors_of_a_cluster_on_this_machine_map_the_archive(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAMER_CACHE", str(tmp_path / "cache"))
+    java, spark = str(tmp_path / "java"), str(tmp_path / "spark")
+    Path(java).write_text("a")
+    here = "spark://127.0.0.1:7077,localhost:7078"
+    assert jvm_archive.executor_options(here, java, spark, "") == ""  # none saved yet
+    archive = jvm_archive.archive_path(java, spark)
+    archive.parent.mkdir(parents=True)
+    archive.write_bytes(jvm_archive.DYNAMIC_MAGIC)
+    mapped = f"-XX:SharedArchiveFile={archive} -Xshare:auto"
+    assert jvm_archive.executor_options(here, java, spark, "-Dx=1") == mapped
+    for elsewhere in ("spark://10.0.0.5:7077", "spark://127.0.0.1:7077,node2:7077",
+                      "local[2]", "yarn"):
+        assert jvm_archive.executor_options(elsewhere, java, spark, "") == ""
+    assert jvm_archive.executor_options(here, java, spark, "-Xshare:off") == ""
