@@ -172,6 +172,8 @@ def controlled_job(s3: Any, root: Path, base: str) -> dict[str, Any]:
         out["run"] = running.result()
     fs = s3.filesystem()
     savepoint = out["stop"].stdout.strip()
+    if out["stop"].returncode != 0 or not savepoint.startswith("s3://"):
+        return out  # (the test names the step that failed, with its output)
     local = root / "savepoint-copy"
     fs.get(savepoint.removeprefix("s3://").rstrip("/") + "/", str(local), recursive=True)
     out["copied"] = sorted(str(p.relative_to(local)) for p in local.rglob("*") if p.is_file())
@@ -211,8 +213,8 @@ def test_a_job_on_s3_is_controlled_from_other_processes_and_restored_from_a_loca
     jobs = json.loads(out["list"].stdout)
     assert [(j["job"], j["state"]) for j in jobs] == [(JOB, "running")], jobs
     assert json.loads(out["checkpoints"].stdout), out["checkpoints"].stdout
-    assert out["trigger"].stdout.strip().startswith("s3://streamer/")
-    assert out["stop"].stdout.strip().startswith("s3://streamer/")
+    assert out["trigger"].stdout.strip().startswith("s3://streamer/"), out["trigger"].stderr
+    assert out["stop"].stdout.strip().startswith("s3://streamer/"), out["stop"].stderr
     run: Run = out["run"]
     assert run.finished and run.finished["status"] == "stopped", run.describe()
     assert "_metadata" in out["copied"], out["copied"]
