@@ -31,6 +31,7 @@ import hashlib
 import os
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 from streamer.connectors.maven import cache_dir
@@ -79,9 +80,14 @@ def driver_options(java: str, spark_home: str, given: str) -> str:
     if mapped:
         return mapped
     archive = archive_path(java, spark_home)
-    archive.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        archive.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return ""  # (a cache that cannot be written: the driver starts as Spark's own does)
     _remove_stale_parts(archive)
-    part = archive.with_name(f"{archive.name}.{os.getpid()}.part")
+    # A file of this JVM's own: another driver (or a second JVM of this process) saves to
+    # its own.
+    part = archive.with_name(f"{archive.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.part")
     return f"-XX:ArchiveClassesAtExit={part}"
 
 

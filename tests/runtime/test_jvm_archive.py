@@ -73,7 +73,9 @@ def test_a_driver_records_maps_or_leaves_the_users_choice(
     Path(java).write_text("a")
     archive = jvm_archive.archive_path(java, spark)
     recording = jvm_archive.driver_options(java, spark, "-Dlog4j2.configurationFile=x")
-    assert recording == f"-XX:ArchiveClassesAtExit={archive}.{os.getpid()}.part"
+    assert recording.startswith(f"-XX:ArchiveClassesAtExit={archive}.{os.getpid()}-")
+    assert recording.endswith(".part")
+    assert jvm_archive.driver_options(java, spark, "") != recording  # a file for each JVM
     assert jvm_archive.mapped_options(java, spark) == ""
     archive.write_bytes(jvm_archive.DYNAMIC_MAGIC)
     mapped = f"-XX:SharedArchiveFile={archive} -Xshare:auto"
@@ -115,3 +117,13 @@ def test_only_executors_of_a_cluster_on_this_machine_map_the_archive(
                       "local[2]", "yarn"):
         assert jvm_archive.executor_options(elsewhere, java, spark, "") == ""
     assert jvm_archive.executor_options(here, java, spark, "-Xshare:off") == ""
+
+
+def test_a_cache_that_cannot_be_written_starts_the_driver_without_an_archive(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("STREAMER_CACHE", str(blocker / "cache"))
+    java = tmp_path / "java"
+    java.write_text("a")
+    assert jvm_archive.driver_options(str(java), str(tmp_path / "spark"), "") == ""
