@@ -43,6 +43,9 @@ SAVE_TIMEOUT_S = 120.0
 #: Options of a user's that already choose class sharing: streamer adds nothing to those.
 USER_CHOICES = ("-Xshare:", "SharedArchiveFile", "ArchiveClassesAtExit",
                 "AutoCreateSharedArchive")
+#: How many archives the cache keeps (the newest): one for each Java and Spark installation
+#: in use, such as a virtual environment for each project.
+KEEP = 4
 #: The host names of a standalone master on this machine.
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 #: A part file older than this is a dead driver's (a saving JVM that was killed) and removed.
@@ -120,10 +123,12 @@ def save_at_exit(jvm: subprocess.Popen[bytes] | None, options: str) -> None:
     if jvm is None or not options.startswith(prefix):
         return
     part = Path(options[len(prefix):])
-    atexit.register(_save, jvm, part)
+    atexit.register(save, jvm, part)
 
 
-def _save(jvm: subprocess.Popen[bytes], part: Path) -> None:
+def save(jvm: subprocess.Popen[bytes], part: Path) -> None:
+    """End the recording JVM `jvm`, wait for it to save its classes into `part`, and rename a
+    whole archive into place (then keep the newest few); remove a broken one."""
     if jvm.stdin is not None:
         with contextlib.suppress(OSError):
             jvm.stdin.close()
@@ -138,8 +143,28 @@ def _save(jvm: subprocess.Popen[bytes], part: Path) -> None:
         return
     if whole and jvm.returncode == 0:
         part.replace(part.with_name(part.name.rsplit(".", 2)[0]))
+        _remove_old_archives(part.parent)
     else:
         part.unlink(missing_ok=True)
+
+
+def _remove_old_archives(folder: Path) -> None:
+    """Keep the `KEEP` newest archives in `folder`.
+
+    Each Java update or reinstalled Spark saves a new one (about 150 MB), and nothing maps
+    the old ones again. A JVM that has one mapped keeps it (a removed file stays readable
+    to whoever has it open), and an installation whose archive was removed saves it again.
+    """
+    archives = sorted(folder.glob("spark-driver-*.jsa"), key=_mtime, reverse=True)
+    for old in archives[KEEP:]:
+        old.unlink(missing_ok=True)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _remove_stale_parts(archive: Path) -> None:

@@ -127,3 +127,19 @@ def test_a_cache_that_cannot_be_written_starts_the_driver_without_an_archive(
     java = tmp_path / "java"
     java.write_text("a")
     assert jvm_archive.driver_options(str(java), str(tmp_path / "spark"), "") == ""
+
+
+def test_saving_keeps_the_newest_archives(tmp_path: Path) -> None:
+    for age in range(6):
+        old = tmp_path / f"spark-driver-{age}.jsa"
+        old.write_bytes(b"x")
+        os.utime(old, (1_000_000 - age, 1_000_000 - age))
+    (tmp_path / "other.txt").write_text("kept")
+    jvm = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                           stdin=subprocess.PIPE)
+    part = tmp_path / "spark-driver-new.jsa.1-ab.part"
+    part.write_bytes(jvm_archive.DYNAMIC_MAGIC + b"rest")
+    jvm_archive.save(jvm, part)  # the exit step: ends the "JVM", renames, prunes
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "other.txt", "spark-driver-0.jsa", "spark-driver-1.jsa", "spark-driver-2.jsa",
+        "spark-driver-new.jsa"]
