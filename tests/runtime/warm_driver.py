@@ -10,8 +10,10 @@ is the run the test killed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -24,6 +26,8 @@ from streamer.runtime.cluster.standalone import session_members
 
 #: How long the dead run's tasks, connections and Python workers may take to end.
 SETTLE_TIMEOUT_S = 60.0
+#: How long the Python workers of a stopped context get to end by themselves.
+WORKERS_GRACE_S = 5.0
 #: The JVM's threads that run a Python driver's commands (PySpark's pinned-thread mode and
 #: the plain gateway), and that run a task.
 CONNECTION_CLASSES = ("py4j.ClientServerConnection", "py4j.GatewayConnection")
@@ -74,6 +78,28 @@ def task_threads(jvm: Any) -> list[str]:
     return [name for _, name, _ in threads(jvm) if name.startswith(TASK_THREAD)]
 
 
+def end_python_workers(jvm_pid: int) -> int:
+    """Wait for the JVM's Python processes to end, now that no SparkContext is left in it;
+    SIGKILL those still there after `WORKERS_GRACE_S`, and return how many.
+
+    They are all the dead driver's: a task of its context that started after the crash's
+    `kill_workers` (the JVM lives on here) can start a PySpark daemon of its own, and a
+    daemon ends only when its JVM does (its stdin closes), as it does when a run that has a
+    JVM of its own crashes with it."""
+    def others() -> list[int]:
+        return [pid for pid in session_members(os.getsid(jvm_pid)) if pid != jvm_pid]
+
+    deadline = time.monotonic() + WORKERS_GRACE_S
+    while others() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    leftovers = others()
+    for pid in leftovers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not others(), "the killed driver's Python workers", others)
+    return len(leftovers)
+
+
 def settle() -> None:
     """Stop the SparkContext a killed driver left active in the JVM (its jobs cancelled
     first), and wait until none of its commands, tasks or Python workers is left; then give
@@ -114,9 +140,7 @@ def settle() -> None:
                 break
         wait_for(lambda: not task_threads(jvm), "the killed driver's tasks",
                  lambda: task_threads(jvm))
-        wait_for(lambda: session_members(os.getsid(jvm_pid)) == [jvm_pid],
-                 "the killed driver's Python workers",
-                 lambda: session_members(os.getsid(jvm_pid)))
+        leftovers = end_python_workers(jvm_pid)
         system = jvm.java.lang.System
         prefix = "spark.executorEnv."
         for name in list(system.getProperties().stringPropertyNames()):
@@ -133,6 +157,7 @@ def settle() -> None:
         for name, value in json.loads(os.environ.get(CONF_ENV, "{}")).items():
             system.setProperty(name, value)
         print(f"warm JVM {jvm_pid}: found {found}; stopped {stopped} SparkContext(s); "
+              f"killed {leftovers} leftover Python process(es); "
               f"settled in {time.monotonic() - started:.2f}s", file=sys.stderr, flush=True)
     finally:
         gateway.close()
