@@ -78,12 +78,11 @@ def driver_options(java: str, spark_home: str, given: str) -> str:
     """What to add to the driver's Java options `given` (the effective
     `spark.driver.extraJavaOptions`): map the archive, or record one; nothing when `given`
     chooses class sharing itself. Recording registers the exit step that saves it."""
-    if any(choice in given for choice in USER_CHOICES):
+    if _chooses_itself(given):
         return ""
-    mapped = mapped_options(java, spark_home)
-    if mapped:
-        return mapped
     archive = archive_path(java, spark_home)
+    if archive.is_file():
+        return _mapping(archive)
     try:
         archive.parent.mkdir(parents=True, exist_ok=True)
     except OSError:
@@ -99,7 +98,7 @@ def mapped_options(java: str, spark_home: str) -> str:
     """The Java options that map the saved archive of `java` and `spark_home`, or "" while
     there is none (for a JVM that must not record one: a test's warm JVM, which is killed)."""
     archive = archive_path(java, spark_home)
-    return f"-XX:SharedArchiveFile={archive} -Xshare:auto" if archive.is_file() else ""
+    return _mapping(archive) if archive.is_file() else ""
 
 
 def executor_options(master: str, java: str, spark_home: str, given: str) -> str:
@@ -110,10 +109,17 @@ def executor_options(master: str, java: str, spark_home: str, given: str) -> str
     other files, so they get nothing, and neither do options that choose class sharing."""
     hosts = {address.rpartition(":")[0]
              for address in master.removeprefix("spark://").split(",")}
-    if (not master.startswith("spark://") or not hosts <= LOOPBACK
-            or any(choice in given for choice in USER_CHOICES)):
+    if not master.startswith("spark://") or not hosts <= LOOPBACK or _chooses_itself(given):
         return ""
     return mapped_options(java, spark_home)
+
+
+def _chooses_itself(given: str) -> bool:
+    return any(choice in given for choice in USER_CHOICES)
+
+
+def _mapping(archive: Path) -> str:
+    return f"-XX:SharedArchiveFile={archive} -Xshare:auto"
 
 
 def save_at_exit(jvm: subprocess.Popen[bytes] | None, options: str) -> None:

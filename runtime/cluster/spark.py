@@ -203,9 +203,9 @@ def create_session(app_name: str = "streamer", master: str | None = None,
     if not ui:
         settings["spark.ui.enabled"] = "false"
     settings.update(merged_conf(settings, conf or {}))
+    home = os.environ.get("SPARK_HOME") or str(spark_home())  # (the one PySpark launches)
     key = "spark.executor.extraJavaOptions"
-    sharing = executor_options(master or "", java, os.environ.get("SPARK_HOME")
-                               or str(spark_home()), settings.get(key, ""))
+    sharing = executor_options(master or "", java, home, settings.get(key, ""))
     if sharing:
         settings[key] = f"{settings.get(key, '')} {sharing}".strip()
     spark_conf = SparkConf().setAppName(app_name)
@@ -214,17 +214,18 @@ def create_session(app_name: str = "streamer", master: str | None = None,
     for key, value in settings.items():
         spark_conf.set(key, value)
     if SparkContext._active_spark_context is None:
-        gateway = None if submitted else start_jvm(spark_conf, settings, java)
+        gateway = None if submitted else start_jvm(spark_conf, settings, java, home)
         SparkContext(conf=spark_conf, gateway=gateway)
     spark = SparkSession.builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
 
-def start_jvm(spark_conf: SparkConf, settings: Mapping[str, str], java: str) -> JavaGateway:
-    """Launch the driver's JVM (PySpark's gateway, on `java`), which resolves
-    `spark.jars.packages` first, with the class archive of `jvm_archive` (mapped, or recorded
-    and saved at this process's exit).
+def start_jvm(spark_conf: SparkConf, settings: Mapping[str, str], java: str,
+              home: str) -> JavaGateway:
+    """Launch the driver's JVM (PySpark's gateway, on `java`, from the Spark at `home`), which
+    resolves `spark.jars.packages` first, with the class archive of `jvm_archive` (mapped, or
+    recorded and saved at this process's exit).
 
     The JVM's own output (start-up banners, warnings, Ivy's resolution report) goes to a log
     file, not the user's terminal; errors that matter reach the user through streamer's
@@ -241,7 +242,7 @@ def start_jvm(spark_conf: SparkConf, settings: Mapping[str, str], java: str) -> 
     start = log.stat().st_size if log.exists() else 0
     key = "spark.driver.extraJavaOptions"
     given = spark_conf.get(key) or ""
-    sharing = driver_options(java, os.environ.get("SPARK_HOME") or str(spark_home()), given)
+    sharing = driver_options(java, home, given)
     if sharing:
         spark_conf.set(key, f"{given} {sharing}".strip())
     with open(log, "ab") as sink, _jvm_environment(ui_bind_address(settings)):
