@@ -7,9 +7,13 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from streamer.runtime.cluster import jvm_archive
 from streamer.runtime.cluster.spark import check_java
 from streamer.runtime.cluster.standalone import StandaloneCluster, spark_home
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 #: A driver on the cluster: one job on both executors, then which of the application's
 #: executor JVMs have the archive mapped (/proc/<pid>/maps names the file).
