@@ -156,6 +156,7 @@ OPERATORS = st.sampled_from([
     "key_by: [k]\ndedupe: {within: 20s}"])
 
 
+@pytest.mark.slow  # 8-16 s
 @PROPERTY
 @given(epochs=spark_props.streams(max_epochs=4), job=spark_props.JOB, operator=OPERATORS,
        data=st.data())
@@ -213,9 +214,13 @@ def test_what_needs_spark_is_refused_with_the_reason(tmp_path, operator, reason)
 #: The upstream kinds of `test_chained_properties.py` a harness drives (append-only output),
 #: each with every downstream kind.
 CHAINED = [(up, down) for up, down in chained.PAIRS if up in ("tumbling", "session", "dedupe")]
+#: The pairs the fast tier runs (4-8 s each); the others run in the whole suite.
+CHAINED_FAST = (("tumbling", "tumbling"), ("session", "rolling"))
 
 
-@pytest.mark.parametrize("pair", CHAINED, ids=["-".join(p) for p in CHAINED])
+@pytest.mark.parametrize("pair", [
+    pytest.param(pair, id="-".join(pair), marks=() if pair in CHAINED_FAST else pytest.mark.slow)
+    for pair in CHAINED])
 @settings(max_examples=40, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 10_000), size_s=st.sampled_from([5, 10, 20]), rekey=st.booleans(),

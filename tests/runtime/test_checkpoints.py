@@ -97,6 +97,7 @@ def expected(spark, tmp_path_factory) -> Counter[str]:
     return rows
 
 
+@pytest.mark.slow  # 4 s each
 @pytest.mark.parametrize("backend", ["rocksdb", "memory"])
 def test_checkpoint_every_epoch_commits_exactly_the_reference_output(
         spark, tmp_path: Path, expected: Counter[str], backend: str) -> None:
@@ -263,6 +264,7 @@ def test_a_run_aborted_at_a_fail_point_resumes_in_the_same_process_exactly_once(
     assert committed(job.out) == expected
 
 
+@pytest.mark.slow  # 4-9 s
 def test_a_failed_epoch_restarts_from_the_last_checkpoint(
         spark, tmp_path: Path, expected: Counter[str], monkeypatch: pytest.MonkeyPatch) -> None:
     import streamer.testing.storage_faults  # noqa: F401 - registers faulty:// in this process

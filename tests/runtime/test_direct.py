@@ -267,6 +267,7 @@ def test_python_key_groups_agree_with_spark(spark) -> None:
                 assert columnar.tolist() == table.column(f"k{n}").to_pylist(), (cols, mp)
 
 
+@pytest.mark.slow  # 4-8 s each
 @pytest.mark.parametrize("window", ["window: {tumbling: 1m}", "window: {session: {gap: 20s}}",
                                     ""])
 def test_a_bigint_sum_past_64_bits_fails_as_sparks_does(spark, tmp_path: Path, monkeypatch,

@@ -303,6 +303,7 @@ KEYED_TO_FILES = KEYED.replace("""  - id: out
     format: parquet""")
 
 
+@pytest.mark.slow  # 3-6 s each
 @pytest.mark.parametrize("case", list(KEYED_CASES))
 def test_local_keyed_subtasks_write_the_parquet_sink_as_spark_does(
         spark, tmp_path: Path, monkeypatch, case: str) -> None:

@@ -164,6 +164,7 @@ def test_stop_with_savepoint_then_restore_rescale_and_switch_backends(
     assert committed(job.out) == reference
 
 
+@pytest.mark.slow  # 4 s each
 @pytest.mark.parametrize("drain", [False, True])
 def test_stop_with_savepoint_with_and_without_drain(
         spark: Any, tmp_path: Path, reference: Counter[str], drain: bool) -> None:

@@ -92,6 +92,7 @@ def test_staged_input_gives_the_spark_plans_output(spark, tmp_path: Path, monkey
         assert sum(m[3] for m in metrics["true"]) > 0
 
 
+@pytest.mark.slow  # 7 s
 def test_staged_files_of_ended_epochs_are_removed(spark, tmp_path: Path) -> None:
     """Each epoch's staging replaces the ones before it (their subtasks have read them);
     a replayed epoch rewrites its own whole; a finished job leaves none behind."""
